@@ -1,0 +1,26 @@
+"""Check ids, in report column order. Every report, the CLI and the plugin use these names."""
+
+COVERAGE = "coverage"
+NO_OVERLAP = "no_overlap"
+PADDING_BOUND = "padding_bound"
+EQUAL_STEPS = "equal_steps"
+RESHUFFLE = "reshuffle"
+DETERMINISM = "determinism"
+BATCH_INTEGRITY = "batch_integrity"
+WORKER_SHARDING = "worker_sharding"
+SINGLE_PROCESS_EQUIVALENCE = "single_process_equivalence"
+METRIC_EQUIVALENCE = "metric_equivalence"
+TRAINING_EQUIVALENCE = "training_equivalence"
+
+DATA_CHECKS = (
+    COVERAGE,
+    NO_OVERLAP,
+    PADDING_BOUND,
+    EQUAL_STEPS,
+    RESHUFFLE,
+    DETERMINISM,
+    BATCH_INTEGRITY,
+    WORKER_SHARDING,
+    SINGLE_PROCESS_EQUIVALENCE,
+)
+ALL_CHECKS = (*DATA_CHECKS, METRIC_EQUIVALENCE, TRAINING_EQUIVALENCE)

@@ -1,0 +1,38 @@
+"""The Verdict: one check's judgement on one world size. Reports render these and nothing else."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Status = Literal["pass", "fail", "skip"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``detail`` is one plain sentence a user can act on; ``cause`` names the likely bug.
+
+    ``ranks``, ``epochs`` and ``examples`` carry the concrete evidence (a few ids, not all of them),
+    so a report can say "rank 1 and rank 3 both see samples 17, 42".
+    """
+
+    check: str
+    status: Status
+    detail: str = ""
+    cause: str = ""
+    ranks: tuple[int, ...] = ()
+    epochs: tuple[int, ...] = ()
+    examples: tuple[object, ...] = ()
+    data: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "fail"
+
+
+def passed(check: str, detail: str = "") -> Verdict:
+    return Verdict(check, "pass", detail)
+
+
+def skipped(check: str, why: str) -> Verdict:
+    return Verdict(check, "skip", why)

@@ -1,0 +1,364 @@
+"""The parent side: start one process group's ranks, host its rendezvous, collect, enforce deadlines.
+
+One call to :func:`run_ranks` is one group: a TCPStore on a socket this process binds to 127.0.0.1
+with an OS-chosen port (no racy free-port picking, nothing listening on other addresses), W rank
+processes, one pipe per rank for its result. Every path out of :func:`run_ranks` (success, a crashed
+or hung rank, Ctrl-C in the parent) kills what is still running, rank and DataLoader workers alike,
+and waits for it, so no process outlives the call.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from multiprocessing.connection import wait
+from typing import Any
+
+import torch.distributed as dist
+
+from ddpcheck.launch.rank import (
+    PROGRESS_BYTES,
+    STACK_SIGNAL,
+    RankSpec,
+    output_path,
+    rank_main,
+    read_progress,
+    stack_path,
+)
+from ddpcheck.launch.target import TargetRef
+
+_STACK_WAIT_S = 1.0
+_OUTPUT_TAIL = 20_000
+_COMM_ERROR_HINTS = ("connection closed", "connection reset", "broken pipe", "peer", "timed out", "timeout")
+
+
+@dataclass
+class RankOutcome:
+    """What became of one rank. ``kind``: ok | error | hang | killed | secondary | exited."""
+
+    rank: int
+    kind: str = "ok"
+    value: Any = None
+    message: str = ""
+    error: str = ""
+    exc_type: str = ""
+    stack: str = ""
+    progress: str = ""
+    output: str = ""
+    exitcode: int | None = None
+    error_time: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.kind == "ok"
+
+
+@dataclass
+class GroupResult:
+    world_size: int
+    backend: str
+    outcomes: list[RankOutcome]
+    seconds: float = 0.0
+    diagnosis: str = ""  # one paragraph on a hang: which ranks waited where
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(o.ok for o in self.outcomes)
+
+    @property
+    def values(self) -> list[Any]:
+        return [o.value for o in self.outcomes]
+
+    def failures(self) -> list[RankOutcome]:
+        return [o for o in self.outcomes if not o.ok]
+
+    def primary_failures(self) -> list[RankOutcome]:
+        return [o for o in self.outcomes if not o.ok and o.kind != "secondary"]
+
+    def describe_failures(self) -> str:
+        parts = [self.diagnosis] if self.diagnosis else []
+        for o in self.failures():
+            head = f"rank {o.rank}: {o.kind}: {o.message}"
+            if o.progress:
+                head += f" (at: {o.progress})"
+            body = o.error or o.stack
+            parts.append(head + ("\n" + body if body else ""))
+            if o.output.strip():
+                parts.append(f"--- rank {o.rank} captured output ---\n{o.output.rstrip()}")
+        return "\n\n".join(parts)
+
+    def raise_for_failures(self) -> None:
+        if not self.ok:
+            raise AssertionError(f"world size {self.world_size}: ranks failed\n{self.describe_failures()}")
+
+
+def default_start_method(backend: str) -> str:
+    """fork for CPU groups on Linux (fast, torch already imported); spawn where CUDA or the OS needs it."""
+    env = os.environ.get("DDPCHECK_START_METHOD")
+    if env:
+        return env
+    if backend == "nccl" or sys.platform != "linux":
+        return "spawn"
+    return "fork"
+
+
+def bind_loopback() -> socket.socket:
+    """A listening socket on 127.0.0.1 with a port the OS picked, held open until the store owns it."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)
+    return sock
+
+
+def run_ranks(
+    target: Callable[..., Any] | TargetRef,
+    world_size: int,
+    *,
+    backend: str = "gloo",
+    timeout: float = 60.0,
+    kwargs: dict[str, Any] | None = None,
+    start_method: str | None = None,
+    capture: bool = True,
+    grace: float = 2.0,
+    env: dict[str, str] | None = None,
+    init_group: bool = True,
+) -> GroupResult:
+    """Run ``target(**kwargs)`` in every rank of a fresh ``world_size`` group; return each rank's outcome.
+
+    ``timeout`` bounds the whole group (rendezvous included). When a rank fails, the others get
+    ``grace`` seconds to finish before they are stopped and marked ``secondary``. A hung rank is
+    reported with its dumped stack and last progress. Nothing started here survives the call.
+    """
+    if world_size < 1:
+        raise ValueError(f"world size must be a positive integer, got {world_size}")
+    method = start_method or default_start_method(backend)
+    if method != "fork" and not isinstance(target, TargetRef):
+        target = TargetRef.of(target)
+    ctx = mp.get_context(method)
+    workdir = tempfile.mkdtemp(prefix="ddpcheck-")
+    progress = ctx.Array("c", PROGRESS_BYTES * world_size, lock=False)
+    sock = bind_loopback()
+    port = sock.getsockname()[1]
+    port_fd = sock.fileno()
+    started = time.monotonic()
+    procs: list[Any] = []
+    conns: list[Any] = []
+    store = None
+    try:
+        if init_group:  # before the ranks start, so their first connect finds a server (no 1 s retry)
+            store = dist.TCPStore(
+                "127.0.0.1",
+                port,
+                world_size,
+                is_master=True,
+                wait_for_workers=False,
+                timeout=timedelta(seconds=timeout + 30.0),
+                master_listen_fd=sock.fileno(),
+            )
+        for rank in range(world_size):
+            spec = RankSpec(
+                rank=rank,
+                world_size=world_size,
+                backend=backend,
+                port=port,
+                timeout_s=timeout + 30.0,  # the parent's deadline fires first, while stacks are live
+                target=target,
+                kwargs=dict(kwargs or {}),
+                workdir=workdir,
+                capture=capture,
+                listen_fd=port_fd if method == "fork" else -1,
+                parent_pid=os.getpid(),
+                env=dict(env or {}),
+                init_group=init_group,
+            )
+            reader, writer = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=rank_main, args=(spec, writer, progress), name=f"ddpcheck-rank{rank}")
+            proc.start()
+            writer.close()
+            procs.append(proc)
+            conns.append(reader)
+        outcomes = _collect(procs, conns, progress, workdir, started + timeout, grace)
+        result = GroupResult(world_size, backend, outcomes, time.monotonic() - started)
+        result.diagnosis = _diagnose(result)
+        return result
+    finally:
+        _stop_all(procs)
+        for conn in conns:
+            conn.close()
+        if sock.fileno() >= 0:
+            sock.close()
+        del store
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _collect(
+    procs: list[Any], conns: list[Any], progress: Any, workdir: str, deadline: float, grace: float
+) -> list[RankOutcome]:
+    world = len(procs)
+    outcomes = [RankOutcome(rank=r, kind="pending") for r in range(world)]
+    open_conns = {conn: r for r, conn in enumerate(conns)}
+    live = {proc.sentinel: r for r, proc in enumerate(procs)}
+    first_failure: float | None = None
+    while open_conns or live:
+        now = time.monotonic()
+        if now >= deadline or (first_failure is not None and now - first_failure >= grace):
+            break
+        limit = deadline - now
+        if first_failure is not None:
+            limit = min(limit, grace - (now - first_failure))
+        for ready in wait([*open_conns, *live], timeout=max(limit, 0.0)):
+            if ready in open_conns:
+                rank = open_conns.pop(ready)
+                try:
+                    status, payload = ready.recv()
+                except (EOFError, OSError):
+                    continue
+                except Exception as exc:  # a value that does not unpickle here
+                    status, payload = "error", {"message": f"result could not be read: {exc}"}
+                _record_message(outcomes[rank], status, payload)
+            else:
+                rank = live.pop(ready)
+                procs[rank].join(timeout=1.0)  # the sentinel can fire a moment before the exit status
+                outcomes[rank].exitcode = procs[rank].exitcode
+            if first_failure is None and _any_failed(outcomes, set(open_conns.values())):
+                first_failure = time.monotonic()
+    timed_out = time.monotonic() >= deadline
+    stuck = sorted(live.values())
+    _dump_stacks(procs, stuck)
+    for r, outcome in enumerate(outcomes):
+        outcome.progress = read_progress(progress, r)
+        _finish(outcome, procs[r], workdir, stuck=r in stuck, timed_out=timed_out)
+    _mark_secondary(outcomes)
+    return outcomes
+
+
+def _any_failed(outcomes: list[RankOutcome], unread: set[int]) -> bool:
+    """A rank reported an error, or exited and has nothing left to read."""
+    return any(
+        o.kind == "error" or (o.kind == "pending" and o.exitcode is not None and o.rank not in unread)
+        for o in outcomes
+    )
+
+
+def _record_message(outcome: RankOutcome, status: str, payload: Any) -> None:
+    if status == "ok":
+        outcome.kind, outcome.value = "ok", payload
+        return
+    outcome.kind = "error"
+    outcome.message = payload.get("message", "")
+    outcome.error = payload.get("traceback", "")
+    outcome.exc_type = payload.get("exc_type", "")
+    outcome.error_time = payload.get("time", 0.0)
+
+
+def _finish(outcome: RankOutcome, proc: Any, workdir: str, *, stuck: bool, timed_out: bool) -> None:
+    if stuck:
+        outcome.stack = _read(stack_path(workdir, outcome.rank))
+        if outcome.kind == "pending":
+            outcome.kind = "hang" if timed_out else "secondary"
+            outcome.message = (
+                "no result before the deadline" if timed_out else "stopped after a peer failed"
+            )
+    elif outcome.kind == "pending":
+        code = proc.exitcode
+        if code is not None and code < 0:
+            name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+            outcome.kind = "killed"
+            outcome.message = f"killed by {name}" + (" (out of memory?)" if name == "SIGKILL" else "")
+        else:
+            outcome.kind = "exited"
+            outcome.message = f"exited with code {code} before sending a result"
+        outcome.stack = _read(stack_path(workdir, outcome.rank))
+    outcome.output = _read(output_path(workdir, outcome.rank))[-_OUTPUT_TAIL:]
+
+
+def _mark_secondary(outcomes: list[RankOutcome]) -> None:
+    """A rank whose error is a broken connection only failed because a peer failed first."""
+
+    def comm_error(o: RankOutcome) -> bool:
+        text = (o.message + " " + o.exc_type).lower()
+        return o.kind == "error" and ("dist" in o.exc_type.lower() or any(h in text for h in _COMM_ERROR_HINTS))
+
+    failed = [o for o in outcomes if o.kind in ("error", "killed", "exited", "hang")]
+    own = [o for o in failed if not comm_error(o)]
+    if not own:  # only broken connections: the earliest one is where it started
+        errors = sorted((o for o in failed if o.kind == "error"), key=lambda o: o.error_time)
+        own = errors[:1]
+    for o in failed:
+        if o not in own and comm_error(o):
+            o.kind = "secondary"
+
+
+def _dump_stacks(procs: list[Any], ranks: list[int]) -> None:
+    if not ranks:
+        return
+    for r in ranks:
+        try:
+            os.kill(procs[r].pid, STACK_SIGNAL)
+        except (ProcessLookupError, TypeError):
+            pass
+    time.sleep(_STACK_WAIT_S if len(ranks) else 0)
+
+
+def _stop_all(procs: list[Any]) -> None:
+    for proc in procs:
+        if proc.pid is None:
+            continue
+        for kill in (lambda p: os.killpg(p.pid, signal.SIGKILL), lambda p: os.kill(p.pid, signal.SIGKILL)):
+            try:
+                kill(proc)
+            except (ProcessLookupError, PermissionError, OSError):
+                pass
+    for proc in procs:
+        if proc.pid is not None:
+            proc.join(timeout=5)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def _diagnose(result: GroupResult) -> str:
+    hung = [o for o in result.outcomes if o.kind == "hang"]
+    if not hung:
+        return ""
+    lines = [f"{len(hung)} of {result.world_size} ranks hung:"]
+    for o in result.outcomes:
+        where = o.progress or "unknown position"
+        frame = _last_frame(o.stack)
+        lines.append(f"  rank {o.rank} [{o.kind}] at {where}" + (f"; innermost frame: {frame}" if frame else ""))
+    waiting = [o.rank for o in result.outcomes if "final barrier" in o.progress]
+    if waiting and len(waiting) < result.world_size:
+        busy = [o.rank for o in result.outcomes if o.rank not in waiting]
+        lines.append(
+            f"  ranks {_join(waiting)} finished and wait for ranks {_join(busy)}, which never reached the "
+            "same collective (uneven batch counts or a collective only some ranks call)"
+        )
+    return "\n".join(lines)
+
+
+def _last_frame(stack: str) -> str:
+    for block in stack.split("\n\n"):
+        if "most recent call first" in block and "Current thread" in block:
+            frames = [ln.strip() for ln in block.splitlines() if ln.strip().startswith("File ")]
+            return frames[0] if frames else ""
+    frames = [ln.strip() for ln in stack.splitlines() if ln.strip().startswith("File ")]
+    return frames[0] if frames else ""
+
+
+def _join(ranks: list[int]) -> str:
+    return ", ".join(str(r) for r in ranks)

@@ -1,0 +1,126 @@
+"""The Trace: what every rank saw, per epoch, as plain data.
+
+This is the contract between the rank side (which records) and the checks (which judge). It holds
+no user objects, only ids, counts and a few loader facts, so it crosses a process boundary as a small
+pickle or as JSON. Integer ids are kept in compact ``array('q')`` buffers: a million-sample epoch
+costs 8 MB, not the ~36 MB of a Python list of ints.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+IdSource = str
+"""How sample identity was obtained: ``index``, ``hook``, ``field:<name>`` or ``content-hash``."""
+
+
+def compact_ids(ids: Iterable[Hashable]) -> Sequence[Hashable]:
+    """Store ids as ``array('q')`` when they are all ints that fit, else as a tuple."""
+    items = ids if isinstance(ids, (list, tuple, array)) else list(ids)
+    if isinstance(items, array):
+        return items
+    if all(type(i) is int for i in items):
+        try:
+            return array("q", items)
+        except OverflowError:
+            pass
+    return tuple(items)
+
+
+@dataclass(frozen=True)
+class LoaderFacts:
+    """What the rank could read off the loader it was given; ``None`` where unknowable."""
+
+    dataset_kind: str = "map"  # "map" | "iterable"
+    dataset_len: int | None = None
+    batch_size: int | None = None
+    drop_last: bool | None = None
+    sampler: str | None = None
+    batch_sampler: str | None = None
+    num_workers: int = 0
+    padding: bool | None = None  # True when the sampler is known to pad, False when known to drop
+    batch_level: bool = False  # True when whole batches are sharded (custom batch sampler)
+    has_set_epoch: bool = False
+
+
+@dataclass(frozen=True)
+class EpochTrace:
+    """One rank's epoch: the ids in yield order, cut into batches by ``batch_sizes``."""
+
+    epoch: int
+    ids: Sequence[Hashable]
+    batch_sizes: Sequence[int]
+    len_loader: int | None
+    worker_ids: Sequence[int] | None = None  # per batch, the DataLoader worker that produced it
+
+    @property
+    def num_batches(self) -> int:
+        return len(self.batch_sizes)
+
+    def batches(self) -> list[tuple[Hashable, ...]]:
+        out: list[tuple[Hashable, ...]] = []
+        start = 0
+        for size in self.batch_sizes:
+            out.append(tuple(self.ids[start : start + size]))
+            start += size
+        return out
+
+
+@dataclass(frozen=True)
+class RankTrace:
+    rank: int
+    epochs: tuple[EpochTrace, ...]
+    facts: LoaderFacts = field(default_factory=LoaderFacts)
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """A rank that crashed, hung or was killed; ``stack`` is its traceback or its dumped stacks."""
+
+    rank: int
+    kind: str  # "error" | "hang" | "killed" | "secondary"
+    message: str
+    stack: str = ""
+    progress: str = ""  # last known position, e.g. "epoch 0, batch 4, in all_reduce"
+
+
+@dataclass(frozen=True)
+class RunTrace:
+    """Every rank of one run at one world size; ``failures`` is non-empty when the run broke."""
+
+    world_size: int
+    backend: str
+    ranks: tuple[RankTrace, ...]
+    id_source: IdSource = "index"
+    set_epoch: bool = True
+    failures: tuple[RankFailure, ...] = ()
+    skipped: str = ""  # non-empty: this world size was not run, and why
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures and not self.skipped
+
+    @property
+    def num_epochs(self) -> int:
+        return min((len(r.epochs) for r in self.ranks), default=0)
+
+    def epoch(self, epoch: int) -> list[EpochTrace]:
+        """The given epoch of every rank, in rank order."""
+        return [r.epochs[epoch] for r in self.ranks]
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Plain JSON form of any trace dataclass (arrays become lists)."""
+    if isinstance(obj, array):
+        return obj.tolist()
+    if hasattr(obj, "__dataclass_fields__"):
+        return {name: to_jsonable(getattr(obj, name)) for name in obj.__dataclass_fields__}
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    return obj

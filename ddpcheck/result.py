@@ -1,0 +1,80 @@
+"""The outcome of a whole ddpcheck run: verdicts per world size, rank failures, divergence rows.
+
+Reports are rendered from this alone; they never recompute a check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddpcheck.checks.verdict import Verdict
+from ddpcheck.record import RankFailure
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_RANK_FAILED = 3
+
+
+@dataclass(frozen=True)
+class MetricRow:
+    """One metric at one world size: the reference, the naive DDP gather and the corrected one."""
+
+    metric: str
+    reference: float
+    naive: float
+    corrected: float
+    duplicated: int = 0
+    dropped: int = 0
+    order_only: bool = False
+    cause: str = ""
+
+    @property
+    def naive_diff(self) -> float:
+        return self.naive - self.reference
+
+    @property
+    def corrected_diff(self) -> float:
+        return self.corrected - self.reference
+
+
+@dataclass(frozen=True)
+class WorldResult:
+    """Everything decided about one world size."""
+
+    world_size: int
+    backend: str
+    verdicts: tuple[Verdict, ...] = ()
+    failures: tuple[RankFailure, ...] = ()
+    skipped: str = ""
+    divergence: tuple[MetricRow, ...] = ()
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures and not any(v.failed for v in self.verdicts)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """A whole run: one loader file (or factory), several world sizes."""
+
+    loader: str
+    runs: tuple[WorldResult, ...]
+    id_source: str = "index"
+    epochs: int = 2
+    options: dict[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()  # things the user should know, e.g. "ids are content hashes"
+
+    @property
+    def ok(self) -> bool:
+        return all(run.ok for run in self.runs)
+
+    @property
+    def exit_code(self) -> int:
+        if any(run.failures for run in self.runs):
+            return EXIT_RANK_FAILED
+        if not self.ok:
+            return EXIT_CHECK_FAILED
+        return EXIT_OK
