@@ -266,9 +266,7 @@ def _finish(outcome: RankOutcome, proc: Any, workdir: str, *, stuck: bool, timed
         outcome.stack = _read(stack_path(workdir, outcome.rank))
         if outcome.kind == "pending":
             outcome.kind = "hang" if timed_out else "secondary"
-            outcome.message = (
-                "no result before the deadline" if timed_out else "stopped after a peer failed"
-            )
+            outcome.message = "no result before the deadline" if timed_out else "stopped after a peer failed"
     elif outcome.kind == "pending":
         code = proc.exitcode
         if code is not None and code < 0:
@@ -287,7 +285,9 @@ def _mark_secondary(outcomes: list[RankOutcome]) -> None:
 
     def comm_error(o: RankOutcome) -> bool:
         text = (o.message + " " + o.exc_type).lower()
-        return o.kind == "error" and ("dist" in o.exc_type.lower() or any(h in text for h in _COMM_ERROR_HINTS))
+        return o.kind == "error" and (
+            "dist" in o.exc_type.lower() or any(h in text for h in _COMM_ERROR_HINTS)
+        )
 
     failed = [o for o in outcomes if o.kind in ("error", "killed", "exited", "hang")]
     own = [o for o in failed if not comm_error(o)]
@@ -340,7 +340,9 @@ def _diagnose(result: GroupResult) -> str:
     for o in result.outcomes:
         where = o.progress or "unknown position"
         frame = _last_frame(o.stack)
-        lines.append(f"  rank {o.rank} [{o.kind}] at {where}" + (f"; innermost frame: {frame}" if frame else ""))
+        lines.append(
+            f"  rank {o.rank} [{o.kind}] at {where}" + (f"; innermost frame: {frame}" if frame else "")
+        )
     waiting = [o.rank for o in result.outcomes if "final barrier" in o.progress]
     if waiting and len(waiting) < result.world_size:
         busy = [o.rank for o in result.outcomes if o.rank not in waiting]

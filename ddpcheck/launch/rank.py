@@ -85,6 +85,23 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def fresh_random_state() -> None:
+    """Reseed Python, numpy and torch from entropy, as a freshly started rank process would be.
+
+    Forked ranks inherit the parent's generators, so every rank would draw the same numbers and a
+    loader that relies on unseeded global randomness would look correct here and break under torchrun.
+    """
+    import random
+
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.seed()
+
+
 def _isolate(spec: RankSpec) -> None:
     try:
         os.setpgrp()
@@ -161,6 +178,7 @@ def rank_main(spec: RankSpec, conn: Any, progress: Any) -> None:
     os.environ["WORLD_SIZE"] = str(spec.world_size)
     os.environ["LOCAL_RANK"] = str(spec.rank)
     _capture_output(spec)
+    fresh_random_state()
     stack_file = open(stack_path(spec.workdir, spec.rank), "w")  # noqa: SIM115 - lives as long as the rank
     faulthandler.enable(file=stack_file, all_threads=True)
     faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True, chain=False)
@@ -173,7 +191,7 @@ def rank_main(spec: RankSpec, conn: Any, progress: Any) -> None:
         func = spec.target.resolve() if isinstance(spec.target, TargetRef) else spec.target
         value = func(**spec.kwargs)
         conn.send(("ok", value))
-    except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent as text
+    except BaseException as exc:
         code = 1
         try:
             conn.send(("error", _error_message(exc)))

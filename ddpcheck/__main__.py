@@ -1,0 +1,7 @@
+"""``python -m ddpcheck`` is the CLI."""
+
+import sys
+
+from ddpcheck.cli import main
+
+sys.exit(main())

@@ -1,0 +1,163 @@
+"""``ddpcheck LOADER.py``: argument parsing, exit codes and report writing; no checking logic.
+
+Exit codes: 0 every check passed; 1 a check failed; 2 bad usage or input (missing file, syntax error,
+no factory, factory raised, not a DataLoader, empty dataset, unwritable report dir, ...); 3 a rank
+crashed or hung; 130 interrupted (Ctrl-C or SIGTERM; the reports of what finished are written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from ddpcheck.result import EXIT_BAD_INPUT, CheckResult
+
+EXIT_INTERRUPTED = 130
+
+
+def _world_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"world sizes must be comma-separated integers, got {text!r}"
+        ) from None
+    if not sizes or any(ws < 1 for ws in sizes):
+        raise argparse.ArgumentTypeError(f"world sizes must be positive integers, got {text!r}")
+    return sizes
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ddpcheck",
+        description="Prove a PyTorch DataLoader is correct under DistributedDataParallel.",
+        epilog="exit codes: 0 all checks pass, 1 a check failed, 2 bad usage or input, "
+        "3 a rank crashed or hung, 130 interrupted",
+    )
+    parser.add_argument("loader", help="Python file that defines the DataLoader factory")
+    parser.add_argument("--world-sizes", type=_world_sizes, default=(1, 2, 3, 4), metavar="1,2,3,4")
+    parser.add_argument("--epochs", type=_positive_int, default=2)
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    parser.add_argument(
+        "--factory", default="make_loader", help="factory function name (default make_loader)"
+    )
+    parser.add_argument(
+        "--patch", action="store_true", help="shard a plain loader with patch_dataloader_to_ddp"
+    )
+    parser.add_argument("--simulate", action="store_true", help="run ranks one after another in this process")
+    parser.add_argument("--load-data", action="store_true", help="iterate the real loader, workers and all")
+    parser.add_argument(
+        "--no-set-epoch", action="store_true", help="emulate a loop that never calls set_epoch"
+    )
+    parser.add_argument("--no-determinism", action="store_true", help="skip the second run per world size")
+    parser.add_argument(
+        "--batch-size", type=_positive_int, default=None, help="passed to factories that take it"
+    )
+    parser.add_argument(
+        "--timeout", type=_positive_float, default=120.0, help="seconds per group (default 120)"
+    )
+    parser.add_argument("--report-dir", type=Path, default=Path("reports"))
+    parser.add_argument("--format", choices=("table", "json", "markdown"), default="table")
+    parser.add_argument("--junit", type=Path, default=None, metavar="PATH", help="also write JUnit XML here")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    return parser
+
+
+def _error(message: str) -> int:
+    print(f"ddpcheck: error: {message}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def _ensure_writable(directory: Path) -> None:
+    """Fail before any rank starts when reports could not be written afterwards."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".ddpcheck-probe-"):
+            pass
+    except OSError as exc:
+        raise OSError(f"cannot write reports to {directory}: {exc.strerror or exc}") from None
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from ddpcheck.report import ReportWriteError, render, render_table, write_reports
+    from ddpcheck.runner import BadInput, CheckOptions, Interrupted, check_loader
+
+    try:
+        _ensure_writable(args.report_dir)
+        if args.junit is not None:
+            _ensure_writable(args.junit.parent)
+    except OSError as exc:
+        return _error(str(exc))
+    options = CheckOptions(
+        world_sizes=args.world_sizes,
+        epochs=args.epochs,
+        backend=args.backend,
+        factory=args.factory,
+        patch=args.patch,
+        simulate=args.simulate,
+        load_data=args.load_data,
+        set_epoch=not args.no_set_epoch,
+        timeout=args.timeout,
+        determinism=not args.no_determinism,
+        batch_size=args.batch_size,
+    )
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    progress = None if args.quiet else (lambda msg: print(f"ddpcheck: {msg}", file=sys.stderr, flush=True))
+    interrupted = False
+    try:
+        result: CheckResult = check_loader(args.loader, options, progress=progress)
+    except BadInput as exc:
+        return _error(str(exc))
+    except Interrupted as exc:
+        result, interrupted = exc.partial, True
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    try:
+        paths = write_reports(result, args.report_dir, junit_path=args.junit)
+    except ReportWriteError as exc:
+        print(render(result, args.format))
+        return _error(str(exc))
+    if args.format == "table":
+        print(render_table(result, color=sys.stdout.isatty()))
+    else:
+        print(render(result, args.format))
+    if not args.quiet:
+        print(f"ddpcheck: reports: {', '.join(str(p) for p in paths)}", file=sys.stderr)
+    if interrupted:
+        print("ddpcheck: interrupted; the reports cover what finished", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return result.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""Sample identity: which sample is which, so checks compare identities rather than positions.
+
+Order of preference: the file's ``sample_ids(batch)`` hook; the dataset index (map-style datasets);
+an ``id``/``idx``/``index`` field of dict batches; else a content hash of each sample. Content hashes
+make equal samples look like duplicates, so the report says when they are in use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+from ddpcheck.loaderfile import BadLoaderFile
+
+ID_FIELDS = ("id", "idx", "index")
+
+
+def plain_id(value: Any) -> Hashable:
+    """A cheap, comparable id: tensors/numpy scalars become Python scalars; unhashable is an error."""
+    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+        value = value.item()
+    elif hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        value = value.tolist()
+        if isinstance(value, list):
+            value = _freeze(value)
+    try:
+        hash(value)
+    except TypeError:
+        raise BadLoaderFile(
+            f"sample ids must be hashable, got {type(value).__name__} (return ints or strings from sample_ids)"
+        ) from None
+    return value  # type: ignore[no-any-return]
+
+
+def _freeze(value: Any) -> Any:
+    return tuple(_freeze(v) for v in value) if isinstance(value, list) else value
+
+
+def batch_length(batch: Any) -> int | None:
+    """Samples in a collated batch (dim 0 of its first tensor-like leaf), or None if unknowable."""
+    if hasattr(batch, "shape") and getattr(batch, "ndim", 0) > 0:
+        return int(batch.shape[0])
+    if isinstance(batch, dict):
+        for value in batch.values():
+            n = batch_length(value)
+            if n is not None:
+                return n
+        return None
+    if isinstance(batch, (list, tuple)) and batch:
+        first = batch[0]
+        if hasattr(first, "shape") and getattr(first, "ndim", 0) > 0:
+            return int(first.shape[0])
+        if isinstance(first, (list, tuple, dict)):
+            return batch_length(first)
+        return len(batch)
+    return None
+
+
+def split_samples(batch: Any) -> list[Any]:
+    """Undo collation: one entry per sample (rows of tensors, zipped tuples, per-key dict rows)."""
+    n = batch_length(batch)
+    if n is None:
+        return [batch]
+    if hasattr(batch, "shape"):
+        return [batch[i] for i in range(n)]
+    if isinstance(batch, dict):
+        return [{k: _row(v, i) for k, v in batch.items()} for i in range(n)]
+    if isinstance(batch, (list, tuple)):
+        first = batch[0]
+        if hasattr(first, "shape") or isinstance(first, (list, tuple, dict)):
+            return [tuple(_row(field, i) for field in batch) for i in range(n)]
+        return list(batch)
+    return [batch]
+
+
+def _row(value: Any, i: int) -> Any:
+    try:
+        return value[i]
+    except (TypeError, IndexError, KeyError):
+        return value
+
+
+def content_hash(sample: Any) -> int:
+    """A stable 63-bit hash of a sample's content (tensor bytes, dtype and shape; or its repr)."""
+    digest = hashlib.blake2b(digest_size=8)
+    _feed(digest, sample)
+    return int.from_bytes(digest.digest(), "little") >> 1
+
+
+def _feed(digest: Any, value: Any) -> None:
+    if hasattr(value, "detach") and hasattr(value, "numpy"):
+        array = value.detach().cpu().contiguous().numpy()
+        digest.update(f"{array.dtype}{array.shape}".encode())
+        digest.update(array.tobytes())
+    elif hasattr(value, "tobytes") and hasattr(value, "dtype"):
+        digest.update(f"{value.dtype}{getattr(value, 'shape', ())}".encode())
+        digest.update(value.tobytes())
+    elif isinstance(value, dict):
+        for key in sorted(value, key=str):
+            digest.update(str(key).encode())
+            _feed(digest, value[key])
+    elif isinstance(value, (list, tuple)):
+        digest.update(b"[")
+        for item in value:
+            _feed(digest, item)
+        digest.update(b"]")
+    else:
+        digest.update(repr(value).encode())
+
+
+def id_field(batch: Any) -> str | None:
+    if isinstance(batch, dict):
+        for name in ID_FIELDS:
+            if name in batch:
+                return name
+    return None
+
+
+def make_id_extractor(
+    hook: Callable[[Any], Sequence[Hashable]] | None, first_batch: Any, collated: bool = True
+) -> tuple[str, Callable[[Any], list[Hashable]]]:
+    """Pick the identity source from the hook or the first item; returns (source, item -> ids).
+
+    ``collated`` False means the loader yields single samples (``batch_size=None``).
+    """
+    if hook is not None:
+        return "hook", lambda batch: [plain_id(i) for i in _as_list(hook(batch))]
+    field = id_field(first_batch)
+    if field is not None:
+        return f"field:{field}", lambda batch: [plain_id(i) for i in _as_list(batch[field])]
+    if not collated:
+        return "content-hash", lambda sample: [content_hash(sample)]
+    return "content-hash", lambda batch: [content_hash(s) for s in split_samples(batch)]
+
+
+def _as_list(ids: Any) -> list[Any]:
+    if hasattr(ids, "tolist"):
+        ids = ids.tolist()
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        return [ids]
+    return list(ids)

@@ -1,0 +1,127 @@
+"""The loader file contract: a Python file that defines a DataLoader factory and optional hooks.
+
+::
+
+    def make_loader(rank: int, world_size: int) -> DataLoader: ...   # both keywords optional
+    def sample_ids(batch) -> Sequence[Hashable]: ...                  # optional identity hook
+
+The factory runs inside each rank after the process group is up. It may take ``rank`` and
+``world_size`` (passed when present; ``batch_size`` too when the run asks for one), read
+``torch.distributed`` itself, or return a plain loader that ``--patch`` shards.
+
+The parent only checks what needs no execution (the file exists, is Python, parses); everything
+that runs user code happens in a rank and comes back as a :class:`BadLoaderFile` with a one-line
+message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ddpcheck.launch.target import load_file
+
+SUPPLIED_KWARGS = ("rank", "world_size", "batch_size")
+
+
+class BadLoaderFile(Exception):
+    """The loader file or its factory cannot be used; the message is one line a user can act on."""
+
+
+@dataclass(frozen=True)
+class LoaderSpec:
+    """Which file and factory to use: plain strings, so it travels to ranks as data."""
+
+    path: str
+    factory: str = "make_loader"
+
+
+def precheck(spec: LoaderSpec) -> None:
+    """Checks the parent can make without running user code: exists, is a .py file, parses."""
+    path = Path(spec.path)
+    if not path.exists():
+        raise BadLoaderFile(f"loader file not found: {path}")
+    if not path.is_file():
+        raise BadLoaderFile(f"loader file is not a regular file: {path}")
+    if path.suffix != ".py":
+        raise BadLoaderFile(f"loader file must be a Python file (.py): {path}")
+    try:
+        source = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadLoaderFile(f"cannot read loader file {path}: {exc}") from None
+    try:
+        compile(source, str(path), "exec")
+    except SyntaxError as exc:
+        raise BadLoaderFile(f"syntax error in {path}, line {exc.lineno}: {exc.msg}") from None
+    if not spec.factory.isidentifier():
+        raise BadLoaderFile(f"factory name must be a Python identifier, got {spec.factory!r}")
+
+
+def load_module(spec: LoaderSpec) -> ModuleType:
+    """Import the user's file (inside a rank). Import errors become :class:`BadLoaderFile`."""
+    path = Path(spec.path).resolve()
+    name = f"ddpcheck_loader_{hashlib.blake2b(str(path).encode(), digest_size=6).hexdigest()}"
+    if name in sys.modules:  # simulated ranks share one process: run module code once
+        return sys.modules[name]
+    try:
+        return load_file(path, name)
+    except SyntaxError as exc:
+        raise BadLoaderFile(f"syntax error in {path}, line {exc.lineno}: {exc.msg}") from None
+    except Exception as exc:
+        raise BadLoaderFile(f"importing {path.name} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def get_factory(module: ModuleType, spec: LoaderSpec) -> Callable[..., Any]:
+    factory = getattr(module, spec.factory, None)
+    if factory is None:
+        raise BadLoaderFile(
+            f"{Path(spec.path).name} defines no factory named {spec.factory!r} (use --factory NAME)"
+        )
+    if not callable(factory):
+        raise BadLoaderFile(f"{spec.factory!r} in {Path(spec.path).name} is not callable")
+    return factory  # type: ignore[no-any-return]
+
+
+def factory_kwargs(factory: Callable[..., Any], available: dict[str, Any]) -> dict[str, Any]:
+    """The subset of ``available`` the factory accepts; a required parameter we can't supply is an error."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return {}
+    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    chosen = {k: v for k, v in available.items() if accepts_any or k in params}
+    for name, param in params.items():
+        if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            continue
+        if param.default is inspect.Parameter.empty and name not in chosen:
+            raise BadLoaderFile(
+                f"factory {getattr(factory, '__name__', '?')}() has a required parameter {name!r}; "
+                f"ddpcheck can pass only {', '.join(SUPPLIED_KWARGS)}"
+            )
+    return chosen
+
+
+def call_factory(factory: Callable[..., Any], available: dict[str, Any]) -> Any:
+    """Build the loader; anything the factory raises becomes :class:`BadLoaderFile`."""
+    from torch.utils.data import DataLoader
+
+    kwargs = factory_kwargs(factory, available)
+    name = getattr(factory, "__name__", "factory")
+    try:
+        loader = factory(**kwargs)
+    except Exception as exc:
+        raise BadLoaderFile(f"{name}() raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(loader, DataLoader):
+        raise BadLoaderFile(f"{name}() returned {type(loader).__name__}, not a torch DataLoader")
+    return loader
+
+
+def optional_hook(module: ModuleType, name: str) -> Callable[..., Any] | None:
+    hook = getattr(module, name, None)
+    return hook if callable(hook) else None
