@@ -8,6 +8,7 @@ crashed or hung; 130 interrupted (Ctrl-C or SIGTERM; the reports of what finishe
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import tempfile
@@ -85,6 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--format", choices=("table", "json", "markdown"), default="table")
     parser.add_argument("--junit", type=Path, default=None, metavar="PATH", help="also write JUnit XML here")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    join = parser.add_argument_group(
+        "joining an existing launch",
+        "under torchrun or srun ddpcheck joins that launch (one process per rank) instead of spawning; "
+        "these flags join one explicitly",
+    )
+    join.add_argument("--rank", type=int, default=None)
+    join.add_argument("--world-size", type=_positive_int, default=None)
+    join.add_argument("--master-addr", default=None)
+    join.add_argument("--master-port", type=int, default=None)
     return parser
 
 
@@ -109,7 +119,7 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from ddpcheck.report import ReportWriteError, render, render_table, write_reports
+    from ddpcheck.joined import JoinTarget, check_joined
     from ddpcheck.runner import BadInput, CheckOptions, Interrupted, check_loader
 
     try:
@@ -131,17 +141,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         determinism=not args.no_determinism,
         batch_size=args.batch_size,
     )
+    target = JoinTarget(args.rank, args.world_size, args.master_addr, args.master_port)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     progress = None if args.quiet else (lambda msg: print(f"ddpcheck: {msg}", file=sys.stderr, flush=True))
     interrupted = False
     try:
-        result: CheckResult = check_loader(args.loader, options, progress=progress)
+        if target.explicit or _in_launch():
+            joined, code = check_joined(args.loader, options, target)
+            if joined is None:  # not rank 0: rank 0 reports for everyone
+                return code
+            result = joined
+        else:
+            result = check_loader(args.loader, options, progress=progress)
     except BadInput as exc:
         return _error(str(exc))
     except Interrupted as exc:
         result, interrupted = exc.partial, True
     finally:
         signal.signal(signal.SIGTERM, previous)
+    return _publish(result, args, interrupted)
+
+
+def _in_launch() -> bool:
+    from ddpcheck.reference.dist import detect_launch
+
+    try:
+        return detect_launch(os.environ, require_rendezvous=False) is not None
+    except ValueError:
+        return True  # a half-set launch environment: let the join path report it precisely
+
+
+def _publish(result: CheckResult, args: argparse.Namespace, interrupted: bool) -> int:
+    """Write the report files first (nothing is lost), then print, then pick the exit code."""
+    from ddpcheck.report import ReportWriteError, render, render_table, write_reports
+
     try:
         paths = write_reports(result, args.report_dir, junit_path=args.junit)
     except ReportWriteError as exc:

@@ -126,6 +126,9 @@ def _capture_output(spec: RankSpec) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    # Python-level streams may be a harness's capture objects (pytest's), not fds 1 and 2.
+    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
 
 
 def _init_group(spec: RankSpec) -> None:

@@ -1,0 +1,120 @@
+"""ddpcheck's wall time against a plain ``torch.multiprocessing.spawn`` script, in the same run.
+
+Target (issue 3): world sizes 1,2,3,4,8 x 2 epochs on a 100,000-sample loader at most a quarter of
+the spawn script's wall time and under 3 s on 2 cores; ``--simulate`` at world size 1024 on
+1,000,000 samples under 10 s. Both sides are timed as whole commands (interpreter start and torch
+import included), the way a user meets them.
+
+    python benchmarks/bench_checker.py [--world-sizes 1,2,3,4,8] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+LOADER = HERE / "loader_100k.py"
+
+SPAWN_SCRIPT = r"""
+import sys, importlib.util, socket
+from datetime import timedelta
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+def load(path):
+    spec = importlib.util.spec_from_file_location("bench_loader", path)
+    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod); return mod
+
+def worker(rank, world_size, port, path, epochs):
+    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0, timeout=timedelta(seconds=120))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+    loader = load(path).make_loader(rank=rank, world_size=world_size)
+    for epoch in range(epochs):
+        loader.sampler.set_epoch(epoch)
+        for _ in loader:
+            pass
+    dist.barrier(); dist.destroy_process_group()
+
+if __name__ == "__main__":
+    path, epochs = sys.argv[1], int(sys.argv[2])
+    for ws in [int(w) for w in sys.argv[3].split(",")]:
+        s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+        mp.spawn(worker, args=(ws, port, path, epochs), nprocs=ws, join=True)
+"""
+
+
+def timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    elapsed = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world-sizes", default="1,2,3,4,8")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-simulate", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "spawn_baseline.py"
+        script.write_text(SPAWN_SCRIPT)
+        ddpcheck_cmd = [
+            sys.executable,
+            "-m",
+            "ddpcheck",
+            str(LOADER),
+            "--world-sizes",
+            args.world_sizes,
+            "--epochs",
+            str(args.epochs),
+            "--quiet",
+            "--report-dir",
+            tmp,
+            "--format",
+            "json",
+        ]
+        spawn_cmd = [sys.executable, str(script), str(LOADER), str(args.epochs), args.world_sizes]
+        ours = [timed(ddpcheck_cmd) for _ in range(args.repeats)]
+        base = [timed(spawn_cmd) for _ in range(max(1, args.repeats // 2))]
+        sim_time = None
+        if not args.skip_simulate:
+            env = {**os.environ, "DDPCHECK_BENCH_N": "1000000"}
+            sim_cmd = [
+                sys.executable,
+                "-m",
+                "ddpcheck",
+                str(LOADER),
+                "--simulate",
+                "--world-sizes",
+                "1024",
+                "--epochs",
+                str(args.epochs),
+                "--quiet",
+                "--report-dir",
+                tmp,
+                "--format",
+                "json",
+            ]
+            sim_time = statistics.median(timed(sim_cmd, env) for _ in range(args.repeats))
+    ours_s, base_s = statistics.median(ours), statistics.median(base)
+    print(f"world sizes {args.world_sizes}, {args.epochs} epochs, 100,000 samples, {os.cpu_count()} cores")
+    print(f"  ddpcheck (whole command, median of {len(ours)}):       {ours_s:7.2f} s")
+    print(f"  torch.multiprocessing.spawn script (median of {len(base)}): {base_s:7.2f} s")
+    print(f"  ratio ddpcheck / spawn script: {ours_s / base_s:.3f}  (target <= 0.25; absolute target < 3 s)")
+    if sim_time is not None:
+        print(f"  --simulate world size 1024, 1,000,000 samples: {sim_time:.2f} s  (target < 10 s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""Run inside an existing launch (torchrun, SLURM, or explicit rank/world/master) instead of spawning.
+
+Every process of the launch is one rank: it records its own stream, rank 0 gathers the traces,
+judges them against a single-process reference that rank 0 computed in a fresh local group before
+joining, and writes the report; every rank then exits with the code rank 0 decided. This is how a
+multi-node check runs: ``torchrun --nnodes=2 --nproc-per-node=8 -m ddpcheck loader.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from ddpcheck.checks import run_checks
+from ddpcheck.launch import TargetRef, run_ranks
+from ddpcheck.launch.rank import _error_message
+from ddpcheck.loaderfile import BadLoaderFile, LoaderSpec, precheck
+from ddpcheck.record import RankFailure, RunTrace
+from ddpcheck.recorder import RankRecording, record_rank
+from ddpcheck.result import EXIT_BAD_INPUT, CheckResult, WorldResult
+from ddpcheck.runner import (
+    BadInput,
+    CheckOptions,
+    _jsonable_options,
+    _notes,
+    _raise_if_bad_input,
+    to_run_trace,
+    validate,
+)
+
+DETERMINISM_SKIP = "a joined launch runs once: start the launch twice and compare to check determinism"
+
+
+@dataclass(frozen=True)
+class JoinTarget:
+    """Where to join: explicit values win; missing ones come from torchrun's or SLURM's environment."""
+
+    rank: int | None = None
+    world_size: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+
+    @property
+    def explicit(self) -> bool:
+        return self.rank is not None or self.world_size is not None or self.master_addr is not None
+
+
+def launched_rank(target: JoinTarget) -> int | None:
+    """This process's rank when it belongs to a launch (explicit or from the environment), else None."""
+    from ddpcheck.reference.dist import detect_launch
+
+    if target.rank is not None:
+        return target.rank
+    launch = detect_launch(os.environ, require_rendezvous=False)
+    return launch.rank if launch else None
+
+
+def check_joined(path: str, options: CheckOptions, target: JoinTarget) -> tuple[CheckResult | None, int]:
+    """Join the launch, record, and (rank 0) judge. Returns (result on rank 0 else None, exit code)."""
+    import torch.distributed as dist
+
+    from ddpcheck.reference.dist import connect, disconnect
+
+    if (target.rank is None) != (target.world_size is None):
+        raise BadInput("pass --rank and --world-size together")
+    validate(options)
+    spec = LoaderSpec(path=str(path), factory=options.factory)
+    try:
+        rank = launched_rank(target)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    reference: RunTrace | None = None
+    bad: str = ""
+    if rank == 0:  # before joining: a fresh single-process group, no peers waiting on it yet
+        try:
+            precheck(spec)
+            reference = to_run_trace(
+                run_ranks(
+                    TargetRef.of(record_rank),
+                    1,
+                    timeout=options.timeout,
+                    kwargs={"spec": spec, "options": options.record_options()},
+                )
+            )
+            _raise_if_bad_input(reference)
+        except (BadLoaderFile, BadInput) as exc:
+            bad = str(exc)
+    info = connect(
+        backend=options.backend,
+        rank=target.rank,
+        world_size=target.world_size,
+        master_addr=target.master_addr,
+        master_port=target.master_port,
+        timeout=timedelta(seconds=options.timeout),
+    )
+    started = time.monotonic()
+    try:
+        payload: tuple[str, Any] = ("skip", None)
+        if not _broadcast(bad, info.rank):
+            try:
+                payload = ("ok", record_rank(spec, options.record_options()))
+            except BaseException as exc:
+                payload = ("error", _error_message(exc))
+        gathered: list[Any] = [None] * info.world_size
+        dist.all_gather_object(gathered, payload)
+        result: CheckResult | None = None
+        code = EXIT_BAD_INPUT
+        if info.rank == 0 and not bad:
+            assert reference is not None
+            result = _judge(path, options, reference, gathered, info.backend, time.monotonic() - started)
+            code = result.exit_code
+        codes = [code]
+        dist.broadcast_object_list(codes, src=0)
+        if bad and info.rank == 0:
+            raise BadInput(bad)
+        return result, int(codes[0])
+    finally:
+        disconnect()
+
+
+def _broadcast(bad: str, rank: int) -> str:
+    """Rank 0's bad-input verdict, shared so no rank records a loader rank 0 already rejected."""
+    import torch.distributed as dist
+
+    box = [bad if rank == 0 else ""]
+    dist.broadcast_object_list(box, src=0)
+    return str(box[0])
+
+
+def _judge(
+    path: str, options: CheckOptions, reference: RunTrace, gathered: list[Any], backend: str, seconds: float
+) -> CheckResult:
+    recordings = [p[1] for p in gathered if p[0] == "ok" and isinstance(p[1], RankRecording)]
+    failures = tuple(
+        RankFailure(rank=r, kind="error", message=p[1].get("message", ""), stack=p[1].get("traceback", ""))
+        for r, p in enumerate(gathered)
+        if p[0] == "error"
+    )
+    run = RunTrace(
+        world_size=len(gathered),
+        backend=backend,
+        ranks=tuple(r.trace for r in recordings),
+        id_source=recordings[0].id_source if recordings else "index",
+        set_epoch=options.set_epoch,
+        failures=failures,
+    )
+    verdicts = [
+        v if v.check != "determinism" else type(v)(v.check, "skip", DETERMINISM_SKIP)
+        for v in run_checks(reference, run, None)
+    ]
+    world = WorldResult(len(gathered), backend, tuple(verdicts), failures, seconds=seconds)
+    return CheckResult(
+        loader=str(path),
+        runs=(world,),
+        id_source=reference.id_source,
+        epochs=options.epochs,
+        options={**_jsonable_options(options), "joined": True},
+        notes=tuple(_notes(reference, (len(gathered),))),
+    )

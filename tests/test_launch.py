@@ -1,0 +1,148 @@
+"""The launch layer on real gloo groups: results, crashes, hangs, kills, loopback-only, no leftovers."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from ddpcheck.launch import TargetRef, report_progress, run_ranks
+from tests.proc_utils import children_of, listening_addresses, socket_inodes
+
+
+def _sum_of_ranks(offset: int) -> list[int]:
+    import torch
+    import torch.distributed as dist
+
+    value = torch.tensor([dist.get_rank() + offset])
+    dist.all_reduce(value)
+    return [dist.get_rank(), dist.get_world_size(), int(value.item())]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_every_rank_runs_in_one_group_and_returns_plain_values(world_size: int) -> None:
+    result = run_ranks(_sum_of_ranks, world_size, kwargs={"offset": 1}, timeout=60)
+    result.raise_for_failures()
+    total = sum(r + 1 for r in range(world_size))
+    assert result.values == [[r, world_size, total] for r in range(world_size)]
+    assert not children_of(os.getpid())
+
+
+def _raise_on_rank_one() -> int:
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise ValueError("boom on rank 1")
+    dist.barrier()
+    return 0
+
+
+def test_a_crashing_rank_is_primary_and_its_peers_secondary() -> None:
+    result = run_ranks(_raise_on_rank_one, 3, timeout=60)
+    kinds = {o.rank: o.kind for o in result.outcomes}
+    assert kinds == {0: "secondary", 1: "error", 2: "secondary"}
+    crashed = result.outcomes[1]
+    assert crashed.message == "boom on rank 1"
+    assert "ValueError: boom on rank 1" in crashed.error
+    assert "_raise_on_rank_one" in crashed.error
+    assert result.seconds < 30, "peers must be stopped long before the 60 s deadline"
+    with pytest.raises(AssertionError, match="rank 1: error: boom on rank 1"):
+        result.raise_for_failures()
+    assert not children_of(os.getpid())
+
+
+def _rank_zero_waits_alone() -> int:
+    import torch
+    import torch.distributed as dist
+
+    report_progress(f"epoch 0, batch {dist.get_rank() + 4}")
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1))
+    return 1
+
+
+def test_a_hang_ends_at_the_deadline_with_stacks_and_who_waits_for_whom() -> None:
+    result = run_ranks(_rank_zero_waits_alone, 2, timeout=3)
+    hung, waiting = result.outcomes
+    assert hung.kind == "hang"
+    assert hung.progress == "epoch 0, batch 4"
+    assert "in all_reduce" in hung.stack and "_rank_zero_waits_alone" in hung.stack
+    assert waiting.kind == "ok" and "final barrier" in waiting.progress
+    assert "ranks 1 finished and wait for ranks 0" in result.diagnosis
+    assert not children_of(os.getpid())
+
+
+def _rank_one_is_killed() -> int:
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+    return 0
+
+
+def test_a_killed_rank_is_reported_as_killed_not_as_a_hang() -> None:
+    result = run_ranks(_rank_one_is_killed, 2, timeout=60)
+    assert result.outcomes[1].kind == "killed"
+    assert "SIGKILL" in result.outcomes[1].message
+    assert result.outcomes[0].kind == "secondary"
+    assert result.seconds < 30
+
+
+def _exit_without_result() -> None:
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        os._exit(3)
+
+
+def test_a_rank_that_exits_early_is_reported_with_its_exit_code() -> None:
+    result = run_ranks(_exit_without_result, 2, timeout=60)
+    assert result.outcomes[0].kind == "exited"
+    assert "exited with code 3" in result.outcomes[0].message
+
+
+def _print_and_fail() -> None:
+    print("hello from the rank")
+    raise RuntimeError("after printing")
+
+
+def test_rank_output_is_captured_per_rank() -> None:
+    result = run_ranks(_print_and_fail, 1, timeout=60)
+    assert "hello from the rank" in result.outcomes[0].output
+    assert "hello from the rank" in result.describe_failures()
+
+
+def _group_listening_sockets() -> list[tuple[str, int]]:
+    parent = os.getppid()
+    pids = {parent, *children_of(parent)}
+    inodes = set().union(*(socket_inodes(pid) for pid in pids))
+    return listening_addresses(inodes)
+
+
+def test_store_and_gloo_listen_on_loopback_only() -> None:
+    result = run_ranks(_group_listening_sockets, 2, timeout=60)
+    result.raise_for_failures()
+    listening = result.values[0]
+    assert listening, "expected the store and gloo to be listening during the run"
+    assert all(addr == "127.0.0.1" for addr, _ in listening), listening
+
+
+def test_targets_are_found_by_name_under_spawn() -> None:
+    result = run_ranks(TargetRef.of(_sum_of_ranks), 2, kwargs={"offset": 0}, start_method="spawn", timeout=120)
+    result.raise_for_failures()
+    assert [v[2] for v in result.values] == [1, 1]
+
+
+def test_local_functions_are_refused_with_a_clear_error() -> None:
+    def local() -> None:
+        return None
+
+    with pytest.raises(TypeError, match="module-level function"):
+        TargetRef.of(local)
+
+
+def test_world_size_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="positive integer"):
+        run_ranks(_sum_of_ranks, 0)
