@@ -130,7 +130,9 @@ def test_store_and_gloo_listen_on_loopback_only() -> None:
 
 
 def test_targets_are_found_by_name_under_spawn() -> None:
-    result = run_ranks(TargetRef.of(_sum_of_ranks), 2, kwargs={"offset": 0}, start_method="spawn", timeout=120)
+    result = run_ranks(
+        TargetRef.of(_sum_of_ranks), 2, kwargs={"offset": 0}, start_method="spawn", timeout=120
+    )
     result.raise_for_failures()
     assert [v[2] for v in result.values] == [1, 1]
 

@@ -1,0 +1,58 @@
+"""Killing or interrupting the ddpcheck process itself leaves no rank, worker or helper process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.proc_utils import processes_with_env, wait_until_gone
+
+SLOW = Path(__file__).parent / "data" / "slow_loader.py"
+TAG = "DDPCHECK_TEST_TAG"
+
+
+def _start(tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
+    tag = uuid.uuid4().hex
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddpcheck", str(SLOW), "--world-sizes", "1,2", "--load-data",
+         "--report-dir", str(tmp_path), "--timeout", "120", "--format", "json"],
+        env={**os.environ, TAG: tag},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    # wait until ranks and their DataLoader workers are running (more than the ddpcheck process)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(processes_with_env(TAG, tag)) < 4:
+        time.sleep(0.1)
+    assert len(processes_with_env(TAG, tag)) >= 4, "ranks with workers never started"
+    return proc, tag
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_interrupting_ddpcheck_stops_every_process_and_keeps_the_report(tmp_path: Path, signum: int) -> None:
+    proc, tag = _start(tmp_path)
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr
+    assert not wait_until_gone(lambda: processes_with_env(TAG, tag), timeout=10)
+    report = json.loads((tmp_path / "ddpcheck.json").read_text())
+    assert report["runs"] == [], "the reference run was still going: no world size finished"
+    assert any("interrupted" in note for note in report["notes"])
+
+
+def test_sigkill_of_ddpcheck_takes_its_ranks_and_workers_down(tmp_path: Path) -> None:
+    proc, tag = _start(tmp_path)
+    proc.kill()
+    proc.wait(timeout=10)
+    left = wait_until_gone(lambda: processes_with_env(TAG, tag), timeout=15)
+    assert not left, f"processes outlived a SIGKILLed ddpcheck: {sorted(left)}"

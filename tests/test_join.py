@@ -1,0 +1,126 @@
+"""ddpcheck joins launches it did not start: torchrun (one node, two nodes on loopback), explicit flags."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GOOD = ROOT / "fixtures" / "good_distributed_sampler.py"
+BUGGY = Path(__file__).parent / "data" / "seed_per_rank.py"
+
+
+def _free_port() -> int:
+    # torchrun needs a port number up front; the tiny race is torchrun's contract, not ddpcheck's.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env() -> dict[str, str]:
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
+    }
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _torchrun(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *args]
+
+
+def test_torchrun_standalone_two_processes(tmp_path: Path) -> None:
+    cmd = _torchrun(
+        "--standalone", "--nproc-per-node=2", "-m", "ddpcheck", str(GOOD), "--report-dir", str(tmp_path)
+    )
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "ddpcheck.json").read_text())
+    (run,) = report["runs"]
+    assert run["world_size"] == 2
+    assert run["checks"]["no_overlap"]["status"] == "pass"
+    assert run["checks"]["determinism"]["status"] == "skip"
+    assert report["options"]["joined"] is True
+
+
+@pytest.mark.parametrize("loader,expected", [(GOOD, 0), (BUGGY, 1)])
+def test_two_torchrun_nodes_on_loopback_exit_with_the_same_code(
+    tmp_path: Path, loader: Path, expected: int
+) -> None:
+    port = _free_port()
+    procs = [
+        subprocess.Popen(
+            _torchrun(
+                "--nnodes=2",
+                f"--node-rank={node}",
+                "--nproc-per-node=1",
+                "--master-addr=127.0.0.1",
+                f"--master-port={port}",
+                "-m",
+                "ddpcheck",
+                str(loader),
+                "--report-dir",
+                str(tmp_path),
+            ),
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for node in (0, 1)
+    ]
+    outputs = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [expected, expected], outputs[0][1][-3000:]
+    report = json.loads((tmp_path / "ddpcheck.json").read_text())
+    assert report["runs"][0]["world_size"] == 2
+    if expected:
+        assert report["runs"][0]["checks"]["no_overlap"]["status"] == "fail"
+
+
+def test_explicit_rank_world_size_and_master_flags(tmp_path: Path) -> None:
+    port = _free_port()
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ddpcheck",
+                str(GOOD),
+                "--rank",
+                str(rank),
+                "--world-size",
+                "2",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+                "--report-dir",
+                str(tmp_path),
+                "--quiet",
+            ],
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for rank in (0, 1)
+    ]
+    outputs = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert "ws=2" in outputs[0][0] and outputs[1][0] == ""
+
+
+def test_rank_without_world_size_is_bad_usage(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpcheck", str(GOOD), "--rank", "0", "--report-dir", str(tmp_path)],
+        env=_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "pass --rank and --world-size together" in proc.stderr
+    assert "Traceback" not in proc.stderr
