@@ -72,7 +72,7 @@ def test_two_torchrun_nodes_on_loopback_exit_with_the_same_code(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for node in (0, 1)
     ]
     outputs = [p.communicate(timeout=180) for p in procs]
@@ -108,7 +108,7 @@ def test_explicit_rank_world_size_and_master_flags(tmp_path: Path) -> None:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for rank in (0, 1)
     ]
     outputs = [p.communicate(timeout=180) for p in procs]
