@@ -148,3 +148,26 @@ def test_local_functions_are_refused_with_a_clear_error() -> None:
 def test_world_size_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive integer"):
         run_ranks(_sum_of_ranks, 0)
+
+
+def _large_op_and_tensor() -> tuple[float, object]:
+    import torch
+
+    return float((torch.arange(2_000_000, dtype=torch.float64) + 1).sum().item()), torch.ones(3)
+
+
+def test_forked_ranks_survive_a_parent_that_used_the_openmp_pool() -> None:
+    import torch
+
+    (torch.arange(2_000_000, dtype=torch.float64) + 1).sum()  # starts the parent's intra-op pool
+    result = run_ranks(_large_op_and_tensor, 2, timeout=30)
+    result.raise_for_failures()
+    assert [v[0] for v in result.values] == [2_000_001_000_000.0] * 2
+
+
+def test_returned_tensors_travel_by_value_not_as_shared_memory_handles() -> None:
+    result = run_ranks(_large_op_and_tensor, 2, timeout=30)
+    result.raise_for_failures()
+    tensor = result.values[1][1]
+    assert tensor.tolist() == [1.0, 1.0, 1.0]
+    assert not tensor.is_shared()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import shutil
 import signal
 import socket
@@ -180,6 +181,7 @@ def run_ranks(
                 parent_pid=os.getpid(),
                 env=dict(env or {}),
                 init_group=init_group,
+                forked=method == "fork",
             )
             reader, writer = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=rank_main, args=(spec, writer, progress), name=f"ddpcheck-rank{rank}")
@@ -220,7 +222,7 @@ def _collect(
             if ready in open_conns:
                 rank = open_conns.pop(ready)
                 try:
-                    status, payload = ready.recv()
+                    status, payload = pickle.loads(ready.recv_bytes())
                 except (EOFError, OSError):
                     continue
                 except Exception as exc:  # a value that does not unpickle here

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import os
+import pickle
 import signal
 import sys
 import time
@@ -48,6 +49,7 @@ class RankSpec:
     parent_pid: int = 0
     env: dict[str, str] = field(default_factory=dict)
     init_group: bool = True
+    forked: bool = True
 
 
 def report_progress(text: str) -> None:
@@ -100,6 +102,21 @@ def fresh_random_state() -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.seed()
+
+
+def _single_thread_torch() -> None:
+    """A forked child must not use the parent's OpenMP pool: it hangs at its first parallel op.
+
+    One intra-op thread per rank is also what a data check wants: W ranks share few cores.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+
+
+def send_result(conn: Any, status: str, payload: Any) -> None:
+    """Plain pickle, not torch's shared-memory reducer: tensors travel by value and survive our exit."""
+    conn.send_bytes(pickle.dumps((status, payload), protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _isolate(spec: RankSpec) -> None:
@@ -181,6 +198,8 @@ def rank_main(spec: RankSpec, conn: Any, progress: Any) -> None:
     os.environ["WORLD_SIZE"] = str(spec.world_size)
     os.environ["LOCAL_RANK"] = str(spec.rank)
     _capture_output(spec)
+    if spec.forked:
+        _single_thread_torch()
     fresh_random_state()
     stack_file = open(stack_path(spec.workdir, spec.rank), "w")  # noqa: SIM115 - lives as long as the rank
     faulthandler.enable(file=stack_file, all_threads=True)
@@ -193,11 +212,11 @@ def rank_main(spec: RankSpec, conn: Any, progress: Any) -> None:
         report_progress("running")
         func = spec.target.resolve() if isinstance(spec.target, TargetRef) else spec.target
         value = func(**spec.kwargs)
-        conn.send(("ok", value))
+        send_result(conn, "ok", value)
     except BaseException as exc:
         code = 1
         try:
-            conn.send(("error", _error_message(exc)))
+            send_result(conn, "error", _error_message(exc))
         except Exception:
             pass
     finally:
