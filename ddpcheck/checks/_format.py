@@ -1,0 +1,57 @@
+"""Small wording helpers so every check names ranks, ids and counts the same way."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Sequence
+
+MAX_EXAMPLES = 5
+
+
+def few(items: Iterable[object], limit: int = MAX_EXAMPLES) -> tuple[object, ...]:
+    """The ``limit`` smallest items, for stable examples whatever order a set hands them out in."""
+    pool = list(items)
+    try:
+        return tuple(heapq.nsmallest(limit, pool))  # type: ignore[type-var]
+    except TypeError:  # mixed id types: order by their text instead
+        return tuple(heapq.nsmallest(limit, pool, key=repr))
+
+
+def first(items: Iterable[object], limit: int = MAX_EXAMPLES) -> tuple[object, ...]:
+    """The first ``limit`` items in the given order (for evidence where the order matters)."""
+    out: list[object] = []
+    for item in items:
+        if len(out) == limit:
+            break
+        out.append(item)
+    return tuple(out)
+
+
+def ids_text(items: Sequence[object]) -> str:
+    return ", ".join(str(i) for i in items)
+
+
+def singular(noun: str) -> str:
+    """``samples`` -> ``sample``, ``batches`` -> ``batch``, ``padding copies`` -> ``padding copy``."""
+    for plural, one in (("ches", "ch"), ("ies", "y"), ("s", "")):
+        if noun.endswith(plural):
+            return noun[: -len(plural)] + one
+    return noun
+
+
+def count_text(n: int, noun: str) -> str:
+    """``1 sample`` / ``3 samples``; ``noun`` is the plural."""
+    return f"{n} {singular(noun) if n == 1 else noun}"
+
+
+def ranks_text(ranks: Sequence[int], limit: int = 6) -> str:
+    """``rank 1`` / ``ranks 1 and 3`` / ``ranks 0, 1, 2 and 5 more``."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if len(ranks) <= limit:
+        return f"ranks {', '.join(map(str, ranks[:-1]))} and {ranks[-1]}"
+    return f"ranks {', '.join(map(str, ranks[:limit]))} and {len(ranks) - limit} more"
+
+
+def epochs_text(epochs: Sequence[int]) -> str:
+    return f"epoch {epochs[0]}" if len(epochs) == 1 else f"epochs {', '.join(map(str, epochs))}"

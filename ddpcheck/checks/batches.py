@@ -1,0 +1,85 @@
+"""batch_integrity: a custom batch sampler's batches reach the ranks whole, never re-cut.
+
+Batch samplers that build batches on purpose (class-balanced, length-bucketed) lose their point when
+DDP shards the *samples* underneath them: every rank then forms its own batches from a slice. A
+seeded batch sampler forms the same batches under DDP as in one process, so batches are compared
+exactly; only a run that changes between two seeded runs is judged by batch sizes alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+from ddpcheck.checks._format import epochs_text, ids_text
+from ddpcheck.checks.context import Context, batch_key, broken_reason, same_streams
+from ddpcheck.checks.ids import BATCH_INTEGRITY
+from ddpcheck.checks.verdict import Verdict, passed, skipped
+from ddpcheck.record import EpochTrace, LoaderFacts, RunTrace
+
+CAUSE = (
+    "batches are split or re-formed across ranks: "
+    "shard whole batches (wrap the batch sampler) instead of samples"
+)
+STANDARD = (None, "BatchSampler")
+
+
+def _custom(facts: LoaderFacts) -> bool:
+    return facts.batch_level or facts.batch_sampler not in STANDARD
+
+
+def _keys(trace: EpochTrace) -> set[tuple[Hashable, ...]]:
+    return {batch_key(b) for b in trace.batches()}
+
+
+def check_batch_integrity(
+    reference: RunTrace, run: RunTrace, rerun: RunTrace | None = None, *, ctx: Context | None = None
+) -> Verdict:
+    ctx = ctx or Context(reference, run, rerun)
+    if ctx.unjudgeable:
+        return skipped(BATCH_INTEGRITY, ctx.unjudgeable)
+    if not any(_custom(r.facts) for r in (*run.ranks, *reference.ranks)):
+        return passed(BATCH_INTEGRITY, "not a custom batch sampler")
+    ref_epochs = reference.ranks[0].epochs[: ctx.num_epochs]
+    ref_keys = [_keys(t) for t in ref_epochs]
+    random_run = rerun is not None and not broken_reason(rerun, "") and not same_streams(run, rerun)
+    every = set().union(*ref_keys)
+    sizes = {size for t in ref_epochs for size in t.batch_sizes}
+    bad: list[tuple[int, int, tuple[Hashable, ...], int]] = []  # (epoch, rank, example batch, how many)
+    sizes_only = False
+    for e in range(ctx.num_epochs):
+        for r, trace in enumerate(run.epoch(e)):
+            foreign = [k for k in map(batch_key, trace.batches()) if k not in ref_keys[e]]
+            if foreign and random_run:  # batches drawn afresh each run: judge their sizes only
+                foreign = [k for k in foreign if k not in every]
+                if foreign and all(len(k) in sizes for k in foreign):
+                    sizes_only = True
+                    foreign = []
+            if foreign:
+                bad.append((e, r, foreign[0], len(foreign)))
+    if bad:
+        e, r, example, _ = bad[0]
+        ranks = tuple(sorted({b[1] for b in bad}))
+        epochs = tuple(sorted({b[0] for b in bad}))
+        total = sum(b[3] for b in bad)
+        detail = (
+            f"rank {r} yields a batch the single-process loader never forms in epoch {e}: "
+            f"[{ids_text(example[:8])}{', ...' if len(example) > 8 else ''}] "
+            f"({total} such batches on {len(ranks)} ranks, {epochs_text(list(epochs))})"
+        )
+        return Verdict(
+            BATCH_INTEGRITY,
+            "fail",
+            detail,
+            CAUSE,
+            ranks[:8],
+            epochs,
+            (example,),
+            {"foreign_batches": total, "ranks_affected": len(ranks)},
+        )
+    if sizes_only:
+        return passed(
+            BATCH_INTEGRITY,
+            "batches change from run to run (see determinism), so only their sizes were compared "
+            "with the single-process loader's; they match",
+        )
+    return passed(BATCH_INTEGRITY, "every rank's batches are whole batches of the single-process loader")

@@ -1,0 +1,351 @@
+"""One shared, lazily computed view of a reference run and a DDP run.
+
+Nine checks look at the same sets and counts; computing them once per epoch keeps a million-sample
+epoch at world size 1024 to a few set operations (all in C) instead of nine passes or per-id loops.
+An *item* is a sample id, or a whole batch (its ids, sorted) when the loader shards whole batches.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from itertools import chain
+
+from ddpcheck.record import EpochTrace, LoaderFacts, RunTrace
+
+Item = Hashable
+
+
+def batch_key(batch: Iterable[Hashable]) -> tuple[Hashable, ...]:
+    """A batch as a sorted tuple, so a batch is the same item whatever order its ids arrive in."""
+    ids = list(batch)
+    try:
+        return tuple(sorted(ids))  # type: ignore[type-var]
+    except TypeError:
+        return tuple(sorted(ids, key=repr))
+
+
+def items_of(trace: EpochTrace, batch_level: bool) -> Sequence[Item]:
+    if not batch_level:
+        return trace.ids
+    return [batch_key(b) for b in trace.batches()]
+
+
+def same_sequence(a: Sequence[Hashable], b: Sequence[Hashable]) -> bool:
+    """Equal contents; an ``array`` never equals a tuple, so mixed types are compared as lists."""
+    if type(a) is type(b):
+        return a == b
+    return len(a) == len(b) and list(a) == list(b)
+
+
+def same_streams(a: RunTrace, b: RunTrace) -> bool:
+    """Every rank's ids and batch boundaries agree in every epoch both runs recorded."""
+    if len(a.ranks) != len(b.ranks):
+        return False
+    for one, two in zip(a.ranks, b.ranks, strict=True):
+        for x, y in zip(one.epochs, two.epochs, strict=False):
+            if not (same_sequence(x.ids, y.ids) and same_sequence(x.batch_sizes, y.batch_sizes)):
+                return False
+    return True
+
+
+def facts_of(run: RunTrace) -> LoaderFacts:
+    return run.ranks[0].facts if run.ranks else LoaderFacts()
+
+
+def broken_reason(run: RunTrace, what: str) -> str:
+    """Why ``run`` cannot be judged ("" when it can): it was skipped, a rank failed or is missing."""
+    if run.skipped:
+        return f"{what} was not run: {run.skipped}"
+    if run.failures:
+        f = run.failures[0]
+        more = f" (and {len(run.failures) - 1} more rank failures)" if len(run.failures) > 1 else ""
+        return f"{what} broke, rank {f.rank} {f.kind}: {f.message}{more}; there is no trace to judge"
+    if len(run.ranks) != run.world_size:
+        return f"{what} recorded {len(run.ranks)} of {run.world_size} ranks; there is no full trace to judge"
+    return ""
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """How much an honest DDP split may differ from the single process, for one epoch.
+
+    ``duplicates``: padding may repeat up to ``world_size - 1`` items (never when the sampler is
+    known not to pad). ``missing``: a sampler that drops its tail loses up to ``world_size - 1``
+    items, and a DataLoader with ``drop_last`` loses up to ``batch_size - 1`` trailing samples on
+    every rank. The reference's own drops are not subtracted: the ranks drop *different* samples
+    whenever their order differs from the reference's, so only the full bound is sound.
+    """
+
+    duplicates: int
+    sampler_drop: int
+    loader_drop: int
+
+    @property
+    def missing(self) -> int:
+        return self.sampler_drop + self.loader_drop
+
+
+class EpochView:
+    """The reference's epoch and every rank's epoch, as items, with the counts the checks share."""
+
+    def __init__(
+        self,
+        epoch: int,
+        reference: EpochTrace,
+        ranks: Sequence[EpochTrace],
+        batch_level: bool,
+        same_reference: EpochView | None = None,
+    ):
+        self.epoch = epoch
+        self.ref_trace = reference
+        self.rank_traces = list(ranks)
+        self.batch_level = batch_level
+        self._same = same_reference  # an earlier epoch whose reference ids are identical: share its sets
+        self._rank_sets: dict[int, set[Item]] = {}
+
+    @cached_property
+    def ref_items(self) -> Sequence[Item]:
+        if self._same is not None:
+            return self._same.ref_items
+        return items_of(self.ref_trace, self.batch_level)
+
+    @cached_property
+    def rank_items(self) -> list[Sequence[Item]]:
+        return [items_of(t, self.batch_level) for t in self.rank_traces]
+
+    @cached_property
+    def ref_set(self) -> set[Item]:
+        return self._same.ref_set if self._same is not None else set(self.ref_items)
+
+    @cached_property
+    def ref_counts(self) -> Counter[Item] | None:
+        """Multiplicities when the reference repeats an item; ``None`` when every count is 1."""
+        if self._same is not None:
+            return self._same.ref_counts
+        if len(self.ref_set) == len(self.ref_items):
+            return None
+        return Counter(self.ref_items)
+
+    def allowed(self, item: Item) -> int:
+        """How many copies of ``item`` the epoch may hold (the reference's count, at least 1)."""
+        counts = self.ref_counts
+        return 1 if counts is None else max(counts.get(item, 0), 1)
+
+    @cached_property
+    def _union(self) -> tuple[set[Item], list[int]]:
+        """All ranks' items in one set, and per rank how many of its items were not new to it.
+
+        One pass into one set gives the union and, per rank, a shortfall that is zero unless the rank
+        repeats something; only those ranks (padding: a handful) ever get a set of their own.
+        """
+        seen: set[Item] = set()
+        short: list[int] = []
+        for items in self.rank_items:
+            before = len(seen)
+            seen.update(items)
+            short.append(len(items) - (len(seen) - before))
+        return seen, short
+
+    @cached_property
+    def ddp_set(self) -> set[Item]:
+        return self._union[0]
+
+    def rank_set(self, rank: int) -> set[Item]:
+        if rank not in self._rank_sets:
+            self._rank_sets[rank] = set(self.rank_items[rank])
+        return self._rank_sets[rank]
+
+    @property
+    def rank_sets(self) -> list[set[Item]]:
+        """Every rank's set (built on demand: the evidence paths use these, the passing paths do not)."""
+        return [self.rank_set(r) for r in range(len(self.rank_items))]
+
+    def within(self, rank: int) -> int:
+        """Copies a rank holds of items it already holds (its own repeats)."""
+        if self._union[1][rank] == 0:
+            return 0
+        return len(self.rank_items[rank]) - len(self.rank_set(rank))
+
+    def distinct(self, rank: int) -> int:
+        return len(self.rank_items[rank]) - self.within(rank)
+
+    def sample_within(self, rank: int) -> int:
+        """Like ``within``, counted in sample ids even when items are batches."""
+        if not self.batch_level:
+            return self.within(rank)
+        ids = self.rank_traces[rank].ids
+        return len(ids) - len(set(ids))
+
+    @cached_property
+    def total(self) -> int:
+        return sum(len(items) for items in self.rank_items)
+
+    @cached_property
+    def ddp_counts(self) -> Counter[Item]:
+        return Counter(chain.from_iterable(self.rank_items))
+
+    @cached_property
+    def rank_multiplicity(self) -> Counter[Item]:
+        """For every item, how many ranks see it."""
+        return Counter(chain.from_iterable(self.rank_sets))
+
+    @cached_property
+    def missing_count(self) -> int:
+        """Reference items no rank sees (as a multiset when the reference repeats items)."""
+        counts = self.ref_counts
+        if counts is None:  # |ref - ddp| from the extras, which the checks need anyway: one set pass fewer
+            return len(self.ref_set) - (len(self.ddp_set) - len(self.extras))
+        seen = self.ddp_counts
+        return sum(max(0, c - seen.get(x, 0)) for x, c in counts.items())
+
+    def missing_items(self) -> list[Item]:
+        """The missing items, in the reference's order (so a dropped tail shows up as a tail)."""
+        counts = self.ref_counts
+        if counts is None:
+            seen = self.ddp_set
+            return [x for x in self.ref_items if x not in seen]
+        have = Counter(self.ddp_counts)
+        out = []
+        for x in self.ref_items:
+            if have[x] > 0:
+                have[x] -= 1
+            else:
+                out.append(x)
+        return out
+
+    @cached_property
+    def excess(self) -> int:
+        """Copies beyond what the reference holds, summed over items (padding plus any overlap)."""
+        if self.ref_counts is None:
+            return self.total - len(self.ddp_set)
+        return sum(max(0, c - self.allowed(x)) for x, c in self.ddp_counts.items())
+
+    @cached_property
+    def cross_excess(self) -> int:
+        """Extra ranks per item: an item on 3 ranks that the reference yields once counts 2."""
+        if self.ref_counts is None:  # a rank's shortfall is its own repeats plus items earlier ranks had
+            return sum(short - self.within(r) for r, short in enumerate(self._union[1]))
+        return sum(max(0, c - self.allowed(x)) for x, c in self.rank_multiplicity.items())
+
+    @cached_property
+    def overlap_items(self) -> set[Item]:
+        """Items seen by more ranks than the reference allows."""
+        return {x for x, c in self.rank_multiplicity.items() if c > self.allowed(x)}
+
+    @cached_property
+    def extras(self) -> set[Item]:
+        return self.ddp_set - self.ref_set
+
+
+class Context:
+    """Everything the checks share about one (reference, run, rerun) triple, computed on demand."""
+
+    def __init__(self, reference: RunTrace, run: RunTrace, rerun: RunTrace | None = None):
+        if reference.world_size != 1:
+            raise ValueError(
+                f"reference must be the single-process run (world size 1), got world size "
+                f"{reference.world_size}; record the same loader factory with world_size=1"
+            )
+        if run.world_size < 1:
+            raise ValueError(f"run has world size {run.world_size}; a run needs at least one rank")
+        if rerun is not None and rerun.world_size != run.world_size:
+            raise ValueError(
+                f"rerun has world size {rerun.world_size} but run has {run.world_size}; "
+                f"rerun the same world size with the same seed"
+            )
+        self.reference = reference
+        self.run = run
+        self.rerun = rerun
+        self.world_size = run.world_size
+        self._views: dict[int, EpochView] = {}
+
+    @cached_property
+    def facts(self) -> LoaderFacts:
+        return facts_of(self.run)
+
+    @cached_property
+    def ref_facts(self) -> LoaderFacts:
+        return facts_of(self.reference)
+
+    @cached_property
+    def batch_level(self) -> bool:
+        """Judge whole batches as items: the loader shards batches, and they arrive intact.
+
+        When a custom batch sampler's batches are re-formed on the ranks (batch_integrity's finding),
+        batch identity means nothing, so coverage and overlap fall back to sample ids.
+        """
+        if not any(r.facts.batch_level for r in self.run.ranks):
+            return False
+        ref_epochs = self.reference.ranks[0].epochs if self.reference.ranks else ()
+        for e in range(self.num_epochs):
+            known = {batch_key(b) for b in ref_epochs[e].batches()}
+            for trace in self.run.epoch(e):
+                if any(batch_key(b) not in known for b in trace.batches()):
+                    return False
+        return True
+
+    @property
+    def noun(self) -> str:
+        return "batches" if self.batch_level else "samples"
+
+    @cached_property
+    def unjudgeable(self) -> str:
+        """Why no check can judge this pair ("" when they can)."""
+        why = broken_reason(self.reference, "the single-process reference run")
+        if why:
+            return why
+        why = broken_reason(self.run, f"world size {self.run.world_size}")
+        if why:
+            return why
+        if self.num_epochs == 0:
+            return "no epoch was recorded, so there is nothing to compare"
+        return ""
+
+    @cached_property
+    def num_epochs(self) -> int:
+        return min(self.reference.num_epochs, self.run.num_epochs)
+
+    def view(self, epoch: int) -> EpochView:
+        if epoch not in self._views:
+            ref = self.reference.ranks[0].epochs[epoch]
+            before = self.view(epoch - 1) if epoch else None
+            if before is not None and not same_sequence(before.ref_trace.ids, ref.ids):
+                before = None
+            self._views[epoch] = EpochView(epoch, ref, self.run.epoch(epoch), self.batch_level, before)
+        return self._views[epoch]
+
+    def views(self) -> list[EpochView]:
+        return [self.view(e) for e in range(self.num_epochs)]
+
+    @cached_property
+    def stable(self) -> bool:
+        """True when the reference yields the same items (as a multiset) in every epoch."""
+        views = self.views()
+        if not views:
+            return True
+        head = views[0]
+        for v in views[1:]:
+            if len(v.ref_items) != len(head.ref_items) or v.ref_set != head.ref_set:
+                return False
+            if (v.ref_counts is None) != (head.ref_counts is None) or v.ref_counts != head.ref_counts:
+                return False
+        return True
+
+    @cached_property
+    def ref_union(self) -> set[Item]:
+        return set().union(*(v.ref_set for v in self.views()))
+
+    def allowance(self, view: EpochView) -> Allowance:
+        w = self.world_size
+        padding = self.facts.padding
+        duplicates = w - 1 if padding is not False else 0
+        pads = padding is True or (padding is None and view.excess > 0)
+        sampler_drop = 0 if pads else w - 1
+        loader_drop = 0
+        size = self.facts.batch_size
+        if not self.batch_level and self.facts.drop_last and size:
+            loader_drop = w * (size - 1)
+        return Allowance(duplicates, sampler_drop, loader_drop)

@@ -1,0 +1,94 @@
+"""coverage: every item of the single-process epoch reaches some rank, up to the documented drops."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ddpcheck.checks._format import count_text, epochs_text, few, ids_text
+from ddpcheck.checks.context import Context, EpochView
+from ddpcheck.checks.diagnose import missing_cause
+from ddpcheck.checks.ids import COVERAGE
+from ddpcheck.checks.verdict import Verdict, passed, skipped
+from ddpcheck.record import RunTrace
+
+
+@dataclass(frozen=True)
+class Gap:
+    """One epoch's shortfall: ``missing`` items against ``allowed`` drops."""
+
+    epoch: int
+    missing: int
+    allowed: int
+    counted_only: bool = False  # the reference changes its items every epoch: only counts compared
+
+    @property
+    def ok(self) -> bool:
+        return self.missing <= self.allowed
+
+
+def gap(ctx: Context, view: EpochView) -> Gap:
+    """Missing items in one epoch; falls back to counts when the reference resamples every epoch.
+
+    A reference that draws a different subset each epoch (a random subset, sampling with replacement)
+    gives no fixed id set to demand, so there only the number of items is held against the bound.
+    """
+    allowed = ctx.allowance(view).missing
+    missing = view.missing_count
+    if missing > allowed and not ctx.stable:
+        return Gap(view.epoch, max(0, len(view.ref_items) - view.total), allowed, counted_only=True)
+    return Gap(view.epoch, missing, allowed)
+
+
+def missing_examples(view: EpochView) -> tuple[object, ...]:
+    return few(view.missing_items())
+
+
+def check_coverage(
+    reference: RunTrace, run: RunTrace, rerun: RunTrace | None = None, *, ctx: Context | None = None
+) -> Verdict:
+    ctx = ctx or Context(reference, run, rerun)
+    if ctx.unjudgeable:
+        return skipped(COVERAGE, ctx.unjudgeable)
+    gaps = [gap(ctx, v) for v in ctx.views()]
+    bad = [g for g in gaps if not g.ok]
+    noun = ctx.noun
+    if not bad:
+        worst = max(g.missing for g in gaps)
+        n = len(ctx.view(0).ref_items)
+        resampled = any(g.counted_only for g in gaps)
+        counted = " (counts only: the reference resamples every epoch)" if resampled else ""
+        return passed(
+            COVERAGE,
+            f"every epoch's {noun} reach some rank ({n} per epoch, at most {worst} dropped, "
+            f"{gaps[0].allowed} allowed){counted}",
+        )
+    g = bad[0]
+    view = ctx.view(g.epoch)
+    examples = () if g.counted_only else missing_examples(view)
+    more = f" (also {epochs_text([b.epoch for b in bad[1:]])})" if len(bad) > 1 else ""
+    n = len(view.ref_items)
+    if g.counted_only:
+        detail = (
+            f"the ranks together yield {view.total} {noun} in epoch {g.epoch}{more}, {g.missing} fewer than "
+            f"the single process's {n}; at most {g.allowed} may be dropped"
+        )
+    else:
+        detail = (
+            f"{count_text(g.missing, noun)} of {n} are never seen by any rank in epoch {g.epoch}{more}, "
+            f"at most {g.allowed} may be dropped: {ids_text(examples)}"
+        )
+    return Verdict(
+        COVERAGE,
+        "fail",
+        detail,
+        missing_cause(ctx, view, g.allowed),
+        (),
+        tuple(b.epoch for b in bad),
+        examples,
+        {
+            "missing": g.missing,
+            "allowed": g.allowed,
+            "items": n,
+            "epochs_failing": len(bad),
+        },
+    )

@@ -1,0 +1,81 @@
+"""determinism: two runs with the same seed give every rank the same stream, batch for batch.
+
+Without this, a crashed job cannot resume where it stopped and no result can be reproduced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+from ddpcheck.checks.context import Context, broken_reason, same_sequence
+from ddpcheck.checks.ids import DETERMINISM
+from ddpcheck.checks.verdict import Verdict, passed, skipped
+from ddpcheck.record import EpochTrace, RunTrace
+
+CAUSE = "the order changes from run to run: an unseeded generator or per-process random state"
+
+
+def _first_difference(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def _describe(a: Sequence[Hashable], b: Sequence[Hashable], pos: int) -> str:
+    said = str(a[pos]) if pos < len(a) else "nothing more"
+    then = str(b[pos]) if pos < len(b) else "nothing more"
+    return f"the run yields {said}, the rerun {then}"
+
+
+def _compare(one: EpochTrace, two: EpochTrace) -> tuple[str, int, tuple[object, ...]] | None:
+    """Where two recordings of one rank's epoch part ways: (what, position, example ids)."""
+    if not same_sequence(one.ids, two.ids):
+        pos = _first_difference(one.ids, two.ids)
+        shown = tuple(x[pos] for x in (one.ids, two.ids) if pos < len(x))
+        return f"position {pos}: {_describe(one.ids, two.ids, pos)}", pos, shown
+    if not same_sequence(one.batch_sizes, two.batch_sizes):
+        pos = _first_difference(one.batch_sizes, two.batch_sizes)
+        return f"batch {pos}: {_describe(one.batch_sizes, two.batch_sizes, pos)} ids in it", pos, ()
+    return None
+
+
+def check_determinism(
+    reference: RunTrace, run: RunTrace, rerun: RunTrace | None = None, *, ctx: Context | None = None
+) -> Verdict:
+    ctx = ctx or Context(reference, run, rerun)
+    if ctx.unjudgeable:
+        return skipped(DETERMINISM, ctx.unjudgeable)
+    if rerun is None:
+        return skipped(
+            DETERMINISM, "no second run with the same seed was recorded, so there is nothing to compare"
+        )
+    why = broken_reason(rerun, "the rerun")
+    if why:
+        return skipped(DETERMINISM, why)
+    epochs = min(run.num_epochs, rerun.num_epochs)
+    for e in range(epochs):
+        for r, (one, two) in enumerate(zip(run.epoch(e), rerun.epoch(e), strict=True)):
+            found = _compare(one, two)
+            if found is None:
+                continue
+            where, pos, examples = found
+            differing = sum(
+                1
+                for a, b in zip(run.epoch(e), rerun.epoch(e), strict=True)
+                if not (same_sequence(a.ids, b.ids) and same_sequence(a.batch_sizes, b.batch_sizes))
+            )
+            detail = f"rank {r}, epoch {e} differs between two runs with the same seed at {where}"
+            if differing > 1:
+                detail += f" ({differing} of {run.world_size} ranks differ)"
+            return Verdict(
+                DETERMINISM,
+                "fail",
+                detail,
+                CAUSE,
+                (r,),
+                (e,),
+                examples,
+                {"rank": r, "epoch": e, "position": pos, "ranks_differing": differing},
+            )
+    return passed(DETERMINISM, f"{run.world_size} ranks x {epochs} epochs repeat exactly in a second run")

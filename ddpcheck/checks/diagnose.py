@@ -1,0 +1,160 @@
+"""Naming the likely bug behind overlapping or missing items, shared by several checks.
+
+Each bug leaves a distinct shape in the trace: a sampler that ignores the rank gives every rank the
+same stream; a rank-dependent seed gives ranks unrelated permutations, so a large random share of
+each rank's items shows up on another rank too while other items reach no rank at all; a rank-aware
+dataset under a DistributedSampler splits the data twice, so the ranks together see only about 1/W
+of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+from ddpcheck.checks._format import few, ranks_text
+from ddpcheck.checks.context import Context, EpochView, Item
+
+IGNORES_RANK = "the sampler ignores the rank (no DistributedSampler, or num_replicas/rank not passed)"
+SAME_STREAM = f"every rank sees the same stream: {IGNORES_RANK}"
+RANK_SEED = "ranks draw different permutations: the sampler's seed (or random state) depends on the rank"
+WHOLE_EPOCH = (
+    f"every rank sees the whole epoch, each in its own order: {IGNORES_RANK}, "
+    f"and the shuffle is not seeded the same on every rank"
+)
+BAD_SPLIT = (
+    "the ranks' shards overlap: the sampler splits the epoch wrongly (check its num_replicas/rank arithmetic)"
+)
+PADS_TOO_MUCH = (
+    "the sampler pads more than world_size - 1 (e.g. to whole batches): "
+    "pad to a multiple of the world size only"
+)
+WITHIN_RANK = "a rank repeats samples within its own epoch (see worker_sharding)"
+DROPS_TAIL = "the sampler drops the tail: pad or use fewer ranks"
+LENGTH_BY_RANK = "the loader's length depends on the rank"
+GAPS = (
+    "some samples reach no rank: the split between ranks leaves gaps "
+    "(check the sampler's num_replicas/rank arithmetic)"
+)
+
+RANDOM_OVERLAP_SHARE = 0.1  # above this share of a rank's items also on another rank, the split looks random
+
+
+@dataclass(frozen=True)
+class OverlapEvidence:
+    """Two ranks that share items, and a few of the items they share."""
+
+    first: int
+    second: int
+    shared: tuple[object, ...]
+
+
+def _signature(items: Sequence[Hashable]) -> object:
+    tobytes = getattr(items, "tobytes", None)
+    return (type(items).__name__, tobytes()) if callable(tobytes) else tuple(items)
+
+
+def identical_streams(view: EpochView) -> list[int]:
+    """The largest group (>= 2) of ranks with the same non-empty stream, else ``[]``."""
+    groups: dict[object, list[int]] = {}
+    for rank, items in enumerate(view.rank_items):
+        if len(items):
+            groups.setdefault(_signature(items), []).append(rank)
+    best = max(groups.values(), key=len, default=[])
+    return best if len(best) >= 2 else []
+
+
+def overlap_evidence(view: EpochView) -> OverlapEvidence | None:
+    """The lowest rank with an over-shared item, the lowest other rank sharing one, and examples."""
+    over = view.overlap_items
+    if not over:
+        return None
+    owners: dict[Item, list[int]] = {}
+    for rank, items in enumerate(view.rank_sets):
+        for item in items & over:
+            owners.setdefault(item, []).append(rank)
+    first = min(rs[0] for rs in owners.values())
+    mine = [x for x, rs in owners.items() if rs[0] == first]
+    second = min(r for x in mine for r in owners[x] if r != first)
+    shared = few(x for x in mine if second in owners[x])
+    return OverlapEvidence(first, second, shared)
+
+
+def length_by_rank(ctx: Context) -> tuple[str, tuple[int, ...]]:
+    """A dataset whose ``len`` differs from the single process's on some rank, and those ranks.
+
+    Such ranks shuffle or split a different ``range(len)``, so their shards cannot fit together.
+    Iterable datasets are left out: one that shards itself has a per-rank length by design.
+    """
+    ref_len = ctx.ref_facts.dataset_len if ctx.facts.dataset_kind == "map" else None
+    odd = [
+        r
+        for r in ctx.run.ranks
+        if None not in (ref_len, r.facts.dataset_len) and r.facts.dataset_len != ref_len
+    ]
+    if not odd:
+        return "", ()
+    first = odd[0]
+    why = (
+        f"{LENGTH_BY_RANK}: the dataset has {first.facts.dataset_len} samples on rank {first.rank} "
+        f"but {ref_len} in a single process"
+    )
+    return why, tuple(r.rank for r in odd)
+
+
+def overlap_cause(ctx: Context, view: EpochView) -> tuple[str, tuple[int, ...]]:
+    """The likely bug behind items seen by too many ranks, and the ranks that show it."""
+    w = ctx.world_size
+    same = identical_streams(view)
+    if same:
+        if len(same) == w:
+            return SAME_STREAM, tuple(same)
+        return f"{ranks_text(same)} see the same stream: {IGNORES_RANK}", tuple(same)
+    why, odd = length_by_rank(ctx)
+    if why:
+        return why, odd
+    n = len(view.ref_set)
+    if w > 1 and n and all(len(s) >= 0.9 * n and len(s & view.ref_set) >= 0.9 * n for s in view.rank_sets):
+        return WHOLE_EPOCH, tuple(range(w))
+    over = view.overlap_items
+    held = sum(len(s) for s in view.rank_sets)
+    shared = sum(len(s & over) for s in view.rank_sets)
+    if held and shared / held > RANDOM_OVERLAP_SHARE and view.missing_count:  # redrawn, not just repeated
+        return RANK_SEED, ()
+    return BAD_SPLIT, ()
+
+
+def duplicate_cause(ctx: Context, view: EpochView) -> tuple[str, tuple[int, ...]]:
+    """The likely bug behind too many copies: padding gone too far, own repeats, or a bad split."""
+    if identical_streams(view):
+        return overlap_cause(ctx, view)
+    if view.cross_excess == 0:
+        return WITHIN_RANK, ()
+    extra = view.excess
+    padded = view.total - len(view.ref_items) == extra and view.missing_count == 0  # copies, nothing lost
+    if padded and ctx.world_size <= extra < len(view.ref_items) and ctx.facts.padding is not False:
+        return PADS_TOO_MUCH, ()
+    return overlap_cause(ctx, view)
+
+
+def missing_cause(ctx: Context, view: EpochView, allowed: int) -> str:
+    """The likely bug behind reference items that no rank sees."""
+    if view.cross_excess > ctx.allowance(view).duplicates:
+        return overlap_cause(ctx, view)[0]
+    why, _ = length_by_rank(ctx)
+    if why:
+        return why
+    n = len(view.ref_items)
+    w = ctx.world_size
+    if w > 1 and n >= w and view.total * w <= n * 1.5:
+        return (
+            f"{LENGTH_BY_RANK}: the ranks together yield only {view.total} of {n} {ctx.noun}, "
+            f"as if the data were split twice (a rank-aware dataset under a DistributedSampler?)"
+        )
+    counts = {len(items) for items in view.rank_items}
+    step = max(ctx.facts.batch_size or 1, 1) if not ctx.batch_level else 1
+    if len(counts) == 1 and view.missing_count < w * step + allowed:
+        return DROPS_TAIL
+    if len(counts) > 1:
+        return f"{LENGTH_BY_RANK}: ranks yield between {min(counts)} and {max(counts)} {ctx.noun}"
+    return GAPS

@@ -1,0 +1,100 @@
+"""single_process_equivalence: the ranks together see exactly what one process sees.
+
+``coverage`` only asks that nothing goes missing; this also refuses anything the single-process
+loader never yields, which is how a dataset that builds itself from the rank gives itself away.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+from ddpcheck.checks._format import count_text, epochs_text, few, ids_text
+from ddpcheck.checks.context import Context, EpochView, Item
+from ddpcheck.checks.coverage import gap, missing_examples
+from ddpcheck.checks.diagnose import missing_cause
+from ddpcheck.checks.ids import SINGLE_PROCESS_EQUIVALENCE as CHECK
+from ddpcheck.checks.verdict import Verdict, passed, skipped
+from ddpcheck.record import RunTrace
+
+DEPENDS_ON_RANK = "the dataset depends on the rank: under DDP it yields samples a single process never does"
+
+
+def _could_be_index(ctx: Context, item: Hashable) -> bool:
+    n = ctx.ref_facts.dataset_len
+    return (
+        ctx.reference.id_source == "index"
+        and n is not None
+        and not ctx.batch_level
+        and type(item) is int
+        and 0 <= item < n
+    )
+
+
+def _extras(ctx: Context, view: EpochView) -> set[Item]:
+    """Items no rank should see; a resampling reference is judged against all its epochs together."""
+    extra = view.extras
+    if extra and not ctx.stable:
+        extra = {x for x in extra - ctx.ref_union if not _could_be_index(ctx, x)}
+    return extra
+
+
+def check_single_process_equivalence(
+    reference: RunTrace, run: RunTrace, rerun: RunTrace | None = None, *, ctx: Context | None = None
+) -> Verdict:
+    ctx = ctx or Context(reference, run, rerun)
+    if ctx.unjudgeable:
+        return skipped(CHECK, ctx.unjudgeable)
+    noun = ctx.noun
+    views = ctx.views()
+    strangers = [(v, _extras(ctx, v)) for v in views]
+    bad = [(v, x) for v, x in strangers if x]
+    if bad:
+        view, extra = bad[0]
+        ranks = tuple(r for r in range(run.world_size) if not view.rank_set(r).isdisjoint(extra))
+        rank = ranks[0]
+        examples = few(view.rank_set(rank) & extra)
+        more = f" (also {epochs_text([v.epoch for v, _ in bad[1:]])})" if len(bad) > 1 else ""
+        detail = (
+            f"rank {rank} sees ids the single-process loader never yields: {ids_text(examples)} "
+            f"({count_text(len(extra), noun)} in epoch {view.epoch}{more})"
+        )
+        return Verdict(
+            CHECK,
+            "fail",
+            detail,
+            DEPENDS_ON_RANK,
+            ranks[:8],
+            tuple(v.epoch for v, _ in bad),
+            examples,
+            {"extra": len(extra), "epochs_failing": len(bad)},
+        )
+    gaps = [gap(ctx, v) for v in views]
+    short = [g for g in gaps if not g.ok]
+    if short:
+        g = short[0]
+        view = ctx.view(g.epoch)
+        examples = () if g.counted_only else missing_examples(view)
+        more = f" (also {epochs_text([s.epoch for s in short[1:]])})" if len(short) > 1 else ""
+        n = len(view.ref_items)
+        detail = (
+            f"the ranks together see {n - g.missing} of the {n} {noun} of single-process epoch {g.epoch}"
+            f"{more}, at most {g.allowed} may be dropped"
+            + (f"; missing: {ids_text(examples)}" if examples else "")
+        )
+        return Verdict(
+            CHECK,
+            "fail",
+            detail,
+            missing_cause(ctx, view, g.allowed),
+            (),
+            tuple(s.epoch for s in short),
+            examples,
+            {"missing": g.missing, "allowed": g.allowed, "items": n, "epochs_failing": len(short)},
+        )
+    n = len(views[0].ref_items)
+    dropped = max(g.missing for g in gaps)
+    return passed(
+        CHECK,
+        f"the ranks together see the single-process epoch ({n} {noun}, at most {dropped} dropped, "
+        f"nothing extra) in all {len(views)} epochs",
+    )

@@ -1,0 +1,140 @@
+"""reshuffle: where one process reshuffles every epoch, DDP does too, across ranks and not only within.
+
+A repeat is only called a bug when chance cannot explain it: with few items per rank a fresh
+shuffle repeats an order often enough, so each finding carries the probability that an honest
+uniform reshuffle would produce it, and only findings rarer than ``CHANCE`` fail.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from ddpcheck.checks._format import ranks_text
+from ddpcheck.checks.context import Context, same_sequence
+from ddpcheck.checks.ids import RESHUFFLE
+from ddpcheck.checks.verdict import Verdict, passed, skipped
+from ddpcheck.record import RunTrace
+
+CHANCE = 1e-3  # a repeat rarer than this under an honest reshuffle is treated as a bug
+REPEATS = "set_epoch is not called, or the generator is re-seeded every epoch"
+NO_SET_EPOCH = "the sampler has no set_epoch, so it cannot change its order between epochs"
+FROZEN_SHARDS = "the sample-to-rank assignment never changes: each rank only reorders its own shard"
+
+
+def _log_falling(n: int, k: int) -> float:
+    """log of n * (n-1) * ... * (n-k+1): the number of ordered draws of k items out of n."""
+    k = min(k, n)
+    return math.lgamma(n + 1) - math.lgamma(n - k + 1)
+
+
+def _log_partitions(sizes: Sequence[int]) -> float:
+    """log of the number of ways to deal sum(sizes) items into piles of these sizes."""
+    return math.lgamma(sum(sizes) + 1) - sum(math.lgamma(k + 1) for k in sizes)
+
+
+def _trim(sizes: Sequence[int], n: int) -> list[int]:
+    """Pile sizes with padding copies taken off the last piles, so they deal out exactly n items."""
+    out = list(sizes)
+    extra = sum(out) - n
+    for i in reversed(range(len(out))):
+        take = min(max(extra, 0), out[i])
+        out[i] -= take
+        extra -= take
+    return out
+
+
+def _chance_text(log_p: float) -> str:
+    return f"1 in {math.exp(-log_p):,.0f}" if log_p > -50 else "practically never"
+
+
+def check_reshuffle(
+    reference: RunTrace, run: RunTrace, rerun: RunTrace | None = None, *, ctx: Context | None = None
+) -> Verdict:
+    ctx = ctx or Context(reference, run, rerun)
+    if ctx.unjudgeable:
+        return skipped(RESHUFFLE, ctx.unjudgeable)
+    if ctx.num_epochs < 2:
+        return skipped(RESHUFFLE, f"needs 2 epochs, got {ctx.num_epochs}")
+    ref_epochs = reference.ranks[0].epochs
+    pairs = [
+        e for e in range(ctx.num_epochs - 1) if not same_sequence(ref_epochs[e].ids, ref_epochs[e + 1].ids)
+    ]
+    if not pairs:
+        detail = "reference keeps its order (no shuffle); nothing to compare"
+        if not (run.set_epoch and reference.set_epoch) and ctx.facts.has_set_epoch:
+            detail += (
+                "; the loop did not call set_epoch, which this loader has, so the order may be fixed by that"
+            )
+        return passed(RESHUFFLE, detail)
+    w = ctx.world_size
+    log_alpha = math.log(CHANCE)
+    set_epoch_note = "" if run.set_epoch else "; the loop did not call set_epoch"
+    unclear: list[str] = []
+    for e in pairs:
+        before, after = ctx.view(e), ctx.view(e + 1)
+        n = max(len(before.ref_set), 1)
+        sizes = [len(items) for items in after.rank_items]
+        judged = [r for r in range(w) if sizes[r] >= 2]
+        repeated = [r for r in judged if same_sequence(before.rank_items[r], after.rank_items[r])]
+        if repeated:
+            if len(repeated) == len(judged):  # one event: the whole epoch repeats
+                log_p = -_log_falling(n, sum(sizes[r] for r in judged))
+            else:  # some rank repeats by chance: at most w times any one rank's chance
+                log_p = math.log(w) - min(_log_falling(n, sizes[r]) for r in repeated)
+            if log_p < log_alpha:
+                cause = (
+                    REPEATS
+                    if ctx.facts.has_set_epoch or ctx.facts.dataset_kind == "iterable"
+                    else NO_SET_EPOCH
+                )
+                if not run.set_epoch:
+                    cause = f"{cause} (the loop did not call set_epoch, and the order depends on it)"
+                who = "every rank repeats" if len(repeated) == w else f"{ranks_text(repeated)} repeat"
+                if len(repeated) == 1 < w:
+                    who = f"rank {repeated[0]} repeats"
+                detail = (
+                    f"epoch {e + 1} repeats epoch {e} on rank {repeated[0]}: {REPEATS} "
+                    f"({who} the order; one process reshuffles)"
+                )
+                return Verdict(
+                    RESHUFFLE,
+                    "fail",
+                    detail,
+                    cause,
+                    tuple(repeated[:8]),
+                    (e, e + 1),
+                    (),
+                    {"repeated_ranks": len(repeated), "ranks": w},
+                )
+            unclear.append(
+                f"epoch {e + 1} repeats epoch {e} on {ranks_text(repeated)}, {_chance_text(log_p)} by chance"
+            )
+        frozen = w > 1 and judged and all(before.rank_set(r) == after.rank_set(r) for r in range(w))
+        shards = [after.distinct(r) for r in range(w)] if frozen else []
+        if frozen and sum(shards) < n + w:  # a partition (padding aside); shared items are no_overlap's
+            log_p = -_log_partitions(_trim(shards, n))
+            if log_p < log_alpha:
+                detail = (
+                    f"every rank sees the same {ctx.noun} in epoch {e + 1} as in epoch {e}, only reordered, "
+                    f"while one process reshuffles across the whole epoch"
+                )
+                return Verdict(
+                    RESHUFFLE,
+                    "fail",
+                    detail + set_epoch_note,
+                    FROZEN_SHARDS,
+                    (),
+                    (e, e + 1),
+                    (),
+                    {"ranks": w, "epoch": e + 1},
+                )
+            unclear.append(f"ranks keep their {ctx.noun} into epoch {e + 1}, {_chance_text(log_p)} by chance")
+    detail = f"the order changes between epochs on every rank, as in one process ({len(pairs)} epoch pairs)"
+    if unclear:
+        detail = f"too few {ctx.noun} per rank to tell a repeat from chance: {'; '.join(unclear)}"
+    if not run.set_epoch:
+        detail += "; the loop did not call set_epoch" + (
+            "" if unclear else ", and the order changed without it"
+        )
+    return passed(RESHUFFLE, detail)
