@@ -1,48 +1,71 @@
 """ddpcheck: prove a PyTorch data pipeline is correct under DistributedDataParallel.
 
 The reference utilities are re-exported here (``from ddpcheck import DDPSamplerWrapper``). The
-checker is ``ddpcheck.runner.check_loader`` and the ``ddpcheck`` command line.
+checker is ``ddpcheck.runner.check_loader`` and the ``ddpcheck`` command line. Re-exports resolve
+lazily, so importing ``ddpcheck`` (as pytest does for the plugin entry point) does not import torch.
 """
 
-from ddpcheck.reference import (
-    DDPSamplerWrapper,
-    check_loaders_is_patched,
-    connect,
-    disconnect,
-    extract_loader_parameters,
-    get_rank_safe,
-    get_world_size_safe,
-    is_ddp,
-    is_main_process,
-    move_to_device,
-    mp_sync,
-    mp_sync_dict,
-    no_sync,
-    patch_dataloader_to_ddp,
-    sync_dicts_ddp,
-    unwrap_model,
-    wrap_model,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "DDPSamplerWrapper",
-    "__version__",
-    "check_loaders_is_patched",
-    "connect",
-    "disconnect",
-    "extract_loader_parameters",
-    "get_rank_safe",
-    "get_world_size_safe",
-    "is_ddp",
-    "is_main_process",
-    "move_to_device",
-    "mp_sync",
-    "mp_sync_dict",
-    "no_sync",
-    "patch_dataloader_to_ddp",
-    "sync_dicts_ddp",
-    "unwrap_model",
-    "wrap_model",
-]
+_EXPORTS = {
+    "DDPSamplerWrapper": "ddpcheck.reference.sampler",
+    "patch_dataloader_to_ddp": "ddpcheck.reference.patch",
+    "extract_loader_parameters": "ddpcheck.reference.patch",
+    "check_loaders_is_patched": "ddpcheck.reference.patch",
+    "sync_dicts_ddp": "ddpcheck.reference.sync",
+    "mp_sync": "ddpcheck.reference.sync",
+    "mp_sync_dict": "ddpcheck.reference.sync",
+    "is_ddp": "ddpcheck.reference.dist",
+    "get_world_size_safe": "ddpcheck.reference.dist",
+    "get_rank_safe": "ddpcheck.reference.dist",
+    "is_main_process": "ddpcheck.reference.dist",
+    "connect": "ddpcheck.reference.dist",
+    "disconnect": "ddpcheck.reference.dist",
+    "wrap_model": "ddpcheck.reference.model",
+    "unwrap_model": "ddpcheck.reference.model",
+    "no_sync": "ddpcheck.reference.model",
+    "move_to_device": "ddpcheck.reference.model",
+    "assert_ddp_safe": "ddpcheck.pytest_support",
+    "check_loader": "ddpcheck.runner",
+    "CheckOptions": "ddpcheck.runner",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+if TYPE_CHECKING:
+    from ddpcheck.pytest_support import assert_ddp_safe
+    from ddpcheck.reference.dist import (
+        connect,
+        disconnect,
+        get_rank_safe,
+        get_world_size_safe,
+        is_ddp,
+        is_main_process,
+    )
+    from ddpcheck.reference.model import move_to_device, no_sync, unwrap_model, wrap_model
+    from ddpcheck.reference.patch import (
+        check_loaders_is_patched,
+        extract_loader_parameters,
+        patch_dataloader_to_ddp,
+    )
+    from ddpcheck.reference.sampler import DDPSamplerWrapper
+    from ddpcheck.reference.sync import mp_sync, mp_sync_dict, sync_dicts_ddp
+    from ddpcheck.runner import CheckOptions, check_loader
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ddpcheck' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
