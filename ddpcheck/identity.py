@@ -28,7 +28,8 @@ def plain_id(value: Any) -> Hashable:
         hash(value)
     except TypeError:
         raise BadLoaderFile(
-            f"sample ids must be hashable, got {type(value).__name__} (return ints or strings from sample_ids)"
+            f"sample ids must be hashable, got {type(value).__name__} "
+            "(return ints or strings from sample_ids)"
         ) from None
     return value  # type: ignore[no-any-return]
 

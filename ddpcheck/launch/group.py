@@ -145,7 +145,7 @@ def run_ranks(
     method = start_method or default_start_method(backend)
     if method != "fork" and not isinstance(target, TargetRef):
         target = TargetRef.of(target)
-    ctx = mp.get_context(method)
+    ctx: Any = mp.get_context(method)
     workdir = tempfile.mkdtemp(prefix="ddpcheck-")
     progress = ctx.Array("c", PROGRESS_BYTES * world_size, lock=False)
     sock = bind_loopback()
@@ -222,7 +222,7 @@ def _collect(
             if ready in open_conns:
                 rank = open_conns.pop(ready)
                 try:
-                    status, payload = pickle.loads(ready.recv_bytes())
+                    status, payload = pickle.loads(ready.recv_bytes())  # type: ignore[union-attr]
                 except (EOFError, OSError):
                     continue
                 except Exception as exc:  # a value that does not unpickle here

@@ -53,7 +53,7 @@ class RankSpec:
 
 
 def report_progress(text: str) -> None:
-    """Publish where this rank is ("epoch 0, batch 4") for the parent's hang report. Cheap; no-op outside ranks."""
+    """Publish where this rank is ("epoch 0, batch 4") for the parent's hang report; no-op outside ranks."""
     if _progress_buffer is None:
         return
     raw = text.encode("utf-8", "replace")[: PROGRESS_BYTES - 1]
