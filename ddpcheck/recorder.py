@@ -210,6 +210,7 @@ def record_batches(
     tee_indices = facts.dataset_kind == "map" and hook is None and hasattr(iterator, "_sampler_iter")
     if tee_indices:
         iterator._sampler_iter = _TeeIndices(iterator._sampler_iter, taken)  # private, stable since 1.x
+    workers = _tag_workers(iterator)
     collated = loader.batch_size is not None or loader.batch_sampler is not None
     ids: list[Hashable] = []
     sizes: list[int] = []
@@ -226,4 +227,32 @@ def record_batches(
         sizes.append(len(batch_ids))
         report_progress(f"epoch {epoch}, batch {count}")
         _guard_size(len(ids))
-    return EpochTrace(epoch=epoch, ids=compact_ids(ids), batch_sizes=sizes, len_loader=len_loader), source
+    trace = EpochTrace(
+        epoch=epoch,
+        ids=compact_ids(ids),
+        batch_sizes=sizes,
+        len_loader=len_loader,
+        worker_ids=workers if workers is not None and len(workers) == len(sizes) else None,
+    )
+    return trace, source
+
+
+def _tag_workers(iterator: Any) -> list[int] | None:
+    """Which worker produced each batch, read where the multiprocessing iterator hands batches over.
+
+    Private API (``_process_data(data, worker_idx)``, stable since torch 1.x); where it is absent
+    (no workers, or a future torch), worker ids are simply not recorded.
+    """
+    original = getattr(iterator, "_process_data", None)
+    if original is None:
+        return None
+    workers: list[int] = []
+
+    def tagged(data: Any, *args: Any, **kwargs: Any) -> Any:
+        worker = args[0] if args else kwargs.get("worker_idx")
+        if isinstance(worker, int):
+            workers.append(worker)
+        return original(data, *args, **kwargs)
+
+    iterator._process_data = tagged
+    return workers
