@@ -53,6 +53,26 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a non-negative number, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ddpcheck",
@@ -82,6 +102,36 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--timeout", type=_positive_float, default=120.0, help="seconds per group (default 120)"
     )
+    # --- metric and training equivalence (ddpcheck.evaluate, ddpcheck.training) ---
+    hooks = parser.add_argument_group(
+        "metric and training equivalence",
+        "run when the loader file defines forward/metric (metric) or make_model and loss (training)",
+    )
+    hooks.add_argument(
+        "--metrics",
+        action="store_const",
+        const=True,
+        default=None,
+        help="measure metric divergence even without forward/metric hooks (default outputs and metric)",
+    )
+    hooks.add_argument(
+        "--no-metrics", dest="metrics", action="store_const", const=False, help="skip metric divergence"
+    )
+    hooks.add_argument(
+        "--metric-tolerance",
+        type=_non_negative_float,
+        default=None,
+        metavar="REL",
+        help="relative tolerance for metric_equivalence (default: exact for integers, 1e-6 for floats)",
+    )
+    hooks.add_argument(
+        "--train-steps",
+        type=_non_negative_int,
+        default=3,
+        metavar="K",
+        help="SGD steps compared by training_equivalence (default 3; 0 turns it off)",
+    )
+    # --- end ---
     parser.add_argument("--report-dir", type=Path, default=Path("reports"))
     parser.add_argument("--format", choices=("table", "json", "markdown"), default="table")
     parser.add_argument("--junit", type=Path, default=None, metavar="PATH", help="also write JUnit XML here")
@@ -140,6 +190,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         timeout=args.timeout,
         determinism=not args.no_determinism,
         batch_size=args.batch_size,
+        metrics=args.metrics,
+        metric_tolerance=args.metric_tolerance,
+        train_steps=args.train_steps,
     )
     target = JoinTarget(args.rank, args.world_size, args.master_addr, args.master_port)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)

@@ -7,17 +7,18 @@ turns rank outcomes into traces, hands traces to the pure checks, and never rend
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ddpcheck.checks import run_checks
 from ddpcheck.checks.verdict import Verdict
+from ddpcheck.divergence import HookCheck, defined_names
 from ddpcheck.launch import GroupResult, TargetRef, run_ranks
 from ddpcheck.loaderfile import BadLoaderFile, LoaderSpec, precheck
 from ddpcheck.record import RankFailure, RunTrace
 from ddpcheck.recorder import RankRecording, RecordOptions, record_rank
-from ddpcheck.result import CheckResult, WorldResult
+from ddpcheck.result import CheckResult, MetricRow, WorldResult
 
 BACKENDS = ("gloo", "nccl")
 Progress = Callable[[str], None]
@@ -49,6 +50,10 @@ class CheckOptions:
     determinism: bool = True
     batch_size: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # --- metric and training equivalence (ddpcheck.evaluate, ddpcheck.training) ---
+    metrics: bool | None = None  # None: when the file defines forward or metric
+    metric_tolerance: float | None = None  # None: exact for integers, relative 1e-6 for floats
+    train_steps: int = 3  # 0: off; runs when the file defines make_model and loss
 
     def record_options(self) -> RecordOptions:
         return RecordOptions(
@@ -77,6 +82,12 @@ def validate(options: CheckOptions) -> None:
 
         if not torch.cuda.is_available():
             raise BadInput("backend nccl needs CUDA, and this machine has no CUDA device; use --backend gloo")
+    tolerance = options.metric_tolerance
+    if tolerance is not None and not (isinstance(tolerance, (int, float)) and 0 <= tolerance < float("inf")):
+        raise BadInput(f"metric tolerance must be a non-negative number, got {tolerance!r}")
+    steps = options.train_steps
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        raise BadInput(f"train steps must be a non-negative integer (0 turns it off), got {steps!r}")
 
 
 def check_loader(
@@ -108,11 +119,14 @@ def check_loader(
 
     try:
         say(f"reference run (1 process) of {path}")
-        reference = _run(spec, options, 1)
+        # The reference is always the correct loop (set_epoch called); with --no-set-epoch only the
+        # runs skip it, so reshuffle fails exactly when the order depends on that call.
+        reference = _run(spec, replace(options, set_epoch=True), 1)
         _raise_if_bad_input(reference)
         notes.extend(_notes(reference, world_sizes))
+        hooks = _hook_checks(spec, options)
         for ws in world_sizes:
-            runs.append(_check_world(spec, options, reference, ws, say))
+            runs.append(_check_world(spec, options, reference, ws, say, hooks))
     except KeyboardInterrupt:
         notes.append("interrupted: world sizes after the last one shown were not checked")
         raise Interrupted(result()) from None
@@ -120,7 +134,12 @@ def check_loader(
 
 
 def _check_world(
-    spec: LoaderSpec, options: CheckOptions, reference: RunTrace, ws: int, say: Progress
+    spec: LoaderSpec,
+    options: CheckOptions,
+    reference: RunTrace,
+    ws: int,
+    say: Progress,
+    hooks: Sequence[HookCheck] = (),
 ) -> WorldResult:
     started = time.monotonic()
     skip = _skip_reason(options, ws)
@@ -128,20 +147,40 @@ def _check_world(
         say(f"world size {ws}: skipped ({skip})")
         return WorldResult(ws, options.backend, skipped=skip)
     say(f"world size {ws}: running {ws} {'simulated ' if options.simulate else ''}ranks")
-    run = reference if ws == 1 else _run(spec, options, ws)
+    run = reference if ws == 1 and options.set_epoch else _run(spec, options, ws)
     rerun = _run(spec, options, ws) if options.determinism and run.ok else None
     verdicts = _judge(reference, run, rerun)
+    failures = run.failures + (rerun.failures if rerun else ())
+    # --- metric and training equivalence: only for files with the hooks (see _hook_checks) ---
+    divergence: list[MetricRow] = []
+    for hook in hooks if run.ok else ():
+        outcome = hook.world(ws)
+        verdicts += outcome.verdicts
+        divergence += outcome.divergence
+        failures += outcome.failures
+    # --- end ---
     result = WorldResult(
         world_size=ws,
         backend=run.backend,
         verdicts=tuple(verdicts),
-        failures=run.failures + (rerun.failures if rerun else ()),
+        failures=failures,
+        divergence=tuple(divergence),
         seconds=time.monotonic() - started,
     )
     failed = sum(v.failed for v in verdicts)
     status = "ok" if result.ok else f"{failed} checks failed, {len(result.failures)} rank failures"
     say(f"world size {ws}: {status} ({result.seconds:.2f}s)")
     return result
+
+
+def _hook_checks(spec: LoaderSpec, options: CheckOptions) -> list[HookCheck]:
+    """Metric / training equivalence, when the file's source defines their hooks (nothing runs here)."""
+    from ddpcheck.evaluate import MetricEquivalence
+    from ddpcheck.training import TrainingEquivalence
+
+    names = defined_names(spec.path)
+    found = (MetricEquivalence.maybe(spec, options, names), TrainingEquivalence.maybe(spec, options, names))
+    return [check for check in found if check is not None]
 
 
 def _skip_reason(options: CheckOptions, world_size: int) -> str:

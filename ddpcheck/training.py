@@ -1,0 +1,490 @@
+"""Training equivalence: DDP with W ranks x batch b must train like one process with batch b * W.
+
+Why: DDP averages gradients over ranks, so its step equals a single-process step over the union of
+the ranks' batches, but only when that union *is* the single-process batch: a strided split
+(``DistributedSampler``) gives that, contiguous blocks per rank or re-formed batches do not, and
+nothing crashes. This trains both ways and compares the weights after every step.
+
+Hooks (both needed; the check runs when the file defines them, read from its source)::
+
+    def make_model() -> torch.nn.Module: ...       # same architecture every call
+    def loss(model, batch) -> torch.Tensor: ...    # a scalar: the *mean* over the batch
+
+and the factory should take ``batch_size`` (``make_loader(rank, world_size, batch_size=4)``): the
+single-process loader is the same factory at world size 1 with ``batch_size = b * W``. Without that
+parameter a plain loader (``DataLoader(batch_size=...)``) is rebuilt with the larger batch; a custom
+batch sampler makes the check skip.
+
+How: the run is float64 (the model is ``.double()``'d and floating tensors of each batch cast),
+plain SGD (lr 0.1, no momentum), every global RNG seeded with 0 before the loader and the model are
+built, gloo ranks whatever ``--backend`` says, epoch 0. The DDP model is the reference
+``wrap_model``; the single-process model starts from rank 0's initial weights in its own one-rank
+group. ``--train-steps`` steps (default 3; 0 turns the check off) are compared; the relative
+difference of a step is ``max|w_ddp - w_one| / max|w_one|`` over all parameters.
+
+Gradient accumulation is part of the same verdict: a second DDP model accumulates
+:data:`ACCUMULATION` micro-batches per step with the reference ``no_sync`` (each micro-batch loss
+divided by the count) and must match one process with batch ``b * W * ACCUMULATION``. The verdict's
+``data`` holds both per-step difference lists and the first step where they part.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections import Counter
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+from ddpcheck.checks.ids import TRAINING_EQUIVALENCE
+from ddpcheck.checks.verdict import Verdict, skipped
+from ddpcheck.divergence import HookOutcome
+from ddpcheck.evaluate import batches_with_ids, group_failures
+from ddpcheck.launch import TargetRef, report_progress, run_ranks
+from ddpcheck.loaderfile import LoaderSpec, factory_kwargs, get_factory, optional_hook
+from ddpcheck.recorder import RecordOptions, _group_position, build_loader, read_facts, set_epoch_everywhere
+
+if TYPE_CHECKING:
+    import torch
+
+    from ddpcheck.runner import CheckOptions
+
+TRAIN_HOOKS = ("make_model", "loss")
+TOLERANCE = 1e-10
+ACCUMULATION = 2
+LEARNING_RATE = 0.1
+SEED = 0
+SIMULATE_SKIP = "needs real gloo ranks (DDP all-reduces gradients); run without --simulate"
+
+Batches = tuple[tuple[Hashable, ...], ...]
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """How ranks train. Plain data: it travels to ranks."""
+
+    steps: int = 3
+    patch: bool = False
+    set_epoch: bool = True
+    batch_size: int | None = None
+    accumulation: int = ACCUMULATION
+    lr: float = LEARNING_RATE
+    seed: int = SEED
+
+
+@dataclass(frozen=True)
+class RankTraining:
+    """One DDP rank's run; weights and the initial state only on rank 0 (DDP keeps ranks equal)."""
+
+    rank: int
+    skip: str = ""
+    batch_size: int = 0  # per-rank batch b
+    steps: int = 0  # plain DDP steps, agreed by every rank
+    accumulated_steps: int = 0
+    batch_ids: Batches = ()  # this rank's batches, in order
+    init: dict[str, Any] | None = None
+    weights: tuple[Any, ...] = ()  # flat float64 weights after each plain step
+    accumulated: tuple[Any, ...] = ()  # ... after each accumulated step
+
+
+@dataclass(frozen=True)
+class ReferenceTraining:
+    """The single-process run with batch b * W (and b * W * accumulation)."""
+
+    skip: str = ""
+    batch_ids: Batches = ()
+    accumulated_ids: Batches = ()
+    weights: tuple[Any, ...] = ()
+    accumulated: tuple[Any, ...] = ()
+
+
+# --------------------------------------------------------------------------- rank side helpers
+
+
+def seed_everything(seed: int) -> None:
+    """Python, numpy and torch global RNGs seeded alike in every process of both runs."""
+    import sys
+
+    import torch
+
+    random.seed(seed)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def to_double(obj: Any) -> Any:
+    """``obj`` with every floating tensor cast to float64; containers keep their types."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.double() if obj.is_floating_point() else obj
+    if isinstance(obj, dict):
+        return type(obj)({k: to_double(v) for k, v in obj.items()})
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(to_double(v) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_double(v) for v in obj)
+    return obj
+
+
+def build_model(make_model: Callable[[], Any]) -> torch.nn.Module:
+    from torch import nn
+
+    model = make_model()
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"make_model() must return a torch.nn.Module, got {type(model).__name__}")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError("make_model() returned a model without trainable parameters: nothing to train")
+    return model.double()
+
+
+def flat_weights(model: torch.nn.Module) -> torch.Tensor:
+    import torch
+
+    return torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
+
+
+def _loss(loss_fn: Callable[..., Any], model: Any, batch: Any) -> torch.Tensor:
+    import torch
+
+    value = loss_fn(model, batch)
+    if not isinstance(value, torch.Tensor) or value.numel() != 1 or not value.requires_grad:
+        raise TypeError(
+            "loss(model, batch) must return a scalar tensor computed from the model's output, "
+            f"got {type(value).__name__}"
+        )
+    return value.reshape(())
+
+
+def train_steps(
+    model: torch.nn.Module, loss_fn: Callable[..., Any], batches: Sequence[Any], accumulation: int, lr: float
+) -> tuple[torch.Tensor, ...]:
+    """Plain SGD over ``batches``, ``accumulation`` micro-batches per step (all but the last under
+    ``no_sync``); the flat weights after every step. Works on DDP and plain modules alike."""
+    import torch
+
+    from ddpcheck.reference.model import no_sync, unwrap_model
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    weights = []
+    for step in range(len(batches) // accumulation):
+        optimizer.zero_grad()
+        for micro in range(accumulation):
+            batch = to_double(batches[step * accumulation + micro])
+            quiet = no_sync(model) if micro < accumulation - 1 else contextlib.nullcontext()
+            with quiet:
+                (_loss(loss_fn, model, batch) / accumulation).backward()
+        optimizer.step()
+        weights.append(flat_weights(unwrap_model(model)))
+        report_progress(f"training, step {step + 1}")
+    return tuple(weights)
+
+
+def _agree(reason: str, world_size: int) -> str:
+    """Every rank's skip reason; the first non-empty one wins everywhere (no rank waits alone)."""
+    import torch.distributed as dist
+
+    if world_size == 1:
+        return reason
+    reasons: list[Any] = [None] * world_size
+    dist.all_gather_object(reasons, reason)
+    return next((r for r in reasons if r), "")
+
+
+def _fewest(count: int, world_size: int) -> int:
+    import torch
+    import torch.distributed as dist
+
+    value = torch.tensor([count], dtype=torch.int64)
+    if world_size > 1:
+        dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return int(value.item())
+
+
+def train_rank(spec: LoaderSpec, options: TrainOptions) -> RankTraining:
+    """Entry point inside a DDP rank: plain DDP steps, then accumulated steps, from the same init."""
+    from ddpcheck.reference.model import wrap_model
+
+    rank, world_size = _group_position()
+    seed_everything(options.seed)
+    record = RecordOptions(
+        epochs=1, set_epoch=options.set_epoch, patch=options.patch, batch_size=options.batch_size
+    )
+    loader, module = build_loader(spec, record, rank, world_size)
+    make_model, loss_fn = optional_hook(module, "make_model"), optional_hook(module, "loss")
+    reason = ""
+    if make_model is None or loss_fn is None:
+        reason = "the file defines no callable make_model and loss"
+    elif loader.batch_size is None:
+        reason = "the loader has no batch_size (custom batch sampler): per-rank batch b is unknown"
+    reason = _agree(reason, world_size)
+    if reason:
+        return RankTraining(rank, skip=reason)
+    assert make_model is not None and loss_fn is not None
+    if options.set_epoch:
+        set_epoch_everywhere(loader, 0)
+    wanted = options.steps * options.accumulation
+    facts = read_facts(loader)
+    taken = list(islice(batches_with_ids(loader, optional_hook(module, "sample_ids"), facts), wanted))
+    available = _fewest(len(taken), world_size)
+    steps = min(options.steps, available)
+    accumulated_steps = min(options.steps, available // options.accumulation)
+    if steps == 0:
+        return RankTraining(rank, skip="some rank's loader yields no batch")
+    batches = [batch for batch, _ in taken]
+    model = build_model(make_model)
+    init = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    weights = train_steps(wrap_model(model), loss_fn, batches[:steps], 1, options.lr)
+    second = build_model(make_model)
+    second.load_state_dict(init)
+    used = accumulated_steps * options.accumulation
+    accumulated = train_steps(wrap_model(second), loss_fn, batches[:used], options.accumulation, options.lr)
+    lead = rank == 0
+    return RankTraining(
+        rank=rank,
+        batch_size=int(loader.batch_size),
+        steps=steps,
+        accumulated_steps=accumulated_steps,
+        batch_ids=tuple(tuple(ids) for _, ids in taken[: max(steps, used)]),
+        init=init if lead else None,
+        weights=weights if lead else (),
+        accumulated=accumulated if lead else (),
+    )
+
+
+def reference_loader(spec: LoaderSpec, options: TrainOptions, batch_size: int) -> tuple[Any, Any, str]:
+    """The world size 1 loader with ``batch_size``: (loader, module, skip reason)."""
+    from torch.utils.data import BatchSampler, DataLoader
+
+    from ddpcheck.reference.patch import extract_loader_parameters
+
+    seed_everything(options.seed)
+    record = RecordOptions(epochs=1, set_epoch=options.set_epoch, patch=options.patch, batch_size=batch_size)
+    loader, module = build_loader(spec, record, 0, 1)
+    offered = {"rank": 0, "world_size": 1, "batch_size": batch_size}
+    if "batch_size" in factory_kwargs(get_factory(module, spec), offered):
+        return loader, module, ""
+    if type(loader.batch_sampler) is BatchSampler and loader.batch_size is not None:
+        params = extract_loader_parameters(loader)
+        return DataLoader(**{**params, "batch_size": batch_size}), module, ""
+    why = (
+        f"{spec.factory}() takes no batch_size and its batch sampler cannot be re-batched: add a "
+        "batch_size parameter so ddpcheck can build the single-process loader with batch b * W"
+    )
+    return loader, module, why
+
+
+def train_reference_rank(
+    spec: LoaderSpec,
+    options: TrainOptions,
+    global_batch: int,
+    steps: int,
+    accumulated_steps: int,
+    init: dict[str, Any],
+) -> ReferenceTraining:
+    """Entry point inside a one-rank group: train one process with the global batch (and its multiple)."""
+    plain: list[tuple[Any, list[Hashable]]] = []
+    grouped: list[tuple[Any, list[Hashable]]] = []
+    module: Any = None
+    for size, count, into in (
+        (global_batch, steps, plain),
+        (global_batch * options.accumulation, accumulated_steps, grouped),
+    ):
+        loader, module, why = reference_loader(spec, options, size)
+        if why:
+            return ReferenceTraining(skip=why)
+        if options.set_epoch:
+            set_epoch_everywhere(loader, 0)
+        hook = optional_hook(module, "sample_ids")
+        into.extend(islice(batches_with_ids(loader, hook, read_facts(loader)), count))
+    make_model, loss_fn = module.make_model, module.loss
+    results = []
+    for taken in (plain, grouped):
+        model = build_model(make_model)
+        model.load_state_dict(init)
+        results.append(train_steps(model, loss_fn, [batch for batch, _ in taken], 1, options.lr))
+    return ReferenceTraining(
+        batch_ids=tuple(tuple(ids) for _, ids in plain),
+        accumulated_ids=tuple(tuple(ids) for _, ids in grouped),
+        weights=results[0],
+        accumulated=results[1],
+    )
+
+
+# --------------------------------------------------------------------------- judging (pure)
+
+
+def relative_difference(ddp: torch.Tensor, one: torch.Tensor) -> float:
+    """``max|ddp - one| / max|one|`` (inf when the shapes differ)."""
+    if ddp.shape != one.shape:
+        return float("inf")
+    scale = float(one.abs().max()) if one.numel() else 0.0
+    diff = float((ddp - one).abs().max()) if one.numel() else 0.0
+    return diff / scale if scale > 0 else diff
+
+
+def _first_over(diffs: Sequence[float], tolerance: float) -> int | None:
+    return next((i for i, d in enumerate(diffs) if not d <= tolerance), None)
+
+
+def _union(ranks: Sequence[RankTraining], start: int, count: int) -> Counter[Hashable]:
+    merged: Counter[Hashable] = Counter()
+    for rank in ranks:
+        for ids in rank.batch_ids[start : start + count]:
+            merged.update(ids)
+    return merged
+
+
+def _composition(
+    ranks: Sequence[RankTraining], reference: Batches, per_step: int
+) -> tuple[int, int, int] | None:
+    """First step whose rank batches are not the single-process batch: (step, missing, batch size)."""
+    for step, ids in enumerate(reference):
+        union = _union(ranks, step * per_step, per_step)
+        want = Counter(ids)
+        if union != want:
+            return step, sum((want - union).values()), len(ids)
+    return None
+
+
+def judge_training(
+    ranks: Sequence[RankTraining],
+    reference: ReferenceTraining,
+    world_size: int,
+    tolerance: float = TOLERANCE,
+    accumulation: int = ACCUMULATION,
+) -> Verdict:
+    """``training_equivalence``: the weights after every DDP step equal one process's, within tolerance."""
+    lead = ranks[0]
+    plain = [relative_difference(a, b) for a, b in zip(lead.weights, reference.weights, strict=False)]
+    grouped = [
+        relative_difference(a, b) for a, b in zip(lead.accumulated, reference.accumulated, strict=False)
+    ]
+    b = lead.batch_size
+    global_batch = b * world_size
+    data: dict[str, object] = {
+        "steps": len(plain),
+        "per_rank_batch": b,
+        "global_batch": global_batch,
+        "accumulation": accumulation,
+        "tolerance": tolerance,
+        "max_relative_difference": plain,
+        "accumulation_max_relative_difference": grouped,
+        "first_parting_step": None,
+        "accumulation_first_parting_step": None,
+    }
+    setup = f"DDP {world_size} ranks x batch {b} vs one process with batch {global_batch}"
+    if not plain:
+        return skipped(TRAINING_EQUIVALENCE, "no step could be compared (the loaders yield no batch)")
+    parted = _first_over(plain, tolerance)
+    parted_acc = _first_over(grouped, tolerance)
+    data["first_parting_step"] = None if parted is None else parted + 1
+    data["accumulation_first_parting_step"] = None if parted_acc is None else parted_acc + 1
+    if parted is None and parted_acc is None:
+        acc_text = (
+            f"; {accumulation} micro-batches accumulated under no_sync match batch "
+            f"{global_batch * accumulation} ({max(grouped):.2g})"
+            if grouped
+            else "; too few batches to check gradient accumulation"
+        )
+        detail = (
+            f"DDP with {world_size} ranks x batch {b} trains like one process with batch {global_batch} "
+            f"for {len(plain)} SGD steps (max relative weight difference {max(plain):.2g}){acc_text}"
+        )
+        return Verdict(TRAINING_EQUIVALENCE, "pass", detail, data=data)
+    if parted is not None:
+        step, diffs, what = parted, plain, setup
+        shape = _composition(ranks, reference.batch_ids, 1)
+    else:
+        assert parted_acc is not None
+        step, diffs = parted_acc, grouped
+        what = (
+            f"DDP {world_size} ranks x {accumulation} accumulated micro-batches of {b} under no_sync vs one "
+            f"process with batch {global_batch * accumulation}"
+        )
+        shape = _composition(ranks, reference.accumulated_ids, accumulation)
+    detail = (
+        f"weights part at step {step + 1} of {len(diffs)}: max relative difference {diffs[step]:.3g} > "
+        f"{tolerance:g} ({what})"
+    )
+    if shape is not None:
+        cause = (
+            f"per-rank batches are not slices of the single-process batch (step {shape[0] + 1}: "
+            f"{shape[1]} of its {shape[2]} samples are on no rank): split each global batch across "
+            "ranks strided, as DistributedSampler does, not in contiguous blocks"
+        )
+    else:
+        cause = (
+            "the same samples train differently: the loss is not a mean over the batch, or the model "
+            "depends on the batch (BatchNorm statistics, dropout)"
+        )
+    return Verdict(TRAINING_EQUIVALENCE, "fail", detail, cause, data=data)
+
+
+# --------------------------------------------------------------------------- parent side
+
+
+def preload_ddp() -> None:
+    """Import what the first ``DistributedDataParallel(...)`` imports (torch._dynamo, ~800 modules).
+
+    Ranks are forked from this process: importing once here saves ~2 s in every rank of every group.
+    """
+    import torch._dynamo  # noqa: F401
+
+
+class TrainingEquivalence:
+    """Parent side: per world size a DDP group, then a one-rank group with the global batch."""
+
+    def __init__(self, spec: LoaderSpec, options: CheckOptions) -> None:
+        self.spec = spec
+        self.options = TrainOptions(
+            steps=options.train_steps,
+            patch=options.patch,
+            set_epoch=options.set_epoch,
+            batch_size=options.batch_size,
+        )
+        self.timeout = options.timeout
+        self.simulate = options.simulate
+        if not self.simulate:
+            preload_ddp()
+
+    @classmethod
+    def maybe(
+        cls, spec: LoaderSpec, options: CheckOptions, names: frozenset[str]
+    ) -> TrainingEquivalence | None:
+        """The check when the file defines ``make_model`` and ``loss`` and steps > 0, else None."""
+        wanted = options.train_steps > 0 and set(TRAIN_HOOKS) <= names
+        return cls(spec, options) if wanted else None
+
+    def world(self, world_size: int) -> HookOutcome:
+        if self.simulate:
+            return HookOutcome(verdicts=(skipped(TRAINING_EQUIVALENCE, SIMULATE_SKIP),))
+        target = TargetRef.of(train_rank)
+        kwargs: dict[str, Any] = {"spec": self.spec, "options": self.options}
+        group = run_ranks(target, world_size, timeout=self.timeout, kwargs=kwargs)
+        failures = group_failures(group, TRAINING_EQUIVALENCE)
+        if not group.ok:
+            return HookOutcome(failures=failures)
+        ranks: list[RankTraining] = group.values
+        lead = ranks[0]
+        if lead.skip:
+            return HookOutcome(verdicts=(skipped(TRAINING_EQUIVALENCE, lead.skip),))
+        kwargs.update(
+            global_batch=lead.batch_size * world_size,
+            steps=lead.steps,
+            accumulated_steps=lead.accumulated_steps,
+            init=lead.init,
+        )
+        ref_group = run_ranks(TargetRef.of(train_reference_rank), 1, timeout=self.timeout, kwargs=kwargs)
+        failures = group_failures(ref_group, TRAINING_EQUIVALENCE)
+        if not ref_group.ok:
+            return HookOutcome(failures=failures)
+        reference: ReferenceTraining = ref_group.values[0]
+        if reference.skip:
+            return HookOutcome(verdicts=(skipped(TRAINING_EQUIVALENCE, reference.skip),))
+        verdict = judge_training(ranks, reference, world_size, TOLERANCE, self.options.accumulation)
+        return HookOutcome(verdicts=(verdict,))
