@@ -1,0 +1,106 @@
+"""``@pytest.mark.ddp``: what a test asked for, merged with the command-line overrides.
+
+Plain data and validation only (no torch), so collection stays fast and a wrong marker is reported
+where it is written, as one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+MARKER = "ddp"
+WORLD_ARG = "ddp_world_size"
+RANK_ARG = "ddp_rank"
+DEFAULT_WORLD_SIZE = 2
+DEFAULT_BACKEND = "gloo"
+DEFAULT_TIMEOUT = 60.0
+BACKENDS = ("gloo", "nccl")
+MARKER_HELP = (
+    "ddp(world_size=2, backend='gloo', timeout=60): run the test body in every rank of a real "
+    "torch.distributed process group, one test per world size (ids [ddpN]); world_size may be a list"
+)
+_KEYWORDS = ("world_size", "backend", "timeout")
+
+
+class MarkerError(ValueError):
+    """A ``ddp`` marker or option that cannot be used; the message says what to write instead."""
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Command-line values that replace every marker's own (``None``: keep the marker's)."""
+
+    world_sizes: tuple[int, ...] | None = None
+    backend: str | None = None
+    timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class DdpSpec:
+    """One marked test's process groups: a group per world size, all on ``backend``."""
+
+    world_sizes: tuple[int, ...]
+    backend: str = DEFAULT_BACKEND
+    timeout: float = DEFAULT_TIMEOUT
+
+
+def param_id(world_size: int) -> str:
+    """The parametrization id of one world size: ``test_x[ddp2]``."""
+    return f"ddp{world_size}"
+
+
+def parse_world_sizes(text: str) -> tuple[int, ...]:
+    """``"1,2,4"`` -> ``(1, 2, 4)``; raises MarkerError for anything but positive integers."""
+    try:
+        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise MarkerError(f"world sizes must be comma-separated positive integers, got {text!r}") from None
+    return check_world_sizes(sizes, text)
+
+
+def check_world_sizes(sizes: Iterable[Any], shown: object) -> tuple[int, ...]:
+    """Positive ints, duplicates dropped, order kept."""
+    out: list[int] = []
+    for size in sizes:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise MarkerError(f"world sizes must be positive integers, got {shown!r}")
+        if size not in out:
+            out.append(size)
+    if not out:
+        raise MarkerError(f"no world size given ({shown!r}); write e.g. world_size=2 or world_size=[1, 2]")
+    return tuple(out)
+
+
+def check_backend(backend: object) -> str:
+    if backend not in BACKENDS:
+        raise MarkerError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    return str(backend)
+
+
+def check_timeout(timeout: object) -> float:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise MarkerError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    return float(timeout)
+
+
+def spec_from_marker(args: Sequence[Any], kwargs: Mapping[str, Any], overrides: Overrides) -> DdpSpec:
+    """The marker's ``args``/``kwargs`` (as pytest stores them) with the overrides applied."""
+    unknown = sorted(set(kwargs) - set(_KEYWORDS))
+    if unknown:
+        raise MarkerError(
+            f"@pytest.mark.ddp got unknown argument(s) {', '.join(unknown)}; it takes {', '.join(_KEYWORDS)}"
+        )
+    if len(args) > 1 or (args and "world_size" in kwargs):
+        raise MarkerError("@pytest.mark.ddp takes one world size (or a list of them): ddp(2) or ddp([1, 2])")
+    raw = args[0] if args else kwargs.get("world_size", DEFAULT_WORLD_SIZE)
+    sizes = raw if isinstance(raw, (list, tuple, range)) else (raw,)
+    world_sizes = check_world_sizes(sizes, raw)
+    backend = check_backend(kwargs.get("backend", DEFAULT_BACKEND))
+    timeout = check_timeout(kwargs.get("timeout", DEFAULT_TIMEOUT))
+    return DdpSpec(
+        world_sizes=overrides.world_sizes or world_sizes,
+        backend=overrides.backend or backend,
+        timeout=overrides.timeout or timeout,
+    )

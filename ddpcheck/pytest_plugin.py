@@ -1,0 +1,214 @@
+"""pytest plugin (entry point ``pytest11``): the ``ddp`` marker, rank fixtures and the ``ddpcheck`` fixture.
+
+Only the pytest surface lives here. torch and the launch layer are imported when a marked test runs,
+so a session without ``ddp`` tests pays nothing for having the plugin installed.
+
+    @pytest.mark.ddp(world_size=[1, 2, 4], backend="gloo", timeout=60)
+    def test_all_reduce(ddp_rank, ddp_world_size):   # runs in every rank of a real process group
+        ...
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Generator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddpcheck.plugin.marker import (
+    MARKER,
+    MARKER_HELP,
+    RANK_ARG,
+    WORLD_ARG,
+    DdpSpec,
+    MarkerError,
+    Overrides,
+    check_backend,
+    check_timeout,
+    param_id,
+    parse_world_sizes,
+    spec_from_marker,
+)
+from ddpcheck.pytest_support import DdpCheck
+
+_overrides_key = pytest.StashKey[Overrides]()
+_session_key = pytest.StashKey[ExitStack]()
+
+
+def _argtype(check: Any) -> Any:
+    def convert(text: str) -> Any:
+        try:
+            return check(text)
+        except MarkerError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
+
+
+def _float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise MarkerError(f"timeout must be a positive number of seconds, got {text!r}") from None
+    return check_timeout(value)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("ddpcheck", "ddpcheck: tests that run in real torch.distributed process groups")
+    group.addoption(
+        "--ddp-world-sizes",
+        type=_argtype(parse_world_sizes),
+        default=None,
+        metavar="N,N,...",
+        help="run every @pytest.mark.ddp test at these world sizes instead of the marker's (e.g. 1,2)",
+    )
+    group.addoption(
+        "--ddp-backend",
+        type=_argtype(check_backend),
+        default=None,
+        metavar="NAME",
+        help="process group backend for every @pytest.mark.ddp test (gloo or nccl)",
+    )
+    group.addoption(
+        "--ddp-timeout",
+        type=_argtype(_float),
+        default=None,
+        metavar="SECONDS",
+        help="deadline of every @pytest.mark.ddp test's process group (a hang fails the test then)",
+    )
+    group.addoption(
+        "--ddpcheck-report",
+        default=None,
+        metavar="DIR",
+        help="write JSON and Markdown reports of every ddpcheck fixture / assert_ddp_safe check into DIR",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from ddpcheck.pytest_support import plugin_session
+
+    config.addinivalue_line("markers", MARKER_HELP)
+    config.stash[_overrides_key] = Overrides(
+        world_sizes=config.getoption("ddp_world_sizes"),
+        backend=config.getoption("ddp_backend"),
+        timeout=config.getoption("ddp_timeout"),
+    )
+    report = config.getoption("ddpcheck_report")
+    report_dir = None
+    if report:
+        report_dir = Path(report).expanduser()
+        if not report_dir.is_absolute():
+            report_dir = config.invocation_params.dir / report_dir
+    stack = ExitStack()
+    stack.enter_context(plugin_session(report_dir))
+    config.stash[_session_key] = stack
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    stack = config.stash.get(_session_key, None)
+    if stack is not None:
+        stack.close()
+
+
+def _spec(node: Any, config: pytest.Config) -> DdpSpec | None:
+    mark = node.get_closest_marker(MARKER)
+    if mark is None:
+        return None
+    try:
+        return spec_from_marker(mark.args, mark.kwargs, config.stash[_overrides_key])
+    except MarkerError as exc:
+        raise pytest.Collector.CollectError(f"{node.nodeid}: {exc}") from None
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    spec = _spec(metafunc.definition, metafunc.config)
+    if spec is None:
+        return
+    if WORLD_ARG not in metafunc.fixturenames:
+        metafunc.fixturenames.append(WORLD_ARG)  # so every item carries its world size
+    metafunc.parametrize(WORLD_ARG, spec.world_sizes, ids=[param_id(ws) for ws in spec.world_sizes])
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    spec = _spec(item, item.config)
+    if spec is None or spec.backend != "nccl":
+        return
+    import torch
+
+    world_size = _world_size(item)
+    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if found < world_size:
+        pytest.skip(f"NCCL world size {world_size} needs {world_size} GPUs, found {found}")
+
+
+def _world_size(item: Any) -> int:
+    return int(item.callspec.params[WORLD_ARG])
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    spec = _spec(pyfuncitem, pyfuncitem.config)
+    if spec is None:
+        return None
+    from ddpcheck.plugin.failure import raise_outcome
+    from ddpcheck.plugin.ranks import run_in_ranks
+
+    world_size = _world_size(pyfuncitem)
+    capture = pyfuncitem.config.getoption("capture", "fd") != "no"
+    result = run_in_ranks(pyfuncitem, spec, world_size, capture=capture)
+    pyfuncitem.user_properties.extend(
+        [
+            ("ddp.world_size", str(world_size)),
+            ("ddp.backend", spec.backend),
+            ("ddp.seconds", f"{result.seconds:.3f}"),
+            ("ddp.failed_ranks", ",".join(str(o.rank) for o in result.failures()) or "none"),
+        ]
+    )
+    raise_outcome(result, spec.timeout)
+    return True
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
+    from ddpcheck.pytest_support import running_item
+
+    with running_item(item):
+        return (yield)
+
+
+def _needs_marker(request: pytest.FixtureRequest, name: str) -> None:
+    if request.node.get_closest_marker(MARKER) is None:
+        pytest.fail(f"the {name} fixture needs a test marked @pytest.mark.ddp(world_size=...)", pytrace=False)
+
+
+@pytest.fixture
+def ddp_rank(request: pytest.FixtureRequest) -> Any:
+    """This rank's index in the process group (0 .. ddp_world_size - 1), inside ``ddp``-marked tests.
+
+    Known only inside the ranks: other fixtures run once in the pytest process and see a placeholder.
+    """
+    _needs_marker(request, RANK_ARG)
+    from ddpcheck.plugin.ranks import RankUnknown
+
+    return RankUnknown()
+
+
+@pytest.fixture
+def ddp_world_size(request: pytest.FixtureRequest) -> int:
+    """The number of ranks in the process group of a ``ddp``-marked test (its ``[ddpN]``)."""
+    _needs_marker(request, WORLD_ARG)
+    return int(getattr(request, "param", 1))  # marked tests are parametrized, which replaces this value
+
+
+@pytest.fixture
+def ddpcheck(request: pytest.FixtureRequest) -> DdpCheck:
+    """Check a DataLoader factory or loader file with every ddpcheck check: ``ddpcheck.check(make_loader)``.
+
+    Fails the test with the report table on any finding; results go to JUnit properties and, with
+    ``--ddpcheck-report DIR``, to report files named after the test.
+    """
+    return DdpCheck(request.node)

@@ -1,0 +1,576 @@
+"""The pytest plugin end to end: marked tests in real process groups, the checker fixture, reports, xdist.
+
+Runs that fork ranks go through a pytest subprocess (forking inside the in-process pytester would
+copy this test session into every rank). The big scenario file runs once per module and several
+tests read its JUnit XML, report files and output. Every subprocess carries a unique environment
+tag, so any process it leaves behind (rank, DataLoader worker, xdist worker) can be found in /proc.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+GOOD_LOADER = Path(__file__).resolve().parents[1] / "fixtures" / "good_distributed_sampler.py"
+TAG = "DDPCHECK_PLUGIN_TEST_TAG"
+
+SUITE = """
+import os
+import signal
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from ddpcheck.pytest_support import assert_ddp_safe
+
+GOOD_LOADER = {good!r}
+
+
+@pytest.mark.ddp(world_size=[1, 2, 3, 4])
+def test_all_reduce(ddp_rank, ddp_world_size):
+    total = torch.tensor([float(ddp_rank + 1)])
+    dist.all_reduce(total)
+    assert (dist.get_rank(), dist.get_world_size()) == (ddp_rank, ddp_world_size)
+    assert total.item() == ddp_world_size * (ddp_world_size + 1) / 2
+
+
+@pytest.mark.ddp(world_size=[2, 4])
+def test_rank_fails(ddp_rank):
+    print(f"output of rank {{ddp_rank}}")
+    assert ddp_rank != 1
+    dist.barrier()
+
+
+@pytest.mark.ddp(world_size=2, timeout=3)
+def test_hang(ddp_rank):
+    if ddp_rank == 0:
+        dist.recv(torch.zeros(1), src=1)  # rank 1 never sends
+
+
+@pytest.mark.ddp(world_size=2)
+def test_after_hang(ddp_rank):
+    dist.barrier()
+
+
+@pytest.mark.ddp(world_size=[1, 3])
+def test_skips(ddp_rank):
+    pytest.skip("skipped inside the rank")
+
+
+@pytest.mark.ddp(world_size=3)
+def test_exit(ddp_rank):
+    if ddp_rank == 2:
+        os._exit(7)
+    dist.barrier()
+
+
+@pytest.mark.ddp(world_size=2)
+def test_sigkill(ddp_rank):
+    if ddp_rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+
+
+@pytest.mark.ddp(world_size=2, backend="nccl")
+def test_nccl(ddp_rank):
+    pass
+
+
+class TestInClass:
+    @pytest.mark.ddp(world_size=2)
+    def test_method(self, ddp_rank, tmp_path):
+        (tmp_path / f"rank{{ddp_rank}}").write_text("here")
+        dist.barrier()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0", "rank1"]
+
+
+@pytest.fixture
+def rank_plus_one(ddp_rank):
+    return ddp_rank + 1
+
+
+@pytest.mark.ddp(world_size=2)
+def test_rank_in_another_fixture(rank_plus_one):
+    pass
+
+
+def test_rank_fixture_unmarked(ddp_rank):
+    pass
+
+
+def make_good(rank, world_size):
+    dataset = TensorDataset(torch.arange(30, dtype=torch.float32))
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, seed=3)
+    return DataLoader(dataset, batch_size=4, sampler=sampler)
+
+
+def make_seeded_by_rank(rank, world_size):
+    dataset = TensorDataset(torch.arange(30, dtype=torch.float32))
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, seed=rank)
+    return DataLoader(dataset, batch_size=4, sampler=sampler)
+
+
+def make_crashing(rank, world_size):
+    if rank == 1:
+        os._exit(3)
+    return make_good(rank, world_size)
+
+
+def test_check_good_file(ddpcheck):
+    ddpcheck.check(GOOD_LOADER)
+
+
+def test_assert_good_factory():
+    result = assert_ddp_safe(make_good, world_sizes=[1, 2])
+    assert result.ok and [run.world_size for run in result.runs] == [1, 2]
+
+
+def test_check_buggy_factory(ddpcheck):
+    ddpcheck.check(make_seeded_by_rank)
+
+
+def test_assert_crashing_factory():
+    assert_ddp_safe(make_crashing, world_sizes=[2])
+
+
+def test_zz_no_descendants_left():
+    children = {{}}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{{entry}}/stat") as handle:
+                    ppid = int(handle.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [os.getpid()]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    assert found == []
+"""
+
+PASSING = """
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from ddpcheck.pytest_support import assert_ddp_safe
+
+
+@pytest.mark.ddp(world_size=[1, 2, 3])
+def test_all_reduce(ddp_rank, ddp_world_size):
+    total = torch.tensor([1.0])
+    dist.all_reduce(total)
+    assert total.item() == ddp_world_size
+
+
+@pytest.mark.ddp(world_size=[2, 4])
+def test_broadcast(ddp_rank):
+    value = torch.tensor([float(ddp_rank)])
+    dist.broadcast(value, src=0)
+    assert value.item() == 0.0
+
+
+def make_good(rank, world_size):
+    dataset = TensorDataset(torch.arange(20, dtype=torch.float32))
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, seed=1)
+    return DataLoader(dataset, batch_size=3, sampler=sampler)
+
+
+def test_check(ddpcheck):
+    ddpcheck.check(make_good)
+
+
+def test_assert():
+    assert_ddp_safe(make_good, world_sizes=2)
+"""
+
+
+@dataclass
+class Case:
+    outcome: str  # passed | failed | error | skipped
+    message: str = ""
+    text: str = ""
+    properties: dict[str, str] = field(default_factory=dict)
+
+
+def junit_cases(path: Path) -> dict[str, Case]:
+    """JUnit XML -> {"Class.test[id]" or "test[id]": Case}."""
+    cases: dict[str, Case] = {}
+    for node in ET.parse(path).getroot().iter("testcase"):
+        classname = node.get("classname", "").rsplit(".", 1)[-1]
+        name = node.get("name", "")
+        key = f"{classname}.{name}" if classname.startswith("Test") else name
+        case = Case("passed")
+        for kind in ("failure", "error", "skipped"):
+            found = node.find(kind)
+            if found is not None:
+                case = Case({"failure": "failed"}.get(kind, kind), found.get("message", ""), found.text or "")
+        case.properties = {p.get("name", ""): p.get("value", "") for p in node.iter("property")}
+        cases[key] = case
+    return cases
+
+
+def tagged_processes(tag: str) -> list[int]:
+    """Live processes whose environment carries ``TAG=tag`` (ranks, workers, their children)."""
+    needle = f"{TAG}={tag}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                if needle in handle.read().split(b"\0"):
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+def leftovers(tag: str, wait: float = 10.0) -> list[int]:
+    """Tagged processes still alive after ``wait`` seconds (a killed orphan takes a moment to go)."""
+    deadline = time.monotonic() + wait
+    while True:
+        found = tagged_processes(tag)
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+def test_process_scan_sees_a_tagged_child() -> None:
+    """The leftover check below is only worth something if it can see a live tagged process."""
+    tag = uuid.uuid4().hex
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(30)"], env={**os.environ, TAG: tag}
+    )
+    try:
+        assert child.pid in tagged_processes(tag)
+    finally:
+        child.kill()
+        child.wait()
+    assert leftovers(tag, wait=2.0) == []
+
+
+@dataclass
+class SuiteRun:
+    returncode: int
+    output: str
+    cases: dict[str, Case]
+    report_dir: Path
+    leftover: list[int]
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory: pytest.TempPathFactory) -> SuiteRun:
+    """Run the scenario file once, in a pytest subprocess, with JUnit XML and report files."""
+    root = tmp_path_factory.mktemp("suite")
+    (root / "test_suite.py").write_text(textwrap.dedent(SUITE.format(good=str(GOOD_LOADER))))
+    tag = uuid.uuid4().hex
+    assert tagged_processes(tag) == []
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "test_suite.py",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "--junitxml=junit.xml",
+            "--ddpcheck-report=reports",
+            f"--basetemp={root / 'basetemp'}",
+        ],
+        cwd=root,
+        env={**os.environ, TAG: tag},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return SuiteRun(
+        proc.returncode,
+        proc.stdout + proc.stderr,
+        junit_cases(root / "junit.xml"),
+        root / "reports",
+        leftovers(tag),
+    )
+
+
+def test_passing_test_runs_in_every_rank_once_per_world_size(suite: SuiteRun) -> None:
+    for ws in (1, 2, 3, 4):
+        case = suite.cases[f"test_all_reduce[ddp{ws}]"]
+        assert case.outcome == "passed", case.text
+        assert case.properties["ddp.world_size"] == str(ws)
+        assert case.properties["ddp.failed_ranks"] == "none"
+    assert suite.cases["TestInClass.test_method[ddp2]"].outcome == "passed"
+
+
+def test_failure_names_the_rank_its_traceback_and_output(suite: SuiteRun) -> None:
+    case = suite.cases["test_rank_fails[ddp2]"]
+    assert case.outcome == "failed"
+    assert case.message.startswith("DdpTestFailed: rank 1 of 2 failed: AssertionError: assert 1 != 1")
+    assert 'test_suite.py", line' in case.text and "assert ddp_rank != 1" in case.text
+    assert "captured output of rank 1:\noutput of rank 1" in case.text
+    assert "ddpcheck/launch/rank.py" not in case.text  # the launcher's own frames are cut
+    four = suite.cases["test_rank_fails[ddp4]"].text
+    primary = four.index("rank 1 (error)")
+    assert all(four.index(f"rank {r} (secondary)") > primary for r in (0, 2, 3))
+    assert "3 more ranks stopped as a consequence" in four
+
+
+def test_hang_fails_only_that_test_and_shows_the_stack(suite: SuiteRun) -> None:
+    case = suite.cases["test_hang[ddp2]"]
+    assert case.outcome == "failed"
+    assert "hang: rank 0 of 2 gave no result within the 3 s timeout" in case.text
+    assert "stack when stopped:" in case.text
+    assert " in test_hang" in case.text  # the hung rank's own frame, from its dumped stack
+    assert "ranks 1 finished and wait for ranks 0" in case.text
+    assert suite.cases["test_after_hang[ddp2]"].outcome == "passed"
+
+
+def test_skip_inside_a_rank_skips_the_item(suite: SuiteRun) -> None:
+    for ws in (1, 3):
+        case = suite.cases[f"test_skips[ddp{ws}]"]
+        assert case.outcome == "skipped"
+        assert "skipped inside the rank" in case.message
+
+
+def test_crashed_ranks_are_reported(suite: SuiteRun) -> None:
+    exited = suite.cases["test_exit[ddp3]"]
+    assert exited.outcome == "failed"
+    assert "rank 2 exited: exited with code 7" in exited.text
+    killed = suite.cases["test_sigkill[ddp2]"]
+    assert killed.outcome == "failed"
+    assert "rank 1 killed: killed by SIGKILL" in killed.text
+
+
+def test_nccl_without_gpus_skips_with_a_reason(suite: SuiteRun) -> None:
+    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if found >= 2:
+        pytest.skip(f"this machine has {found} GPUs, so the NCCL test runs instead of skipping")
+    case = suite.cases["test_nccl[ddp2]"]
+    assert case.outcome == "skipped"
+    assert f"NCCL world size 2 needs 2 GPUs, found {found}" in case.message
+
+
+def test_rank_fixture_misuse_is_a_clear_error(suite: SuiteRun) -> None:
+    derived = suite.cases["test_rank_in_another_fixture[ddp2]"]
+    assert derived.outcome == "error"
+    assert "ddp_rank is only known inside a rank" in derived.text
+    unmarked = suite.cases["test_rank_fixture_unmarked"]
+    assert unmarked.outcome == "error"
+    assert "needs a test marked @pytest.mark.ddp" in unmarked.text
+
+
+def test_checker_fixture_and_assert(suite: SuiteRun) -> None:
+    assert suite.cases["test_check_good_file"].outcome == "passed"
+    assert suite.cases["test_assert_good_factory"].outcome == "passed"
+    buggy = suite.cases["test_check_buggy_factory"]
+    assert buggy.outcome == "failed"
+    assert "test_suite.py::make_seeded_by_rank fails" in buggy.text
+    assert "no_overlap" in buggy.text and "FAIL" in buggy.text
+    crashed = suite.cases["test_assert_crashing_factory"]
+    assert crashed.outcome == "failed"
+    assert "rank 1 crashed or hung at world size 2" in crashed.text
+
+
+def test_junit_carries_check_results(suite: SuiteRun) -> None:
+    good = suite.cases["test_check_good_file"].properties
+    assert good["ddpcheck.result"] == "pass"
+    assert good["ddpcheck.loader"] == str(GOOD_LOADER)
+    assert good["ddpcheck.ws2.no_overlap"] == "pass"
+    buggy = suite.cases["test_check_buggy_factory"].properties
+    assert buggy["ddpcheck.result"] == "fail"
+    assert buggy["ddpcheck.ws1.no_overlap"] == "pass"
+    assert buggy["ddpcheck.ws2.no_overlap"] == "fail"
+    crashed = suite.cases["test_assert_crashing_factory"].properties
+    assert "rank 1" in crashed["ddpcheck.ws2.rank_failures"]
+
+
+def test_report_files_per_test(suite: SuiteRun) -> None:
+    names = sorted(p.name for p in suite.report_dir.iterdir())
+    stems = ["test_check_buggy_factory", "test_check_good_file", "test_assert_good_factory"]
+    for stem in stems:
+        assert f"test_suite.py__{stem}.json" in names
+        assert f"test_suite.py__{stem}.md" in names
+    report = json.loads((suite.report_dir / "test_suite.py__test_check_buggy_factory.json").read_text())
+    assert "make_seeded_by_rank" in json.dumps(report)
+    assert "no_overlap" in (suite.report_dir / "test_suite.py__test_check_buggy_factory.md").read_text()
+
+
+def test_no_process_outlives_the_run(suite: SuiteRun) -> None:
+    assert suite.cases["test_zz_no_descendants_left"].outcome == "passed"
+    assert suite.leftover == []
+    assert suite.returncode == 1, suite.output[-3000:]
+
+
+# --- options and usage errors (nothing forks here, so pytester runs in process) ------------------
+
+
+def test_bad_marker_is_a_collection_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.ddp(world_size=0)
+        def test_zero(ddp_rank):
+            pass
+
+        @pytest.mark.ddp(world_size=2, ranks=3)
+        def test_unknown(ddp_rank):
+            pass
+        """
+    )
+    result = pytester.runpytest("--continue-on-collection-errors")
+    result.stdout.fnmatch_lines(["*world sizes must be positive integers, got 0*"])
+    assert result.ret != 0
+
+
+def test_bad_option_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--ddp-world-sizes", "2,x")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*world sizes must be comma-separated positive integers*"])
+
+
+def test_world_sizes_option_overrides_every_marker(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.ddp(world_size=2)
+        def test_a(ddp_rank):
+            pass
+
+        @pytest.mark.ddp
+        def test_b():
+            pass
+        """
+    )
+    result = pytester.runpytest("--ddp-world-sizes", "1,3", "--collect-only", "-q")
+    result.stdout.fnmatch_lines(["*test_a[[]ddp1]", "*test_a[[]ddp3]", "*test_b[[]ddp1]", "*test_b[[]ddp3]"])
+    default = pytester.runpytest("--collect-only", "-q")
+    default.stdout.fnmatch_lines(["*test_a[[]ddp2]", "*test_b[[]ddp2]"])
+
+
+def test_backend_option_skips_nccl_without_gpus(pytester: pytest.Pytester) -> None:
+    if torch.cuda.is_available() and torch.cuda.device_count() >= 1:
+        pytest.skip("this machine has a GPU; the NCCL group would run instead of skipping")
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.ddp(world_size=[1, 3])
+        def test_a(ddp_rank):
+            raise AssertionError("must not run")
+        """
+    )
+    result = pytester.runpytest("--ddp-backend", "nccl", "-rs")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(
+        ["*NCCL world size 1 needs 1 GPUs, found 0*", "*NCCL world size 3 needs 3 GPUs, found 0*"]
+    )
+
+
+# --- import modes, spawn, xdist (subprocess runs) -------------------------------------------------
+
+
+def test_importlib_mode_and_timeout_override(pytester: pytest.Pytester) -> None:
+    same = """
+        import pytest
+
+        @pytest.mark.ddp(world_size=2)
+        def test_same(ddp_rank):
+            assert ddp_rank == 0
+        """
+    stuck = """
+        import torch
+        import torch.distributed as dist
+
+        @pytest.mark.ddp(world_size=2, timeout=60)
+        def test_stuck(ddp_rank):
+            if ddp_rank == 1:
+                dist.recv(torch.zeros(1), src=0)  # rank 0 never sends
+        """
+    for folder, body in (("one", same), ("two", same + stuck)):  # one basename twice: importlib mode only
+        (pytester.path / folder).mkdir()
+        (pytester.path / folder / "test_same.py").write_text(textwrap.dedent(body))
+    result = pytester.runpytest_subprocess("--import-mode=importlib", "--ddp-timeout", "2", timeout=240)
+    result.assert_outcomes(failed=3)
+    text = result.stdout.str()
+    assert text.count("rank 1 of 2 failed: AssertionError: assert 1 == 0") == 2
+    assert "hang: rank 1 of 2 gave no result within the 2 s timeout" in text
+
+
+def test_spawned_ranks_find_the_test_by_name(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytester.makepyfile(
+        test_spawned="""
+        import threading
+
+        import pytest
+
+        class TestSpawned:
+            @pytest.mark.ddp(world_size=2)
+            def test_method(self, ddp_rank, tmp_path):
+                assert tmp_path.exists()
+                assert ddp_rank == 0
+
+        @pytest.fixture
+        def lock():
+            return threading.Lock()
+
+        @pytest.mark.ddp(world_size=2)
+        def test_unpicklable(ddp_rank, lock):
+            pass
+        """
+    )
+    monkeypatch.setenv("DDPCHECK_START_METHOD", "spawn")
+    result = pytester.runpytest_subprocess("--import-mode=importlib", timeout=300)
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*rank 1 of 2 failed: AssertionError: assert 1 == 0",  # rewritten in the spawned rank too
+            "*these do not pickle: lock (lock)*",
+        ]
+    )
+    assert "rank 0 error" not in result.stdout.str()
+
+
+def test_xdist_three_runs_in_a_row(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makepyfile(test_passing=textwrap.dedent(PASSING))
+    tag = uuid.uuid4().hex
+    monkeypatch.setenv(TAG, tag)
+    for attempt in range(3):
+        before = tagged_processes(tag)
+        reports = pytester.path / f"reports{attempt}"
+        junit = pytester.path / f"junit{attempt}.xml"
+        result = pytester.runpytest_subprocess(
+            "-p", "xdist", "-n", "2", f"--junitxml={junit}", f"--ddpcheck-report={reports}", timeout=300
+        )
+        result.assert_outcomes(passed=7)
+        assert before == [] and leftovers(tag) == []
+        assert sorted(p.name for p in reports.iterdir()) == [
+            "test_passing.py__test_assert.json",
+            "test_passing.py__test_assert.md",
+            "test_passing.py__test_check.json",
+            "test_passing.py__test_check.md",
+        ]
+        cases = junit_cases(junit)
+        assert cases["test_check"].properties["ddpcheck.result"] == "pass"
+        assert cases["test_broadcast[ddp4]"].properties["ddp.world_size"] == "4"
