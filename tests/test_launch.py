@@ -171,3 +171,16 @@ def test_returned_tensors_travel_by_value_not_as_shared_memory_handles() -> None
     tensor = result.values[1][1]
     assert tensor.tolist() == [1.0, 1.0, 1.0]
     assert not tensor.is_shared()
+
+
+def _both_fail_one_mentions_a_timeout() -> None:
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        raise ValueError("boom")
+    raise TimeoutError("my own timeout talking to a peer service")
+
+
+def test_a_ranks_own_error_that_mentions_timeout_is_not_secondary() -> None:
+    result = run_ranks(_both_fail_one_mentions_a_timeout, 2, timeout=60)
+    assert [o.kind for o in result.outcomes] == ["error", "error"]

@@ -39,7 +39,9 @@ from ddpcheck.launch.target import TargetRef
 
 _STACK_WAIT_S = 1.0
 _OUTPUT_TAIL = 20_000
-_COMM_ERROR_HINTS = ("connection closed", "connection reset", "broken pipe", "peer", "timed out", "timeout")
+# What a rank's own communication layer says when a peer went away (gloo's transport errors).
+_COMM_ERROR_HINTS = ("gloo/transport", "connection closed by peer", "connection reset by peer")
+_COMM_ERROR_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError")
 
 
 @dataclass

@@ -1,0 +1,95 @@
+"""Writing reports to disk atomically, so a CI artifact is never a half-written file.
+
+Each file goes to a temporary sibling, is fsynced and then moved into place with ``os.replace``:
+a reader sees either the previous report or the complete new one, never a torn one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Iterable
+from pathlib import Path
+
+from ddpcheck.report.dispatch import check_format, render
+from ddpcheck.result import CheckResult
+
+SUFFIXES = {"json": ".json", "markdown": ".md", "table": ".txt", "junit": ".xml"}
+
+
+class ReportWriteError(OSError):
+    """A report directory could not be created or a report file could not be written there."""
+
+
+def write_reports(
+    result: CheckResult,
+    report_dir: Path,
+    *,
+    stem: str = "ddpcheck",
+    junit_path: Path | None = None,
+    formats: Iterable[str] = ("json", "markdown"),
+) -> list[Path]:
+    """Write ``<stem>.json`` / ``.md`` / ``.txt`` / ``.xml`` for ``formats`` (and JUnit at ``junit_path``).
+
+    Every report is rendered before the first is written, so a rendering bug cannot leave a mixed
+    set behind. Returns the written paths in order; raises :class:`ReportWriteError` on I/O failure.
+    """
+    names = [formats] if isinstance(formats, str) else list(formats)
+    chosen = [check_format(fmt) for fmt in dict.fromkeys(names)]
+    if not isinstance(stem, str) or not stem or stem in (".", "..") or "/" in stem or os.sep in stem:
+        raise ValueError(f"stem must be a plain file name such as 'ddpcheck', not {stem!r}")
+    report_dir = Path(report_dir)
+    targets = [(report_dir / f"{stem}{SUFFIXES[fmt]}", fmt) for fmt in chosen]
+    if junit_path is not None:
+        targets = [(path, fmt) for path, fmt in targets if fmt != "junit"]
+        targets.append((Path(junit_path), "junit"))
+    rendered = [(path, render(result, fmt)) for path, fmt in targets]
+    for path, text in rendered:
+        write_atomic(path, text)
+    return [path for path, _ in rendered]
+
+
+def _error(directory: Path, exc: OSError, what: str = "") -> ReportWriteError:
+    reason = exc.strerror or str(exc)
+    error = ReportWriteError(f"cannot write reports to {directory}: {what}{reason}")
+    error.errno = exc.errno
+    return error
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8, newline-terminated) to ``path`` via temp file + fsync + ``os.replace``."""
+    directory = path.parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _error(directory, exc) from exc
+    data = (text if text.endswith("\n") else text + "\n").encode("utf-8", "backslashreplace")
+    temp = directory / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    except OSError as exc:
+        raise _error(directory, exc) from exc
+    try:
+        with open(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        if isinstance(exc, OSError):
+            raise _error(directory, exc, f"{path.name}: ") from exc
+        raise
+    _fsync_directory(directory)
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the rename itself durable where the platform allows it (best effort)."""
+    with contextlib.suppress(OSError, AttributeError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

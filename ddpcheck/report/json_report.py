@@ -1,0 +1,172 @@
+"""The machine-readable report: a CheckResult as versioned, always-valid JSON.
+
+Schema (``SCHEMA_VERSION = 1``); every key is always present::
+
+    {
+      "schema": 1,
+      "ok": bool,                    # CheckResult.ok
+      "exit_code": int,              # 0 ok, 1 a check failed, 2 bad input, 3 a rank failed
+      "loader": str,
+      "id_source": str,              # "index" | "hook" | "field:<name>" | "content-hash"
+      "epochs": int,
+      "options": {...},              # the run's options, made JSON-safe (see below)
+      "notes": [str, ...],
+      "summary": {"passed": int, "failed": int, "skipped": int, "rank_failures": int,
+                  "world_sizes": [int, ...]},    # same counts as the terminal summary line
+      "runs": [{
+        "world_size": int,
+        "backend": str,
+        "ok": bool,                  # WorldResult.ok
+        "skipped": str,              # "" when it ran, else why it was not run
+        "seconds": float,
+        "checks": {                  # in report column order; a repeated id gets "#2", "#3" ...
+          CHECK_ID: {"status": "pass" | "fail" | "skip", "detail": str, "cause": str,
+                     "ranks": [int, ...], "epochs": [int, ...], "examples": [...], "data": {...}}
+        },
+        "failures": [{"rank": int, "kind": str, "message": str, "stack": str, "progress": str}],
+        "divergence": [{"metric": str, "reference": float, "naive": float, "corrected": float,
+                        "naive_diff": float, "corrected_diff": float, "duplicated": int,
+                        "dropped": int, "order_only": bool, "cause": str}]
+      }]
+    }
+
+JSON-safety: tuples and lists become lists, sets become lists sorted by repr, dict keys become
+strings, numpy/torch scalars and arrays their ``tolist()``, paths ``os.fspath``, anything else its
+``repr``. Non-finite floats become the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (which
+both Python's ``float()`` and JavaScript's ``Number()`` read back), so the output is strict JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+from ddpcheck.checks.verdict import Verdict
+from ddpcheck.record import RankFailure
+from ddpcheck.report._common import check_columns, count
+from ddpcheck.result import CheckResult, MetricRow, WorldResult
+
+SCHEMA_VERSION = 1
+_MAX_DEPTH = 32  # deeper (or cyclic) structures end in their repr instead of a RecursionError
+
+
+def jsonable(obj: object, _depth: int = 0) -> Any:
+    """``obj`` as plain JSON data that ``json.dumps(..., allow_nan=False)`` always accepts."""
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        if math.isfinite(obj):
+            return float(obj)
+        return "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
+    if _depth >= _MAX_DEPTH:
+        return repr(obj)
+    if isinstance(obj, dict):
+        return {_key(k): jsonable(v, _depth + 1) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v, _depth + 1) for v in obj]
+    if isinstance(obj, (set, frozenset)):
+        return [jsonable(v, _depth + 1) for v in sorted(obj, key=repr)]
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    tolist = getattr(obj, "tolist", None)
+    if callable(tolist) and not isinstance(obj, type):
+        try:
+            return jsonable(tolist(), _depth + 1)
+        except Exception:
+            pass
+    return repr(obj)
+
+
+def _key(key: object) -> str:
+    return key if isinstance(key, str) else repr(key)
+
+
+def to_json_dict(result: CheckResult) -> dict[str, Any]:
+    """The documented schema as a dict of plain JSON data."""
+    counts = count(result)
+    order = check_columns(result)
+    return {
+        "schema": SCHEMA_VERSION,
+        "ok": result.ok,
+        "exit_code": result.exit_code,
+        "loader": result.loader,
+        "id_source": result.id_source,
+        "epochs": result.epochs,
+        "options": jsonable(dict(result.options)),
+        "notes": [str(note) for note in result.notes],
+        "summary": {
+            "passed": counts.passed,
+            "failed": counts.failed,
+            "skipped": counts.skipped,
+            "rank_failures": counts.rank_failures,
+            "world_sizes": list(counts.world_sizes),
+        },
+        "runs": [_run(run, order) for run in result.runs],
+    }
+
+
+def render_json(result: CheckResult, *, indent: int | None = 2) -> str:
+    """Strict JSON text (no NaN/Infinity literals), keys in schema order."""
+    return json.dumps(to_json_dict(result), indent=indent, ensure_ascii=False, allow_nan=False)
+
+
+def _run(run: WorldResult, order: tuple[str, ...]) -> dict[str, Any]:
+    checks: dict[str, Any] = {}
+    ranked = sorted(run.verdicts, key=lambda v: order.index(v.check) if v.check in order else len(order))
+    for verdict in ranked:
+        name, n = verdict.check, 1
+        while name in checks:
+            n += 1
+            name = f"{verdict.check}#{n}"
+        checks[name] = _verdict(verdict)
+    return {
+        "world_size": run.world_size,
+        "backend": run.backend,
+        "ok": run.ok,
+        "skipped": run.skipped,
+        "seconds": jsonable(run.seconds),
+        "checks": checks,
+        "failures": [_failure(f) for f in run.failures],
+        "divergence": [_metric(row) for row in run.divergence],
+    }
+
+
+def _verdict(verdict: Verdict) -> dict[str, Any]:
+    return {
+        "status": verdict.status,
+        "detail": verdict.detail,
+        "cause": verdict.cause,
+        "ranks": jsonable(list(verdict.ranks)),
+        "epochs": jsonable(list(verdict.epochs)),
+        "examples": jsonable(list(verdict.examples)),
+        "data": jsonable(dict(verdict.data)),
+    }
+
+
+def _failure(failure: RankFailure) -> dict[str, Any]:
+    return {
+        "rank": failure.rank,
+        "kind": failure.kind,
+        "message": failure.message,
+        "stack": failure.stack,
+        "progress": failure.progress,
+    }
+
+
+def _metric(row: MetricRow) -> dict[str, Any]:
+    return {
+        "metric": row.metric,
+        "reference": jsonable(row.reference),
+        "naive": jsonable(row.naive),
+        "corrected": jsonable(row.corrected),
+        "naive_diff": jsonable(row.naive_diff),
+        "corrected_diff": jsonable(row.corrected_diff),
+        "duplicated": row.duplicated,
+        "dropped": row.dropped,
+        "order_only": row.order_only,
+        "cause": row.cause,
+    }

@@ -1,0 +1,113 @@
+"""JUnit XML for CI: one testcase per (world size, check), so CI lists exactly what failed where.
+
+Layout: ``<testsuites><testsuite name=... tests failures errors skipped time>``, then per world size
+one ``<testcase classname="ddpcheck.ws{N}" name="{check_id}">`` per verdict (``<failure>`` when it
+failed, ``<skipped>`` when skipped), a ``name="world_size"`` case with ``<skipped>`` when the world
+size was not run, and a ``name="ranks"`` case with one ``<error>`` when ranks crashed, hung or were
+killed. A world size's wall time is spread evenly over its testcases, so the suite time adds up.
+
+Built with ElementTree (which escapes ``<&>"``); characters XML 1.0 cannot hold at all (NUL, the
+ESC of ANSI colour codes in a captured stack, lone surrogates) are written as ``\\xNN`` / ``\\uNNNN``
+so the file always parses.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import xml.etree.ElementTree as ET
+
+from ddpcheck.report._common import check_columns, evidence, rank_summary, show_backend
+from ddpcheck.result import CheckResult, WorldResult
+
+_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def xml_text(text: str) -> str:
+    """``text`` with every character XML 1.0 forbids replaced by a visible escape."""
+
+    def escape(match: re.Match[str]) -> str:
+        code = ord(match.group())
+        return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+    return _ILLEGAL.sub(escape, str(text))
+
+
+def render_junit(result: CheckResult, *, suite_name: str = "ddpcheck") -> str:
+    """The JUnit XML document as text, with an XML declaration."""
+    suite = ET.Element("testsuite", name=xml_text(suite_name))
+    properties = ET.SubElement(suite, "properties")
+    for name, value in (
+        ("loader", result.loader),
+        ("id_source", result.id_source),
+        ("epochs", str(result.epochs)),
+        ("exit_code", str(result.exit_code)),
+    ):
+        ET.SubElement(properties, "property", name=name, value=xml_text(value))
+
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    seconds = 0.0
+    order = check_columns(result)
+    with_backend = show_backend(result)
+    for run in result.runs:
+        classname = f"{suite_name}.ws{run.world_size}" + (f".{run.backend}" if with_backend else "")
+        cases = _cases(run, order)
+        share = _seconds(run.seconds) / max(len(cases), 1)
+        seconds += _seconds(run.seconds)
+        for name, outcome, attrs, text in cases:
+            case = ET.SubElement(
+                suite, "testcase", classname=xml_text(classname), name=xml_text(name), time=f"{share:.3f}"
+            )
+            totals["tests"] += 1
+            if outcome is None:
+                continue
+            totals[{"failure": "failures", "error": "errors", "skipped": "skipped"}[outcome]] += 1
+            element = ET.SubElement(case, outcome, {k: xml_text(v) for k, v in attrs.items()})
+            if text:
+                element.text = xml_text(text)
+    if result.notes:
+        ET.SubElement(suite, "system-out").text = xml_text("\n".join(result.notes))
+
+    counts = {key: str(value) for key, value in totals.items()}
+    counts["time"] = f"{seconds:.3f}"
+    suite.attrib.update(counts)
+    root = ET.Element("testsuites", {"name": xml_text(suite_name), **counts})
+    root.append(suite)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode")
+
+
+Case = tuple[str, str | None, dict[str, str], str]
+
+
+def _seconds(value: float) -> float:
+    return value if isinstance(value, (int, float)) and math.isfinite(value) and value > 0 else 0.0
+
+
+def _cases(run: WorldResult, order: tuple[str, ...]) -> list[Case]:
+    """(name, outcome element or None, its attributes, its text) for each testcase of one world size."""
+    cases: list[Case] = []
+    if run.skipped:
+        cases.append(("world_size", "skipped", {"message": run.skipped}, ""))
+    verdicts = sorted(run.verdicts, key=lambda v: order.index(v.check) if v.check in order else len(order))
+    for verdict in verdicts:
+        if verdict.status == "fail":
+            text = "\n".join(f"{name}: {value}" for name, value in evidence(verdict))
+            message = verdict.detail or f"{verdict.check} failed"
+            cases.append((verdict.check, "failure", {"message": message, "type": verdict.check}, text))
+        elif verdict.status == "pass":
+            cases.append((verdict.check, None, {}, ""))
+        else:  # "skip" (an unknown status is counted as a skip everywhere)
+            cases.append((verdict.check, "skipped", {"message": verdict.detail}, ""))
+    if run.failures:
+        blocks = []
+        for failure in run.failures:
+            lines = [f"rank {failure.rank} {failure.kind}: {failure.message}"]
+            if failure.progress:
+                lines.append(f"progress: {failure.progress}")
+            if failure.stack.strip():
+                lines.append(failure.stack.rstrip())
+            blocks.append("\n".join(lines))
+        message = rank_summary(run.failures)
+        cases.append(("ranks", "error", {"message": message, "type": "rank-failure"}, "\n\n".join(blocks)))
+    return cases

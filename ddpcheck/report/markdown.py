@@ -1,0 +1,173 @@
+"""The pull-request report: a GitHub-flavoured Markdown summary of a CheckResult.
+
+User text (details, messages, loader paths) is escaped so that a ``<module>`` or a ``|`` in it can
+neither vanish as HTML nor break a table; stacks go into fenced blocks inside ``<details>``.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Sequence
+
+from tabulate import tabulate
+
+from ddpcheck.report._common import (
+    NOT_RUN,
+    cell_status,
+    check_columns,
+    divergence_cause,
+    evidence,
+    fmt_diff,
+    fmt_number,
+    rank_summary,
+    show_backend,
+    skip_reasons,
+    summary_line,
+    trim_stack,
+    world_label,
+)
+from ddpcheck.result import CheckResult, WorldResult
+
+MD_STACK_LINES = 60  # collapsed by default, so more of the stack than in the terminal
+_CELL = {"pass": "✅ pass", "fail": "❌ **FAIL**", "skip": "⏭️ skip"}
+_SPECIAL = re.compile(r"([\\`*_\[\]<>|~&])")
+
+
+def md_escape(text: str) -> str:
+    """Backslash-escape Markdown and HTML punctuation; newlines become spaces."""
+    return _SPECIAL.sub(r"\\\1", " ".join(text.split()))
+
+
+def md_code(text: str) -> str:
+    """An inline code span that survives backticks inside ``text``."""
+    text = " ".join(text.split())
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _fence(lines: Sequence[str]) -> str:
+    longest = max((len(run) for line in lines for run in re.findall(r"`{3,}", line)), default=2)
+    fence = "`" * max(3, longest + 1)
+    return "\n".join([f"{fence}text", *lines, fence])
+
+
+def _table(rows: list[list[str]], headers: Sequence[str]) -> str:
+    return str(tabulate(rows, headers, tablefmt="github", disable_numparse=True))
+
+
+def render_markdown(result: CheckResult) -> str:
+    """Headline, grid, failed checks, rank failures with stacks, skips, divergence, notes."""
+    icon = "✅" if result.ok else "❌"
+    blocks = [
+        f"## {icon} ddpcheck {'passed' if result.ok else 'failed'}",
+        md_escape(summary_line(result)),
+        f"Loader {md_code(result.loader)} · ids {md_code(result.id_source)} · epochs {result.epochs}",
+    ]
+    if result.runs:
+        blocks.append(_grid(result))
+    else:
+        blocks.append("_No world sizes were run._")
+    blocks += [b for b in (_failed_checks(result), _rank_failures(result), _skips(result)) if b]
+    blocks += [b for b in (_divergence(result), _notes(result)) if b]
+    return "\n\n".join(blocks)
+
+
+def _status(run: WorldResult, check: str) -> str:
+    status = cell_status(run, check)
+    return NOT_RUN if status is None else _CELL.get(status, md_escape(status))
+
+
+def _ranks(run: WorldResult) -> str:
+    parts = []
+    if run.skipped:
+        parts.append(f"skipped: {md_escape(run.skipped)}")
+    if run.failures:
+        parts.append(md_escape(rank_summary(run.failures)))
+    return "; ".join(parts) if parts else "ok"
+
+
+def _grid(result: CheckResult) -> str:
+    checks = check_columns(result)
+    with_backend = show_backend(result)
+    headers = ["world size", *(md_code(c) for c in checks), "ranks"]
+    rows = [
+        [
+            md_escape(world_label(run, with_backend)),
+            *(_status(run, c) for c in checks),
+            _ranks(run),
+        ]
+        for run in result.runs
+    ]
+    return _table(rows, headers)
+
+
+def _failed_checks(result: CheckResult) -> str:
+    with_backend = show_backend(result)
+    items: list[str] = []
+    for run in result.runs:
+        for verdict in run.verdicts:
+            if not verdict.failed:
+                continue
+            where = md_escape(world_label(run, with_backend))
+            items.append(f"- **{where}** {md_code(verdict.check)}: {md_escape(verdict.detail or 'failed')}")
+            for name, text in evidence(verdict):
+                value = md_escape(text) if name == "cause" else md_code(text)
+                items.append(f"  - {name}: {value}")
+    return "\n".join(["### Failed checks", "", *items]) if items else ""
+
+
+def _rank_failures(result: CheckResult) -> str:
+    with_backend = show_backend(result)
+    parts: list[str] = []
+    for run in result.runs:
+        where = world_label(run, with_backend)
+        for failure in run.failures:
+            line = f"- **{md_escape(where)}** rank {failure.rank} {md_escape(failure.kind)}: "
+            line += md_escape(failure.message)
+            if failure.progress:
+                line += f" (progress: {md_escape(failure.progress)})"
+            parts.append(line)
+            if failure.stack.strip():
+                summary = html.escape(f"stack of rank {failure.rank} at {where}")
+                stack = _fence(trim_stack(failure.stack, MD_STACK_LINES))
+                parts.append(f"\n<details><summary>{summary}</summary>\n\n{stack}\n\n</details>\n")
+    return "\n".join(["### Rank failures", "", *parts]).rstrip() if parts else ""
+
+
+def _skips(result: CheckResult) -> str:
+    items = [
+        f"- **{md_escape(where)}** {md_code(check)}: {md_escape(why)}"
+        for where, check, why in skip_reasons(result)
+    ]
+    return "\n".join(["### Skipped", "", *items]) if items else ""
+
+
+def _divergence(result: CheckResult) -> str:
+    with_backend = show_backend(result)
+    headers = ["metric", "reference", "naive DDP", "corrected DDP", "naive diff", "corrected diff", "cause"]
+    blocks: list[str] = []
+    for run in result.runs:
+        if not run.divergence:
+            continue
+        rows = [
+            [
+                md_escape(row.metric),
+                fmt_number(row.reference),
+                fmt_number(row.naive),
+                fmt_number(row.corrected),
+                fmt_diff(row.naive_diff),
+                fmt_diff(row.corrected_diff),
+                md_escape(divergence_cause(row)),
+            ]
+            for row in run.divergence
+        ]
+        blocks.append(f"**{md_escape(world_label(run, with_backend))}**\n\n{_table(rows, headers)}")
+    return "\n\n".join(["### Divergence", *blocks]) if blocks else ""
+
+
+def _notes(result: CheckResult) -> str:
+    items = [f"- {md_escape(note)}" for note in result.notes]
+    return "\n".join(["### Notes", "", *items]) if items else ""

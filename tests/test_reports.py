@@ -1,0 +1,723 @@
+"""Reports render a hand-built CheckResult; these tests parse what they render and check every field."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ddpcheck.checks.ids import DATA_CHECKS, METRIC_EQUIVALENCE, NO_OVERLAP, TRAINING_EQUIVALENCE
+from ddpcheck.checks.verdict import Verdict, passed, skipped
+from ddpcheck.record import RankFailure
+from ddpcheck.report import (
+    SCHEMA_VERSION,
+    ReportWriteError,
+    render,
+    render_json,
+    render_junit,
+    render_markdown,
+    render_table,
+    to_json_dict,
+    write_reports,
+)
+from ddpcheck.report.json_report import jsonable
+from ddpcheck.report.junit import xml_text
+from ddpcheck.result import CheckResult, MetricRow, WorldResult
+
+STACK = (
+    "Traceback (most recent call last):\n"
+    + "".join(f'  File "/src/mod{i}.py", line {i + 1}, in f{i}\n    g{i}()\n' for i in range(40))
+    + "ZeroDivisionError: division by zero\n"
+)
+OVERLAP = Verdict(
+    NO_OVERLAP,
+    "fail",
+    "rank 1 and rank 3 both yield 2 samples in epoch 0.",
+    "sampler is not a DistributedSampler",
+    ranks=(1, 3),
+    epochs=(0,),
+    examples=(17, 42, (3, 4), "img_7.jpg"),
+)
+COVERAGE = Verdict(
+    "coverage",
+    "fail",
+    "2 samples are never yielded by any rank.",
+    "drop_last=True drops the tail",
+    epochs=(0, 1),
+    examples=("a.jpg", b"raw"),
+)
+CRASH = RankFailure(1, "error", "ZeroDivisionError: division by zero", STACK, "epoch 0, batch 4")
+
+
+def _world(n: int, *special: Verdict, **kwargs: object) -> WorldResult:
+    by_check = {v.check: v for v in special}
+    verdicts = tuple(by_check.get(check, passed(check)) for check in DATA_CHECKS)
+    return WorldResult(n, "gloo", verdicts, **kwargs)  # type: ignore[arg-type]
+
+
+def _all_pass() -> CheckResult:
+    return CheckResult("loaders/ok.py", (_world(1, seconds=0.5), _world(2, seconds=1.0)))
+
+
+def _mixed() -> CheckResult:
+    rows = (
+        MetricRow("accuracy", 0.9, 0.92, 0.9, duplicated=3),
+        MetricRow("loss", math.nan, 1.0, math.inf, order_only=True),
+    )
+    return CheckResult(
+        "loaders/bad.py",
+        (
+            _world(1, skipped(NO_OVERLAP, "one rank cannot overlap"), seconds=1.0),
+            _world(2, divergence=rows, seconds=2.0),
+            _world(4, OVERLAP, COVERAGE, failures=(CRASH,), seconds=3.0),
+            WorldResult(8, "gloo", skipped="needs 8 processes; this machine allows 4"),
+        ),
+        notes=("ids are dataset indices",),
+    )
+
+
+# ------------------------------------------------------------------ parsing helpers
+
+
+def _section(text: str, title: str) -> list[str]:
+    """The lines of a titled terminal section (title, dashed rule, body up to the next blank line)."""
+    lines = text.splitlines()
+    start = lines.index(title)
+    assert lines[start + 1] == "-" * len(title)
+    body = []
+    for line in lines[start + 2 :]:
+        if not line:
+            break
+        body.append(line)
+    return body
+
+
+def _parse_table(text: str, first_header: str) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows of a tabulate "simple" table, cut at its dashed rule; wrapped rows joined."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(first_header))
+    rule = next(i for i in range(start, len(lines)) if re.fullmatch(r"[- ]+", lines[i]))
+    spans = [(m.start(), m.end()) for m in re.finditer(r"-+", lines[rule])]
+
+    def cut(line: str) -> list[str]:
+        return [line[a : (b if k < len(spans) - 1 else None)].strip() for k, (a, b) in enumerate(spans)]
+
+    header_lines = [cut(line) for line in lines[start:rule]]
+    headers = [" ".join(filter(None, parts)) for parts in zip(*header_lines, strict=True)]
+    rows: list[list[str]] = []
+    for line in lines[rule + 1 :]:
+        if not line.strip():
+            break
+        cells = cut(line)
+        if cells[0] or not rows:
+            rows.append(cells)
+        else:
+            rows[-1] = [f"{old} {new}".strip() for old, new in zip(rows[-1], cells, strict=True)]
+    return headers, rows
+
+
+# ------------------------------------------------------------------ terminal table
+
+
+def test_table_all_pass_grid_and_summary() -> None:
+    text = render_table(_all_pass())
+    headers, rows = _parse_table(text, "check")
+    assert headers == ["check", "ws=1", "ws=2"]
+    assert [row[0] for row in rows] == [*DATA_CHECKS, "ranks"]
+    assert all(row[1:] == ["PASS", "PASS"] for row in rows[:-1])
+    assert rows[-1] == ["ranks", "ok", "ok"]
+    assert "Details" not in text.splitlines()
+    assert text.splitlines()[0] == "ddpcheck: loaders/ok.py  (ids: index, epochs: 2, backend: gloo)"
+    assert (
+        text.splitlines()[-1]
+        == "ddpcheck: 18 passed, 0 failed, 0 skipped across world sizes 1,2 -> OK (exit 0)"
+    )
+
+
+def test_table_mixed_cells_per_world_size() -> None:
+    text = render_table(_mixed())
+    headers, rows = _parse_table(text, "check")
+    assert headers == ["check", "ws=1", "ws=2", "ws=4", "ws=8"]
+    cells = {row[0]: row[1:] for row in rows}
+    assert cells["coverage"] == ["PASS", "PASS", "FAIL", "-"]
+    assert cells["no_overlap"] == ["skip", "PASS", "FAIL", "-"]
+    assert cells["determinism"] == ["PASS", "PASS", "PASS", "-"]
+    assert cells["ranks"] == [
+        "ok",
+        "ok",
+        "rank 1 crashed",
+        "skipped: needs 8 processes; this machine allows 4",
+    ]
+    assert max(len(line) for line in text.splitlines()) <= 100
+
+
+def test_table_details_carry_the_evidence() -> None:
+    details = _section(render_table(_mixed()), "Details")
+    at = details.index("[ws=4] no_overlap: rank 1 and rank 3 both yield 2 samples in epoch 0.")
+    assert details[at + 1 : at + 5] == [
+        "    cause: sampler is not a DistributedSampler",
+        "    ranks: 1, 3",
+        "    epochs: 0",
+        "    e.g.: 17, 42, (3, 4), 'img_7.jpg'",
+    ]
+    at = details.index("[ws=4] coverage: 2 samples are never yielded by any rank.")
+    # no ranks on this verdict, so no "ranks:" line; bytes examples show as their repr
+    assert details[at + 1 : at + 4] == [
+        "    cause: drop_last=True drops the tail",
+        "    epochs: 0, 1",
+        "    e.g.: 'a.jpg', b'raw'",
+    ]
+    at = details.index("[ws=4] rank 1 error: ZeroDivisionError: division by zero")
+    assert details[at + 1 : at + 3] == ["    progress: epoch 0, batch 4", "    stack:"]
+    stack = details[at + 3 :]
+    assert stack[0].startswith("        ... (") and "earlier lines omitted" in stack[0]
+    assert stack[1] == '          File "/src/mod31.py", line 32, in f31'  # trimmed at a frame boundary
+    assert stack[-2:] == ["            g39()", "        ZeroDivisionError: division by zero"]
+    assert not any("mod0.py" in line for line in stack)
+    assert len(stack) <= 22
+
+
+def test_table_summary_counts_and_exit_codes() -> None:
+    text = render_table(_mixed())
+    assert text.splitlines()[-1] == (
+        "ddpcheck: 24 passed, 2 failed, 2 skipped, 1 rank failure across world sizes 1,2,4,8 -> FAIL (exit 3)"
+    )
+    only_checks = CheckResult("l.py", (_world(2, OVERLAP),))
+    assert render_table(only_checks).splitlines()[-1] == (
+        "ddpcheck: 8 passed, 1 failed, 0 skipped across world size 2 -> FAIL (exit 1)"
+    )
+    nothing = render_table(CheckResult("l.py", ()))
+    assert "(no world sizes were run)" in nothing
+    assert (
+        nothing.splitlines()[-1]
+        == "ddpcheck: 0 passed, 0 failed, 0 skipped across no world sizes -> OK (exit 0)"
+    )
+
+
+def test_table_sections_skips_divergence_notes() -> None:
+    text = render_table(_mixed())
+    assert _section(text, "Skipped") == ["[ws=1] no_overlap: one rank cannot overlap"]
+    assert _section(text, "Notes") == ["- ids are dataset indices"]
+    divergence = text[text.index("Divergence\n") :]
+    assert divergence.splitlines()[2] == "ws=2:"
+    headers, rows = _parse_table(divergence, "metric")
+    assert headers == [
+        "metric",
+        "reference",
+        "naive DDP",
+        "corrected DDP",
+        "naive diff",
+        "corrected diff",
+        "cause",
+    ]
+    assert rows == [
+        ["accuracy", "0.9", "0.92", "0.9", "+0.02", "0", "duplicated 3"],
+        ["loss", "nan", "1", "inf", "nan", "nan", "order only"],
+    ]
+
+
+def test_table_wide_layout_when_it_fits_and_tall_otherwise() -> None:
+    few = CheckResult(
+        "l.py",
+        (
+            WorldResult(1, "gloo", (passed("coverage"), passed(NO_OVERLAP))),
+            WorldResult(2, "gloo", (passed("coverage"), OVERLAP), failures=(CRASH,)),
+        ),
+    )
+    headers, rows = _parse_table(render_table(few), "ws")
+    assert headers == ["ws", "coverage", "no overlap", "ranks"]
+    assert rows == [["1", "PASS", "PASS", "ok"], ["2", "PASS", "FAIL", "rank 1 crashed"]]
+    # all eleven checks do not fit 100 columns side by side: auto turns the grid, forced "wide" does not
+    base = _world(2, OVERLAP)
+    extra = (passed(METRIC_EQUIVALENCE), passed(TRAINING_EQUIVALENCE))
+    many = CheckResult("l.py", (WorldResult(2, "gloo", (*base.verdicts, *extra)),))
+    auto = render_table(many)
+    assert max(len(line) for line in auto.splitlines()) <= 100
+    tall_rows = _parse_table(auto, "check")[1]
+    assert [row[0] for row in tall_rows] == [*DATA_CHECKS, METRIC_EQUIVALENCE, TRAINING_EQUIVALENCE, "ranks"]
+    wide_headers, wide_rows = _parse_table(render_table(many, layout="wide"), "ws")
+    assert wide_headers[-3:] == ["metric equivalence", "training equivalence", "ranks"]
+    assert len(wide_rows) == 1 and wide_rows[0][0] == "2"
+    assert wide_rows[0][wide_headers.index("no overlap")] == "FAIL"
+    assert wide_rows[0].count("PASS") == 10
+
+
+def test_table_color_and_backend_labels() -> None:
+    result = CheckResult(
+        "l.py",
+        (
+            WorldResult(2, "gloo", (passed("coverage"), OVERLAP)),
+            WorldResult(2, "nccl", (skipped("coverage", "x"),)),
+        ),
+    )
+    plain = render_table(result, layout="tall")
+    assert "\x1b" not in plain
+    assert _parse_table(plain, "check")[0] == ["check", "ws=2 gloo", "ws=2 nccl"]
+    assert "backend:" not in plain.splitlines()[0]  # two backends: named per column instead
+    colored = render_table(result, color=True, layout="tall")
+    assert "\x1b[32mPASS\x1b[0m" in colored and "\x1b[1;31mFAIL\x1b[0m" in colored
+    assert "\x1b[33mskip\x1b[0m" in colored
+    assert colored.splitlines()[-1].endswith("-> \x1b[1;31mFAIL\x1b[0m (exit 1)")
+
+
+def test_table_keeps_the_head_of_a_most_recent_first_dump() -> None:
+    dump = "Thread 0x01 (most recent call first):\n" + "".join(
+        f'  File "/src/w{i}.py", line {i} in f{i}\n' for i in range(50)
+    )
+    result = CheckResult(
+        "l.py", (WorldResult(2, "gloo", failures=(RankFailure(0, "hang", "no progress", dump),)),)
+    )
+    details = _section(render_table(result), "Details")
+    assert details[0] == "[ws=2] rank 0 hang: no progress"
+    assert details[3] == '          File "/src/w0.py", line 0 in f0'
+    assert details[-1] == "        ... (31 later lines omitted)"
+
+
+def test_table_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="layout must be"):
+        render_table(_all_pass(), layout="sideways")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="width must be at least 40"):
+        render_table(_all_pass(), width=10)
+
+
+# ------------------------------------------------------------------ JSON
+
+
+def _known() -> CheckResult:
+    verdict = Verdict(
+        NO_OVERLAP,
+        "fail",
+        "2 samples on two ranks",
+        "set_epoch missing",
+        ranks=(0, 1),
+        epochs=(1,),
+        examples=(5, (6, (7, 8)), "x", b"\x00"),
+        # a non-str key on purpose: reports must survive what a check puts there
+        data={"count": 2, "ratio": math.nan, (1, 2): {3}, "where": Path("/tmp/x")},  # type: ignore[dict-item]
+    )
+    failure = RankFailure(1, "hang", "timed out after 30 s", "Thread 0x1:\n  f()", "epoch 1, in all_reduce")
+    return CheckResult(
+        loader="pkg/loader.py",
+        runs=(
+            WorldResult(
+                2,
+                "gloo",
+                verdicts=(verdict, passed("coverage")),
+                failures=(failure,),
+                divergence=(MetricRow("acc", 0.5, math.inf, 0.5, duplicated=1, cause="padding"),),
+                seconds=1.5,
+            ),
+            WorldResult(4, "gloo", skipped="only 2 CPUs"),
+        ),
+        id_source="field:id",
+        epochs=3,
+        options={"timeout": 30.0, "workers": (0, 2), "neg": -math.inf},
+        notes=("ids come from field 'id'",),
+    )
+
+
+KNOWN_JSON = {
+    "schema": 1,
+    "ok": False,
+    "exit_code": 3,
+    "loader": "pkg/loader.py",
+    "id_source": "field:id",
+    "epochs": 3,
+    "options": {"timeout": 30.0, "workers": [0, 2], "neg": "-Infinity"},
+    "notes": ["ids come from field 'id'"],
+    "summary": {"passed": 1, "failed": 1, "skipped": 1, "rank_failures": 1, "world_sizes": [2, 4]},
+    "runs": [
+        {
+            "world_size": 2,
+            "backend": "gloo",
+            "ok": False,
+            "skipped": "",
+            "seconds": 1.5,
+            "checks": {
+                "coverage": {
+                    "status": "pass",
+                    "detail": "",
+                    "cause": "",
+                    "ranks": [],
+                    "epochs": [],
+                    "examples": [],
+                    "data": {},
+                },
+                "no_overlap": {
+                    "status": "fail",
+                    "detail": "2 samples on two ranks",
+                    "cause": "set_epoch missing",
+                    "ranks": [0, 1],
+                    "epochs": [1],
+                    "examples": [5, [6, [7, 8]], "x", "b'\\x00'"],
+                    "data": {"count": 2, "ratio": "NaN", "(1, 2)": [3], "where": "/tmp/x"},
+                },
+            },
+            "failures": [
+                {
+                    "rank": 1,
+                    "kind": "hang",
+                    "message": "timed out after 30 s",
+                    "stack": "Thread 0x1:\n  f()",
+                    "progress": "epoch 1, in all_reduce",
+                }
+            ],
+            "divergence": [
+                {
+                    "metric": "acc",
+                    "reference": 0.5,
+                    "naive": "Infinity",
+                    "corrected": 0.5,
+                    "naive_diff": "Infinity",
+                    "corrected_diff": 0.0,
+                    "duplicated": 1,
+                    "dropped": 0,
+                    "order_only": False,
+                    "cause": "padding",
+                }
+            ],
+        },
+        {
+            "world_size": 4,
+            "backend": "gloo",
+            "ok": True,
+            "skipped": "only 2 CPUs",
+            "seconds": 0.0,
+            "checks": {},
+            "failures": [],
+            "divergence": [],
+        },
+    ],
+}
+
+
+def _strict_loads(text: str) -> object:
+    def refuse(name: str) -> object:
+        raise AssertionError(f"non-standard JSON constant {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_matches_documented_schema_exactly() -> None:
+    assert SCHEMA_VERSION == 1
+    assert to_json_dict(_known()) == KNOWN_JSON
+    assert _strict_loads(render_json(_known())) == KNOWN_JSON
+    assert list(KNOWN_JSON["runs"][0]["checks"]) == ["coverage", "no_overlap"]  # type: ignore[index]
+    assert list(to_json_dict(_known())["runs"][0]["checks"]) == ["coverage", "no_overlap"]
+
+
+def test_json_round_trips_the_mixed_result() -> None:
+    result = _mixed()
+    data = _strict_loads(render_json(result))
+    assert data == to_json_dict(result)
+    assert isinstance(data, dict)
+    assert data["exit_code"] == 3 and data["ok"] is False
+    assert [run["world_size"] for run in data["runs"]] == [1, 2, 4, 8]
+    ws4 = data["runs"][2]
+    assert ws4["checks"]["no_overlap"]["examples"] == [17, 42, [3, 4], "img_7.jpg"]
+    assert ws4["checks"]["coverage"]["examples"] == ["a.jpg", "b'raw'"]
+    assert ws4["failures"][0]["stack"] == STACK
+    loss = data["runs"][1]["divergence"][1]
+    assert loss["reference"] == "NaN" and math.isnan(float(loss["reference"]))
+    assert loss["corrected"] == "Infinity" and float(loss["corrected"]) == math.inf
+    for run in data["runs"]:
+        assert set(run) == {
+            "world_size",
+            "backend",
+            "ok",
+            "skipped",
+            "seconds",
+            "checks",
+            "failures",
+            "divergence",
+        }
+        for check in run["checks"].values():
+            assert set(check) == {"status", "detail", "cause", "ranks", "epochs", "examples", "data"}
+
+
+def test_jsonable_never_produces_invalid_json() -> None:
+    cyclic: list[object] = [1]
+    cyclic.append(cyclic)
+
+    class Odd:
+        def __repr__(self) -> str:
+            return "<Odd>"
+
+    value = {
+        "set": frozenset({"b", "a"}),
+        "inf": [math.inf, -math.inf, math.nan],
+        "odd": Odd(),
+        "bytes": b"\xff",
+        "cyclic": cyclic,
+        1: "int key",
+        "nested": ((1, 2), [3]),
+    }
+    out = jsonable(value)
+    text = json.dumps(out, allow_nan=False)
+    back = json.loads(text)
+    assert back["set"] == ["a", "b"]
+    assert back["inf"] == ["Infinity", "-Infinity", "NaN"]
+    assert back["odd"] == "<Odd>"
+    assert back["bytes"] == "b'\\xff'"
+    assert back["1"] == "int key"
+    assert back["nested"] == [[1, 2], [3]]
+    assert back["cyclic"][0] == 1  # cut off by depth, not a RecursionError
+
+
+_HASHABLE = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text() | st.binary(),
+    lambda inner: st.tuples(inner, inner) | st.frozensets(inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=60)
+@given(examples=st.lists(_HASHABLE, max_size=5), data=st.dictionaries(_HASHABLE, _HASHABLE, max_size=4))
+def test_any_examples_and_data_give_strict_json(examples: list[object], data: dict[object, object]) -> None:
+    verdict = Verdict("coverage", "fail", "d", examples=tuple(examples), data=data)  # type: ignore[arg-type]
+    text = render_json(CheckResult("l.py", (WorldResult(2, "gloo", (verdict,)),)))
+    check = _strict_loads(text)["runs"][0]["checks"]["coverage"]  # type: ignore[index]
+    assert len(check["examples"]) == len(examples)
+    assert len(check["data"]) <= len(data)  # distinct keys may share a repr, never more keys
+
+
+def test_json_keeps_repeated_check_ids_apart() -> None:
+    result = CheckResult(
+        "l.py", (WorldResult(2, "gloo", (passed("custom"), OVERLAP, skipped("custom", "why"))),)
+    )
+    checks = to_json_dict(result)["runs"][0]["checks"]
+    assert list(checks) == [NO_OVERLAP, "custom", "custom#2"]
+    assert checks["custom#2"]["status"] == "skip"
+
+
+# ------------------------------------------------------------------ Markdown
+
+
+def _md_table(text: str, first_header: str) -> list[list[str]]:
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header}"))
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]])
+    return rows
+
+
+def test_markdown_headline_table_and_details() -> None:
+    text = render_markdown(_mixed())
+    assert text.startswith("## ❌ ddpcheck failed\n")
+    table = _md_table(text, "world size")
+    assert table[0][0] == "world size" and table[0][-1] == "ranks"
+    assert table[0][1:3] == ["`coverage`", "`no_overlap`"]
+    assert set("".join(table[1])) <= set("-|")
+    body = {row[0]: row for row in table[2:]}
+    assert list(body) == ["ws=1", "ws=2", "ws=4", "ws=8"]
+    assert body["ws=4"][1:3] == ["❌ **FAIL**", "❌ **FAIL**"]
+    assert body["ws=1"][2] == "⏭️ skip"
+    assert body["ws=4"][-1] == "rank 1 crashed"
+    assert all(len(row) == len(table[0]) for row in table)
+    assert "- **ws=4** `no_overlap`: rank 1 and rank 3 both yield 2 samples in epoch 0." in text
+    assert "  - e.g.: `17, 42, (3, 4), 'img_7.jpg'`" in text
+    assert "  - ranks: `1, 3`" in text
+    assert text.count("<details>") == text.count("</details>") == 1
+    block = text[text.index("<details>") : text.index("</details>")]
+    assert "```text\n" in block and block.rstrip().endswith("```")
+    assert "ZeroDivisionError: division by zero\n```" in block
+    divergence = _md_table(text, "metric")
+    assert divergence[2] == ["accuracy", "0.9", "0.92", "0.9", "+0.02", "0", "duplicated 3"]
+    assert divergence[3][1] == "nan"
+    assert text.rstrip().endswith("- ids are dataset indices")
+
+
+def test_markdown_escapes_user_text() -> None:
+    nasty = Verdict("coverage", "fail", "bad <module> | a*b", "x_y", examples=("`tick`",))
+    stack = "line\n```\nmore"
+    result = CheckResult(
+        "l.py",
+        (
+            WorldResult(
+                2, "gloo", (nasty,), skipped="a | b", failures=(RankFailure(0, "error", "<boom>", stack),)
+            ),
+        ),
+    )
+    text = render_markdown(result)
+    assert text.startswith("## ❌ ddpcheck failed")
+    assert "bad \\<module\\> \\| a\\*b" in text
+    assert "cause: x\\_y" in text
+    assert "  - e.g.: ``'`tick`'``" in text  # a code span fence longer than the backticks inside
+    table = _md_table(text, "world size")
+    assert all(len(row) == len(table[0]) for row in table)  # the escaped "|" did not add a column
+    assert "````text\nline\n```\nmore\n````" in text  # a longer fence than any inside the stack
+    assert render_markdown(_all_pass()).startswith("## ✅ ddpcheck passed")
+
+
+# ------------------------------------------------------------------ JUnit
+
+
+def test_junit_counts_and_cases() -> None:
+    root = ET.fromstring(render_junit(_mixed()))
+    assert root.tag == "testsuites"
+    suite = root.find("testsuite")
+    assert suite is not None
+    cases = suite.findall("testcase")
+    assert len(cases) == 3 * 9 + 1 + 1  # 3 world sizes ran 9 checks, ws=8 skipped, one "ranks" case
+    assert {k: suite.get(k) for k in ("tests", "failures", "errors", "skipped", "time")} == {
+        "tests": "29",
+        "failures": "2",
+        "errors": "1",
+        "skipped": "2",
+        "time": "6.000",
+    }
+    assert root.get("tests") == "29" and root.get("failures") == "2"
+    assert sum(len(case.findall("failure")) for case in cases) == 2
+    by_id = {(case.get("classname"), case.get("name")): case for case in cases}
+    failure = by_id[("ddpcheck.ws4", "no_overlap")].find("failure")
+    assert failure is not None
+    assert failure.get("message") == OVERLAP.detail
+    assert failure.text is not None and "ranks: 1, 3" in failure.text and "e.g.: 17, 42" in failure.text
+    error = by_id[("ddpcheck.ws4", "ranks")].find("error")
+    assert error is not None and error.get("message") == "rank 1 crashed"
+    assert error.text is not None and error.text.rstrip().endswith("ZeroDivisionError: division by zero")
+    world = by_id[("ddpcheck.ws8", "world_size")].find("skipped")
+    assert world is not None and world.get("message") == "needs 8 processes; this machine allows 4"
+    skip = by_id[("ddpcheck.ws1", "no_overlap")].find("skipped")
+    assert skip is not None and skip.get("message") == "one rank cannot overlap"
+    assert by_id[("ddpcheck.ws2", "coverage")].find("*") is None  # a pass has no child element
+    times = [float(case.get("time", "nan")) for case in cases]
+    assert math.isclose(sum(times), 6.0, abs_tol=0.01)
+
+
+def test_junit_escapes_and_strips_what_xml_cannot_hold() -> None:
+    detail = 'a < b && c > "d"\nsecond line'
+    stack = "Traceback:\n\x1b[31mred\x1b[0m \x00 end"
+    result = CheckResult(
+        "l<&>.py",
+        (
+            WorldResult(
+                2,
+                "gloo",
+                (Verdict("coverage", "fail", detail, cause="<cause>"),),
+                failures=(RankFailure(0, "error", 'msg "<&>"', stack),),
+            ),
+        ),
+    )
+    text = render_junit(result, suite_name="my suite")
+    root = ET.fromstring(text)
+    suite = root.find("testsuite")
+    assert suite is not None and suite.get("name") == "my suite"
+    failure = root.find(".//failure")
+    assert failure is not None and failure.get("message") == detail
+    assert failure.text == "cause: <cause>"
+    error = root.find(".//error")
+    assert error is not None and error.text is not None
+    assert "\\x1b[31mred\\x1b[0m \\x00 end" in error.text
+    assert 'msg "<&>"' in error.text
+    props = {p.get("name"): p.get("value") for p in root.iter("property")}
+    assert props["loader"] == "l<&>.py" and props["exit_code"] == "3"
+    assert root.find(".//testcase").get("classname") == "my suite.ws2"  # type: ignore[union-attr]
+
+
+@settings(max_examples=60)
+@given(detail=st.text(), message=st.text(), stack=st.text())
+def test_junit_parses_whatever_the_text(detail: str, message: str, stack: str) -> None:
+    failure = RankFailure(0, "error", message, stack)
+    result = CheckResult(
+        "l.py", (WorldResult(2, "gloo", (Verdict("coverage", "fail", detail),), failures=(failure,)),)
+    )
+    root = ET.fromstring(render_junit(result))
+    failed = root.find(".//failure")
+    assert failed is not None and failed.get("message") == xml_text(detail or "coverage failed")
+    error = root.find(".//error")
+    assert error is not None and _lf(xml_text(message)) in _lf(error.text or "")
+
+
+def _lf(text: str) -> str:
+    """XML parsers turn CR LF and lone CR in element text into LF."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+# ------------------------------------------------------------------ dispatch and files
+
+
+def test_render_dispatches_and_rejects_unknown_formats() -> None:
+    result = _mixed()
+    assert render(result, "table") == render_table(result)
+    assert render(result, "json") == render_json(result)
+    assert render(result, "markdown") == render_markdown(result)
+    assert render(result, "junit") == render_junit(result)
+    with pytest.raises(ValueError, match="unknown report format 'html'; expected one of: table, json"):
+        render(result, "html")  # type: ignore[arg-type]
+
+
+def test_write_reports_creates_dir_and_writes_complete_files(tmp_path: Path) -> None:
+    result = _mixed()
+    out = tmp_path / "a" / "b"
+    paths = write_reports(result, out)
+    assert paths == [out / "ddpcheck.json", out / "ddpcheck.md"]
+    assert sorted(os.listdir(out)) == ["ddpcheck.json", "ddpcheck.md"]  # no temp files left
+    assert _strict_loads((out / "ddpcheck.json").read_text("utf-8")) == to_json_dict(result)
+    assert (out / "ddpcheck.md").read_text("utf-8") == render_markdown(result) + "\n"
+
+    junit = tmp_path / "ci" / "junit.xml"
+    paths = write_reports(result, out, stem="run2", junit_path=junit, formats=("table", "junit"))
+    assert paths == [out / "run2.txt", junit]
+    assert (out / "run2.txt").read_text("utf-8") == render_table(result) + "\n"
+    ET.parse(junit)
+    assert sorted(os.listdir(out)) == ["ddpcheck.json", "ddpcheck.md", "run2.txt"]
+    assert write_reports(result, out, formats="junit") == [out / "ddpcheck.xml"]
+
+
+def test_write_reports_replaces_rather_than_truncates(tmp_path: Path) -> None:
+    target = tmp_path / "ddpcheck.json"
+    target.write_text("old report, much longer than nothing " * 1000)
+    before = os.stat(target).st_ino
+    with open(target, encoding="utf-8") as reader:  # a reader mid-way keeps seeing the old, whole file
+        write_reports(_all_pass(), tmp_path, formats=("json",))
+        assert reader.read() == "old report, much longer than nothing " * 1000
+    assert os.stat(target).st_ino != before
+    assert _strict_loads(target.read_text("utf-8")) == to_json_dict(_all_pass())
+
+
+def test_write_reports_unwritable_places_raise_report_write_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("i am a file")
+    with pytest.raises(ReportWriteError, match=r"^cannot write reports to .*file\.txt[/\\]sub: ") as info:
+        write_reports(_all_pass(), blocker / "sub")
+    assert isinstance(info.value, OSError) and info.value.errno is not None
+    assert blocker.read_text() == "i am a file"
+
+    taken = tmp_path / "out"
+    (taken / "ddpcheck.json").mkdir(parents=True)  # a directory where the report file should go
+    (taken / "ddpcheck.json" / "keep").write_text("x")
+    with pytest.raises(ReportWriteError, match=r"cannot write reports to .*out: ddpcheck\.json: "):
+        write_reports(_all_pass(), taken, formats=("json",))
+    assert os.listdir(taken) == ["ddpcheck.json"]  # the temp file was removed
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root ignores directory permissions")
+def test_write_reports_read_only_dir(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        with pytest.raises(ReportWriteError, match=r"cannot write reports to .*locked: "):
+            write_reports(_all_pass(), locked)
+        assert os.listdir(locked) == []
+    finally:
+        locked.chmod(0o700)
+
+
+def test_write_reports_rejects_bad_arguments_before_writing(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown report format 'pdf'"):
+        write_reports(_all_pass(), tmp_path / "x", formats=("json", "pdf"))
+    with pytest.raises(ValueError, match="stem must be a plain file name"):
+        write_reports(_all_pass(), tmp_path / "x", stem="../evil")
+    assert not (tmp_path / "x").exists()
