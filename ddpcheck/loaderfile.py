@@ -116,6 +116,8 @@ def call_factory(factory: Callable[..., Any], available: dict[str, Any]) -> Any:
     try:
         loader = factory(**kwargs)
     except Exception as exc:
+        if getattr(exc, "harness_error", False):  # e.g. --simulate refusing a collective
+            raise
         raise BadLoaderFile(f"{name}() raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(loader, DataLoader):
         raise BadLoaderFile(f"{name}() returned {type(loader).__name__}, not a torch DataLoader")

@@ -13,7 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddpcheck.checks.ids import DATA_CHECKS, METRIC_EQUIVALENCE, NO_OVERLAP, TRAINING_EQUIVALENCE
+from ddpcheck.checks.ids import (
+    DATA_CHECKS,
+    METRIC_EQUIVALENCE,
+    NO_OVERLAP,
+    SHORT_LABELS,
+    TRAINING_EQUIVALENCE,
+)
 from ddpcheck.checks.verdict import Verdict, passed, skipped
 from ddpcheck.record import RankFailure
 from ddpcheck.report import (
@@ -128,11 +134,9 @@ def _parse_table(text: str, first_header: str) -> tuple[list[str], list[list[str
 
 def test_table_all_pass_grid_and_summary() -> None:
     text = render_table(_all_pass())
-    headers, rows = _parse_table(text, "check")
-    assert headers == ["check", "ws=1", "ws=2"]
-    assert [row[0] for row in rows] == [*DATA_CHECKS, "ranks"]
-    assert all(row[1:] == ["PASS", "PASS"] for row in rows[:-1])
-    assert rows[-1] == ["ranks", "ok", "ok"]
+    headers, rows = _parse_table(text, "ws")
+    assert headers == ["ws", *(SHORT_LABELS[c] for c in DATA_CHECKS), "ranks"]
+    assert rows == [[ws, *["PASS"] * len(DATA_CHECKS), "ok"] for ws in ("1", "2")]
     assert "Details" not in text.splitlines()
     assert text.splitlines()[0] == "ddpcheck: loaders/ok.py  (ids: index, epochs: 2, backend: gloo)"
     assert (
@@ -142,7 +146,7 @@ def test_table_all_pass_grid_and_summary() -> None:
 
 
 def test_table_mixed_cells_per_world_size() -> None:
-    text = render_table(_mixed())
+    text = render_table(_mixed(), layout="tall", width=100)
     headers, rows = _parse_table(text, "check")
     assert headers == ["check", "ws=1", "ws=2", "ws=4", "ws=8"]
     cells = {row[0]: row[1:] for row in rows}
@@ -231,22 +235,26 @@ def test_table_wide_layout_when_it_fits_and_tall_otherwise() -> None:
             WorldResult(2, "gloo", (passed("coverage"), OVERLAP), failures=(CRASH,)),
         ),
     )
-    headers, rows = _parse_table(render_table(few), "ws")
-    assert headers == ["ws", "coverage", "no overlap", "ranks"]
+    text = render_table(few)
+    headers, rows = _parse_table(text, "ws")
+    assert headers == ["ws", "cover", "overlap", "ranks"]
     assert rows == [["1", "PASS", "PASS", "ok"], ["2", "PASS", "FAIL", "rank 1 crashed"]]
-    # all eleven checks do not fit 100 columns side by side: auto turns the grid, forced "wide" does not
+    assert "columns: cover = coverage, overlap = no_overlap" in text
+    # all eleven checks fit 100 columns side by side with short labels: one row per world size
     base = _world(2, OVERLAP)
     extra = (passed(METRIC_EQUIVALENCE), passed(TRAINING_EQUIVALENCE))
     many = CheckResult("l.py", (WorldResult(2, "gloo", (*base.verdicts, *extra)),))
     auto = render_table(many)
     assert max(len(line) for line in auto.splitlines()) <= 100
-    tall_rows = _parse_table(auto, "check")[1]
-    assert [row[0] for row in tall_rows] == [*DATA_CHECKS, METRIC_EQUIVALENCE, TRAINING_EQUIVALENCE, "ranks"]
-    wide_headers, wide_rows = _parse_table(render_table(many, layout="wide"), "ws")
-    assert wide_headers[-3:] == ["metric equivalence", "training equivalence", "ranks"]
+    wide_headers, wide_rows = _parse_table(auto, "ws")
+    assert wide_headers[-3:] == ["metric", "train", "ranks"]
     assert len(wide_rows) == 1 and wide_rows[0][0] == "2"
-    assert wide_rows[0][wide_headers.index("no overlap")] == "FAIL"
+    assert wide_rows[0][wide_headers.index("overlap")] == "FAIL"
     assert wide_rows[0].count("PASS") == 10
+    # a narrow terminal turns the grid: one row per check
+    narrow = render_table(many, width=60)
+    tall_rows = _parse_table(narrow, "check")[1]
+    assert [row[0] for row in tall_rows] == [*DATA_CHECKS, METRIC_EQUIVALENCE, TRAINING_EQUIVALENCE, "ranks"]
 
 
 def test_table_color_and_backend_labels() -> None:

@@ -24,3 +24,18 @@ DATA_CHECKS = (
     SINGLE_PROCESS_EQUIVALENCE,
 )
 ALL_CHECKS = (*DATA_CHECKS, METRIC_EQUIVALENCE, TRAINING_EQUIVALENCE)
+
+# Column labels for one-row-per-world-size tables, where full ids would not fit a terminal.
+SHORT_LABELS = {
+    COVERAGE: "cover",
+    NO_OVERLAP: "overlap",
+    PADDING_BOUND: "pad",
+    EQUAL_STEPS: "steps",
+    RESHUFFLE: "shuffle",
+    DETERMINISM: "determ",
+    BATCH_INTEGRITY: "batches",
+    WORKER_SHARDING: "workers",
+    SINGLE_PROCESS_EQUIVALENCE: "1-proc",
+    METRIC_EQUIVALENCE: "metric",
+    TRAINING_EQUIVALENCE: "train",
+}

@@ -31,6 +31,8 @@ COLLECTIVES = (
 class NeedsCollectives(RuntimeError):
     """The loader called a collective, which a simulated rank cannot answer truthfully."""
 
+    harness_error = True  # about ddpcheck's mode, not the user's code: never re-wrapped
+
 
 @contextlib.contextmanager
 def collectives_forbidden() -> Iterator[None]:

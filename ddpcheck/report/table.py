@@ -1,9 +1,9 @@
 """The terminal report: a PASS/FAIL grid, the evidence behind each failure, divergence, one summary line.
 
-The grid has one row per world size and one column per check while that fits the width. Nine check
-names side by side do not fit 100 columns, so by default (``layout="auto"``) the grid then turns:
-one row per check, one column per world size. Both forms end in "ranks" (rank failures, or why a
-world size was skipped).
+The grid has one row per world size and one column per check (short labels, explained by a legend
+line), which fits 100 columns even with all eleven checks. On a narrower ``width`` the grid turns
+(``layout="auto"``): one row per check, one column per world size. Both forms end in "ranks" (rank
+failures, or why a world size was skipped).
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ import textwrap
 from collections.abc import Callable, Sequence
 from typing import Literal
 
+import tabulate as tabulate_module
 from tabulate import tabulate
 
+from ddpcheck.checks.ids import SHORT_LABELS
 from ddpcheck.report._common import (
     NOT_RUN,
     STATUS_WORD,
@@ -119,8 +121,15 @@ def _ranks_cell(run: WorldResult) -> str:
     return "".join(ch if ch.isprintable() else " " for ch in text)
 
 
-def _table(rows: list[list[str]], headers: Sequence[str], **kwargs: object) -> str:
-    return str(tabulate(rows, headers, tablefmt="simple", disable_numparse=True, **kwargs))
+def _table(rows: list[list[str]], headers: Sequence[str], *, pad: bool = True, **kwargs: object) -> str:
+    """tabulate "simple"; ``pad=False`` drops its 2-character cell padding (columns stay 2 apart)."""
+    saved = tabulate_module.MIN_PADDING
+    if not pad:
+        tabulate_module.MIN_PADDING = 0
+    try:
+        return str(tabulate(rows, headers, tablefmt="simple", disable_numparse=True, **kwargs))
+    finally:
+        tabulate_module.MIN_PADDING = saved
 
 
 def _grid(result: CheckResult, paint: Paint, width: int, layout: Layout) -> str:
@@ -135,9 +144,9 @@ def _grid(result: CheckResult, paint: Paint, width: int, layout: Layout) -> str:
 
 
 def _wide_grid(result: CheckResult, checks: Sequence[str], paint: Paint, width: int) -> str:
-    """One row per world size; check ids break at underscores into multi-line headers."""
+    """One row per world size, one column per check (short labels, explained in a legend line)."""
     with_backend = show_backend(result)
-    headers = ["ws", *(check.replace("_", "\n") for check in checks)]
+    headers = ["ws", *(SHORT_LABELS.get(check, check) for check in checks)]
     rows = [
         [
             f"{run.world_size} {run.backend}" if with_backend else str(run.world_size),
@@ -145,10 +154,12 @@ def _wide_grid(result: CheckResult, checks: Sequence[str], paint: Paint, width: 
         ]
         for run in result.runs
     ]
-    room = max(width - visible_width(_table(rows, headers)) - 2, _MIN_WRAP)
+    room = max(width - visible_width(_table(rows, headers, pad=False)) - 2, _MIN_WRAP)
     for row, run in zip(rows, result.runs, strict=True):
         row.append(_ranks_cell(run))
-    return _table(rows, [*headers, "ranks"], maxcolwidths=[None] * len(headers) + [room])
+    grid = _table(rows, [*headers, "ranks"], pad=False, maxcolwidths=[None] * len(headers) + [room])
+    legend = ", ".join(f"{SHORT_LABELS[c]} = {c}" for c in checks if c in SHORT_LABELS)
+    return grid + "\n\n" + textwrap.fill(f"columns: {legend}", width=width, subsequent_indent="  ")
 
 
 def _tall_grid(result: CheckResult, checks: Sequence[str], paint: Paint, width: int) -> str:
