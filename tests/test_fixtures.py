@@ -170,7 +170,8 @@ def _params(cases: list[Case]) -> list[Any]:
 
 
 def _run(case: Case, **options: Any) -> CheckResult:
-    opts = CheckOptions(world_sizes=WORLD_SIZES, epochs=2, timeout=60.0, **{**case.options, **options})
+    settings: dict[str, Any] = {"world_sizes": WORLD_SIZES, "epochs": 2, "timeout": 60.0}
+    opts = CheckOptions(**{**settings, **case.options, **options})
     return check_loader(str(FIXTURES / case.file), opts)
 
 
@@ -219,10 +220,18 @@ def test_simulate_refuses_collectives(tmp_path: Path) -> None:
 
 
 def test_no_set_epoch_is_caught() -> None:
-    result = _run(Case("good_distributed_sampler.py"), world_sizes=(2,), set_epoch=False)
-    verdict = next(v for v in result.runs[0].verdicts if v.check == RESHUFFLE)
-    assert verdict.failed, verdict.detail
-    assert "set_epoch" in verdict.cause
+    result = _run(Case("good_distributed_sampler.py"), world_sizes=(1, 2), set_epoch=False)
+    for run in result.runs:  # world size 1 too: it runs the user's loop, not the reference
+        verdict = next(v for v in run.verdicts if v.check == RESHUFFLE)
+        assert verdict.failed, verdict.detail
+        assert "set_epoch" in verdict.cause
+        assert [v.check for v in run.verdicts if v.failed] == [RESHUFFLE]
+
+
+def test_a_sampler_that_advances_its_own_epoch_passes_without_set_epoch() -> None:
+    """DDPSamplerWrapper starts a fresh epoch on every __iter__, so a loop that forgets set_epoch is fine."""
+    result = _run(Case("good_patched_batch_sampler.py"), world_sizes=(1, 2), set_epoch=False)
+    assert all(not v.failed for run in result.runs for v in run.verdicts)
 
 
 # --- the docs: every fixture file is documented and tested ---
