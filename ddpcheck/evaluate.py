@@ -34,22 +34,22 @@ a content hash. :mod:`ddpcheck.divergence` turns the three values into rows and 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ddpcheck.checks.ids import METRIC_EQUIVALENCE
 from ddpcheck.checks.verdict import skipped
 from ddpcheck.divergence import Evaluation, HookOutcome, judge_metrics, metric_rows
-from ddpcheck.identity import make_id_extractor
 from ddpcheck.launch import GroupResult, TargetRef, report_progress, run_ranks
 from ddpcheck.loaderfile import LoaderSpec, optional_hook
 from ddpcheck.record import RankFailure, compact_ids
 from ddpcheck.recorder import (
     RecordOptions,
     _group_position,
-    _TeeIndices,
+    batches_with_ids,
     build_loader,
+    is_collated,
     read_facts,
     set_epoch_everywhere,
 )
@@ -70,34 +70,6 @@ class EvalOptions:
     patch: bool = False
     set_epoch: bool = True
     batch_size: int | None = None
-
-
-# --------------------------------------------------------------------------- batches and ids
-
-
-def batches_with_ids(
-    loader: Any, ids_hook: Callable[[Any], Any] | None, facts: LoaderFacts
-) -> Iterator[tuple[Any, list[Hashable]]]:
-    """The loader's batches, each with its sample ids (the same ids the recorder records)."""
-    iterator = iter(loader)
-    taken: list[list[int]] = []
-    tee = facts.dataset_kind == "map" and ids_hook is None and hasattr(iterator, "_sampler_iter")
-    if tee:
-        iterator._sampler_iter = _TeeIndices(iterator._sampler_iter, taken)  # as the recorder does
-    collated = is_collated(loader)
-    extract: Callable[[Any], list[Hashable]] | None = None
-    for count, batch in enumerate(iterator, start=1):
-        if tee:
-            ids: list[Hashable] = list(taken[count - 1])
-        else:
-            if extract is None:
-                _, extract = make_id_extractor(ids_hook, batch, collated)
-            ids = extract(batch)
-        yield batch, ids
-
-
-def is_collated(loader: Any) -> bool:
-    return loader.batch_size is not None or loader.batch_sampler is not None
 
 
 # --------------------------------------------------------------------------- default hooks

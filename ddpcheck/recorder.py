@@ -200,33 +200,60 @@ class _TeeIndices:
         return item
 
 
-def record_batches(
-    loader: Any, epoch: int, hook: Callable[[Any], Any] | None, facts: LoaderFacts
-) -> tuple[EpochTrace, str]:
-    """Iterate the real loader (workers and all); ids from the hook, the index stream or the batch."""
-    len_loader = _len_or_none(loader)
+def is_collated(loader: Any) -> bool:
+    """True when the loader yields batches; False for ``batch_size=None`` (one sample per item)."""
+    return loader.batch_size is not None or loader.batch_sampler is not None
+
+
+@dataclass
+class StreamInfo:
+    """Filled in while :func:`batches_with_ids` runs: the id source and, per batch, its worker."""
+
+    source: str = "index"
+    workers: list[int] | None = None
+
+
+def batches_with_ids(
+    loader: Any, hook: Callable[[Any], Any] | None, facts: LoaderFacts, info: StreamInfo | None = None
+) -> Iterator[tuple[Any, list[Hashable]]]:
+    """The real loader's batches (workers and all), each with its sample ids.
+
+    Ids: the ``sample_ids`` hook; for map-style datasets the indices the sampler handed out (read
+    where the iterator takes them, so nothing is loaded twice); else a field or a content hash.
+    """
+    info = info if info is not None else StreamInfo()
     iterator = iter(loader)
     taken: list[list[int]] = []
     tee_indices = facts.dataset_kind == "map" and hook is None and hasattr(iterator, "_sampler_iter")
     if tee_indices:
         iterator._sampler_iter = _TeeIndices(iterator._sampler_iter, taken)  # private, stable since 1.x
-    workers = _tag_workers(iterator)
-    collated = loader.batch_size is not None or loader.batch_sampler is not None
-    ids: list[Hashable] = []
-    sizes: list[int] = []
+    info.workers = _tag_workers(iterator)
+    collated = is_collated(loader)
     extract: Callable[[Any], list[Hashable]] | None = None
-    source = "index"
     for count, batch in enumerate(iterator, start=1):
         if tee_indices:
             batch_ids: list[Hashable] = list(taken[count - 1])
         else:
             if extract is None:
-                source, extract = make_id_extractor(hook, batch, collated)
+                info.source, extract = make_id_extractor(hook, batch, collated)
             batch_ids = extract(batch)
+        yield batch, batch_ids
+
+
+def record_batches(
+    loader: Any, epoch: int, hook: Callable[[Any], Any] | None, facts: LoaderFacts
+) -> tuple[EpochTrace, str]:
+    """Iterate the real loader (workers and all) and record its ids per batch."""
+    len_loader = _len_or_none(loader)
+    info = StreamInfo()
+    ids: list[Hashable] = []
+    sizes: list[int] = []
+    for count, (_, batch_ids) in enumerate(batches_with_ids(loader, hook, facts, info), start=1):
         ids.extend(batch_ids)
         sizes.append(len(batch_ids))
         report_progress(f"epoch {epoch}, batch {count}")
         _guard_size(len(ids))
+    workers = info.workers
     trace = EpochTrace(
         epoch=epoch,
         ids=compact_ids(ids),
@@ -234,7 +261,7 @@ def record_batches(
         len_loader=len_loader,
         worker_ids=workers if workers is not None and len(workers) == len(sizes) else None,
     )
-    return trace, source
+    return trace, info.source
 
 
 def _tag_workers(iterator: Any) -> list[int] | None:

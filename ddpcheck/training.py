@@ -41,10 +41,17 @@ from typing import TYPE_CHECKING, Any
 from ddpcheck.checks.ids import TRAINING_EQUIVALENCE
 from ddpcheck.checks.verdict import Verdict, skipped
 from ddpcheck.divergence import HookOutcome
-from ddpcheck.evaluate import batches_with_ids, group_failures
+from ddpcheck.evaluate import group_failures
 from ddpcheck.launch import TargetRef, report_progress, run_ranks
 from ddpcheck.loaderfile import LoaderSpec, factory_kwargs, get_factory, optional_hook
-from ddpcheck.recorder import RecordOptions, _group_position, build_loader, read_facts, set_epoch_everywhere
+from ddpcheck.recorder import (
+    RecordOptions,
+    _group_position,
+    batches_with_ids,
+    build_loader,
+    read_facts,
+    set_epoch_everywhere,
+)
 
 if TYPE_CHECKING:
     import torch

@@ -4,7 +4,8 @@ For world sizes far beyond the machine (up to 1024 and more) when the loader nee
 collectives. Each rank sees an initialised default group on torch's ``fake`` backend, so factories
 that read ``torch.distributed.get_rank()`` work. Any real collective (all_reduce, broadcast, ...) is
 refused with :class:`NeedsCollectives` and the simulation stops: a fake result would be a lie.
-Module-level code of the user's file runs once, not once per rank.
+Module-level code of the user's file runs once, not once per rank, and a seeded permutation that
+every rank draws identically is computed once (:mod:`ddpcheck.launch.shared_work`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch.distributed as dist
 
 from ddpcheck.launch.group import GroupResult, RankOutcome
 from ddpcheck.launch.rank import fresh_random_state
+from ddpcheck.launch.shared_work import shared_permutations
 
 COLLECTIVES = (
     "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "all_to_all",
@@ -71,7 +73,7 @@ def simulate_ranks(
         raise RuntimeError("--simulate needs a process without a default process group")
     started = time.monotonic()
     outcomes: list[RankOutcome] = []
-    with collectives_forbidden():
+    with collectives_forbidden(), shared_permutations():
         for rank in range(world_size):
             fresh_random_state()
             dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
