@@ -148,31 +148,43 @@ def _capture_output(spec: RankSpec) -> None:
     sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
 
 
+_store: Any = None
+
+
 def _init_group(spec: RankSpec) -> None:
+    """Join the group. Gloo connects peers lazily, so a loader that never calls a collective never
+    pays for the full mesh; the first collective it does call connects as usual."""
+    global _store
     import torch.distributed as dist
 
+    os.environ.setdefault("TORCH_GLOO_LAZY_INIT", "1")
     timeout = timedelta(seconds=spec.timeout_s)
-    store = dist.TCPStore("127.0.0.1", spec.port, spec.world_size, is_master=False, timeout=timeout)
+    _store = dist.TCPStore("127.0.0.1", spec.port, spec.world_size, is_master=False, timeout=timeout)
     if spec.backend == "nccl":
         import torch
 
         torch.cuda.set_device(spec.rank % max(torch.cuda.device_count(), 1))
     dist.init_process_group(
-        spec.backend, store=store, rank=spec.rank, world_size=spec.world_size, timeout=timeout
-    )
+        spec.backend, store=dist.PrefixStore("pg", _store), rank=spec.rank, world_size=spec.world_size,
+        timeout=timeout,
+    )  # fmt: skip
 
 
 def _final_barrier(spec: RankSpec) -> None:
-    """Wait for peers like a training loop's last collective would; a peer's hang shows here."""
+    """Wait for peers as a training loop's last collective would, so a peer's hang shows here.
+
+    Through the rendezvous store, not a gloo collective: it needs no peer-to-peer connections.
+    """
     import torch.distributed as dist
 
-    if not dist.is_initialized():
-        return
     report_progress("finished; waiting for peers at ddpcheck's final barrier")
     try:
-        if spec.world_size > 1:
-            dist.barrier()
-        dist.destroy_process_group()
+        if spec.world_size > 1 and _store is not None:
+            if _store.add("ddpcheck/finished", 1) == spec.world_size:
+                _store.set("ddpcheck/all-finished", "1")
+            _store.wait(["ddpcheck/all-finished"])
+        if dist.is_initialized():
+            dist.destroy_process_group()
     except Exception:  # a peer died; our result is already sent
         pass
 
