@@ -221,21 +221,10 @@ def _collect(
         if first_failure is not None:
             limit = min(limit, grace - (now - first_failure))
         for ready in wait([*open_conns, *live], timeout=max(limit, 0.0)):
-            if ready in open_conns:
-                rank = open_conns.pop(ready)
-                try:
-                    status, payload = pickle.loads(ready.recv_bytes())  # type: ignore[union-attr]
-                except (EOFError, OSError):
-                    continue
-                except Exception as exc:  # a value that does not unpickle here
-                    status, payload = "error", {"message": f"result could not be read: {exc}"}
-                _record_message(outcomes[rank], status, payload)
-            else:
-                rank = live.pop(ready)
-                procs[rank].join(timeout=1.0)  # the sentinel can fire a moment before the exit status
-                outcomes[rank].exitcode = procs[rank].exitcode
-            if first_failure is None and _any_failed(outcomes, set(open_conns.values())):
-                first_failure = time.monotonic()
+            _take(ready, open_conns, live, procs, outcomes)
+        # after every batch of events: a pipe's EOF and its process's exit arrive in either order
+        if first_failure is None and _any_failed(outcomes, set(open_conns.values())):
+            first_failure = time.monotonic()
     timed_out = time.monotonic() >= deadline
     stuck = sorted(live.values())
     _dump_stacks(procs, stuck)
@@ -244,6 +233,29 @@ def _collect(
         _finish(outcome, procs[r], workdir, stuck=r in stuck, timed_out=timed_out)
     _mark_secondary(outcomes)
     return outcomes
+
+
+def _take(
+    ready: Any,
+    open_conns: dict[Any, int],
+    live: dict[Any, int],
+    procs: list[Any],
+    outcomes: list[RankOutcome],
+) -> None:
+    """Consume one ready object: a rank's result message, its pipe's EOF, or its exit."""
+    if ready in open_conns:
+        rank = open_conns.pop(ready)
+        try:
+            status, payload = pickle.loads(ready.recv_bytes())
+        except (EOFError, OSError):
+            return  # closed without a result: the exit status says why
+        except Exception as exc:  # a value that does not unpickle here
+            status, payload = "error", {"message": f"result could not be read: {exc}"}
+        _record_message(outcomes[rank], status, payload)
+    else:
+        rank = live.pop(ready)
+        procs[rank].join(timeout=1.0)  # the sentinel can fire a moment before the exit status
+        outcomes[rank].exitcode = procs[rank].exitcode
 
 
 def _any_failed(outcomes: list[RankOutcome], unread: set[int]) -> bool:
