@@ -101,8 +101,9 @@ def test_a_rank_that_exits_early_is_reported_with_its_exit_code() -> None:
     result = run_ranks(_exit_without_result, 2, timeout=60)
     assert result.outcomes[0].kind == "exited"
     assert "exited with code 3" in result.outcomes[0].message
-    # its peer waits at the final barrier: it must be stopped after the grace period, not the deadline
-    assert result.outcomes[1].kind == "secondary"
+    # its peer finished (ok) or was still joining (secondary); either way it is stopped after the
+    # grace period, not at the deadline
+    assert result.outcomes[1].kind in ("ok", "secondary")
     assert result.seconds < 30
 
 
