@@ -37,7 +37,7 @@ from ddpcheck.launch.rank import (
 )
 from ddpcheck.launch.target import TargetRef
 
-_STACK_WAIT_S = 1.0
+_STACK_WAIT_S = 2.0  # at most; usually the dumps land in milliseconds
 _OUTPUT_TAIL = 20_000
 # What a rank's own communication layer says when a peer went away (gloo's transport errors).
 _COMM_ERROR_HINTS = ("gloo/transport", "connection closed by peer", "connection reset by peer")
@@ -132,7 +132,7 @@ def run_ranks(
     kwargs: dict[str, Any] | None = None,
     start_method: str | None = None,
     capture: bool = True,
-    grace: float = 2.0,
+    grace: float = 1.0,
     env: dict[str, str] | None = None,
     init_group: bool = True,
 ) -> GroupResult:
@@ -227,7 +227,7 @@ def _collect(
             first_failure = time.monotonic()
     timed_out = time.monotonic() >= deadline
     stuck = sorted(live.values())
-    _dump_stacks(procs, stuck)
+    _dump_stacks(procs, stuck, workdir)
     for r, outcome in enumerate(outcomes):
         outcome.progress = read_progress(progress, r)
         _finish(outcome, procs[r], workdir, stuck=r in stuck, timed_out=timed_out)
@@ -315,7 +315,8 @@ def _mark_secondary(outcomes: list[RankOutcome]) -> None:
             o.kind = "secondary"
 
 
-def _dump_stacks(procs: list[Any], ranks: list[int]) -> None:
+def _dump_stacks(procs: list[Any], ranks: list[int], workdir: str) -> None:
+    """Ask each rank for its stacks (faulthandler on SIGUSR1) and wait until every dump has landed."""
     if not ranks:
         return
     for r in ranks:
@@ -323,7 +324,12 @@ def _dump_stacks(procs: list[Any], ranks: list[int]) -> None:
             os.kill(procs[r].pid, STACK_SIGNAL)
         except (ProcessLookupError, TypeError):
             pass
-    time.sleep(_STACK_WAIT_S if len(ranks) else 0)
+    deadline = time.monotonic() + _STACK_WAIT_S
+    pending = set(ranks)
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.02)
+        pending = {r for r in pending if _size(stack_path(workdir, r)) == 0 and procs[r].is_alive()}
+    time.sleep(0.05)  # a dump is written in one burst; let the last one finish
 
 
 def _stop_all(procs: list[Any]) -> None:
@@ -338,6 +344,13 @@ def _stop_all(procs: list[Any]) -> None:
     for proc in procs:
         if proc.pid is not None:
             proc.join(timeout=5)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def _read(path: str) -> str:
