@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
 from ddpcheck.checks import run_checks
-from ddpcheck.launch import TargetRef, run_ranks
 from ddpcheck.launch.rank import _error_message
 from ddpcheck.loaderfile import BadLoaderFile, LoaderSpec, precheck
 from ddpcheck.record import RankFailure, RunTrace
@@ -27,7 +26,7 @@ from ddpcheck.runner import (
     _jsonable_options,
     _notes,
     _raise_if_bad_input,
-    to_run_trace,
+    _run,
     validate,
 )
 
@@ -77,14 +76,7 @@ def check_joined(path: str, options: CheckOptions, target: JoinTarget) -> tuple[
     if rank == 0:  # before joining: a fresh single-process group, no peers waiting on it yet
         try:
             precheck(spec)
-            reference = to_run_trace(
-                run_ranks(
-                    TargetRef.of(record_rank),
-                    1,
-                    timeout=options.timeout,
-                    kwargs={"spec": spec, "options": options.record_options()},
-                )
-            )
+            reference = _run(spec, replace(options, set_epoch=True, simulate=False), 1)
             _raise_if_bad_input(reference)
         except (BadLoaderFile, BadInput) as exc:
             bad = str(exc)
