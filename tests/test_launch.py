@@ -188,3 +188,12 @@ def _both_fail_one_mentions_a_timeout() -> None:
 def test_a_ranks_own_error_that_mentions_timeout_is_not_secondary() -> None:
     result = run_ranks(_both_fail_one_mentions_a_timeout, 2, timeout=60)
     assert [o.kind for o in result.outcomes] == ["error", "error"]
+
+
+def test_the_timeout_counts_from_when_every_rank_has_joined() -> None:
+    from ddpcheck.launch.group import JOIN_ALLOWANCE_S, Deadline
+
+    deadline = Deadline(started=100.0, timeout=3.0)
+    assert deadline.at == 100.0 + 3.0 + JOIN_ALLOWANCE_S  # still joining: a slow rendezvous is not a hang
+    deadline.joined_at = 107.5
+    assert deadline.at == 110.5  # the job gets its full timeout after the last rank joined

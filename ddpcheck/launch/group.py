@@ -27,6 +27,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ddpcheck.launch.rank import (
+    JOINING,
     PROGRESS_BYTES,
     STACK_SIGNAL,
     RankSpec,
@@ -37,6 +38,8 @@ from ddpcheck.launch.rank import (
 )
 from ddpcheck.launch.target import TargetRef
 
+JOIN_ALLOWANCE_S = 60.0  # on top of ``timeout``, for ranks to start and join the group
+_JOIN_POLL_S = 0.02
 _STACK_WAIT_S = 2.0  # at most; usually the dumps land in milliseconds
 _OUTPUT_TAIL = 20_000
 # What a rank's own communication layer says when a peer went away (gloo's transport errors).
@@ -138,7 +141,8 @@ def run_ranks(
 ) -> GroupResult:
     """Run ``target(**kwargs)`` in every rank of a fresh ``world_size`` group; return each rank's outcome.
 
-    ``timeout`` bounds the whole group (rendezvous included). When a rank fails, the others get
+    ``timeout`` bounds the job once every rank has joined the group; joining itself gets
+    ``timeout + JOIN_ALLOWANCE_S`` (see :class:`Deadline`). When a rank fails, the others get
     ``grace`` seconds to finish before they are stopped and marked ``secondary``. A hung rank is
     reported with its dumped stack and last progress. Nothing started here survives the call.
     """
@@ -150,48 +154,55 @@ def run_ranks(
     ctx: Any = mp.get_context(method)
     workdir = tempfile.mkdtemp(prefix="ddpcheck-")
     progress = ctx.Array("c", PROGRESS_BYTES * world_size, lock=False)
+    ready = ctx.Event()
     sock = bind_loopback()
     port = sock.getsockname()[1]
-    port_fd = sock.fileno()
+    listen_fd = sock.detach()  # the store owns it from here (and closes it); we close it only without one
     started = time.monotonic()
     procs: list[Any] = []
     conns: list[Any] = []
     store = None
     try:
-        if init_group:  # before the ranks start, so their first connect finds a server (no 1 s retry)
-            store = dist.TCPStore(
-                "127.0.0.1",
-                port,
-                world_size,
-                is_master=True,
-                wait_for_workers=False,
-                timeout=timedelta(seconds=timeout + 30.0),
-                master_listen_fd=sock.fileno(),
-            )
         for rank in range(world_size):
             spec = RankSpec(
                 rank=rank,
                 world_size=world_size,
                 backend=backend,
                 port=port,
-                timeout_s=timeout + 30.0,  # the parent's deadline fires first, while stacks are live
+                timeout_s=timeout + JOIN_ALLOWANCE_S + 30.0,  # the parent's deadline fires first
                 target=target,
                 kwargs=dict(kwargs or {}),
                 workdir=workdir,
                 capture=capture,
-                listen_fd=port_fd if method == "fork" else -1,
+                listen_fd=listen_fd if method == "fork" else -1,
                 parent_pid=os.getpid(),
                 env=dict(env or {}),
                 init_group=init_group,
                 forked=method == "fork",
             )
             reader, writer = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=rank_main, args=(spec, writer, progress), name=f"ddpcheck-rank{rank}")
+            proc = ctx.Process(
+                target=rank_main, args=(spec, writer, progress, ready), name=f"ddpcheck-rank{rank}"
+            )
             proc.start()
             writer.close()
             procs.append(proc)
             conns.append(reader)
-        outcomes = _collect(procs, conns, progress, workdir, started + timeout, grace)
+        # The store's server thread starts only after every rank is forked: forking while it runs can
+        # copy a held native lock into a rank, which then deadlocks in its own store client. Ranks wait
+        # for ``ready`` before connecting, so no client meets a socket that has no server behind it.
+        if init_group:
+            store = dist.TCPStore(
+                "127.0.0.1",
+                port,
+                world_size,
+                is_master=True,
+                wait_for_workers=False,
+                timeout=timedelta(seconds=timeout + JOIN_ALLOWANCE_S + 30.0),
+                master_listen_fd=listen_fd,
+            )
+        ready.set()
+        outcomes = _collect(procs, conns, progress, workdir, Deadline(started, timeout), grace)
         result = GroupResult(world_size, backend, outcomes, time.monotonic() - started)
         result.diagnosis = _diagnose(result)
         return result
@@ -199,14 +210,39 @@ def run_ranks(
         _stop_all(procs)
         for conn in conns:
             conn.close()
-        if sock.fileno() >= 0:
-            sock.close()
-        del store
+        if store is None:
+            os.close(listen_fd)
+        del store  # closes listen_fd: closing it here too could close a later group's reused fd number
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+@dataclass
+class Deadline:
+    """``timeout`` counts from the moment every rank has joined the group, not from process start.
+
+    Joining (fork, rendezvous, group init) has its own, generous bound: it can be slow for reasons
+    that are not the job's (a loaded machine, a resolver that times out while the store client logs
+    its address), and must not eat the time a short ``timeout`` gives the job itself.
+    """
+
+    started: float
+    timeout: float
+    joined_at: float | None = None
+
+    @property
+    def at(self) -> float:
+        if self.joined_at is None:
+            return self.started + self.timeout + JOIN_ALLOWANCE_S
+        return self.joined_at + self.timeout
+
+
+def _all_joined(progress: Any, outcomes: list[RankOutcome]) -> bool:
+    """Every rank is past the rendezvous (or already done): its progress says more than 'joining'."""
+    return all(o.kind != "pending" or read_progress(progress, o.rank) not in ("", JOINING) for o in outcomes)
+
+
 def _collect(
-    procs: list[Any], conns: list[Any], progress: Any, workdir: str, deadline: float, grace: float
+    procs: list[Any], conns: list[Any], progress: Any, workdir: str, deadline: Deadline, grace: float
 ) -> list[RankOutcome]:
     world = len(procs)
     outcomes = [RankOutcome(rank=r, kind="pending") for r in range(world)]
@@ -215,17 +251,21 @@ def _collect(
     first_failure: float | None = None
     while open_conns or live:
         now = time.monotonic()
-        if now >= deadline or (first_failure is not None and now - first_failure >= grace):
+        if deadline.joined_at is None and _all_joined(progress, outcomes):
+            deadline.joined_at = now
+        if now >= deadline.at or (first_failure is not None and now - first_failure >= grace):
             break
-        limit = deadline - now
+        limit = deadline.at - now
         if first_failure is not None:
             limit = min(limit, grace - (now - first_failure))
+        if deadline.joined_at is None:
+            limit = min(limit, _JOIN_POLL_S)  # joining is seen through progress, not through an event
         for ready in wait([*open_conns, *live], timeout=max(limit, 0.0)):
             _take(ready, open_conns, live, procs, outcomes)
         # after every batch of events: a pipe's EOF and its process's exit arrive in either order
         if first_failure is None and _any_failed(outcomes, set(open_conns.values())):
             first_failure = time.monotonic()
-    timed_out = time.monotonic() >= deadline
+    timed_out = time.monotonic() >= deadline.at
     stuck = sorted(live.values())
     _dump_stacks(procs, stuck, workdir)
     for r, outcome in enumerate(outcomes):

@@ -28,6 +28,8 @@ STACK_SIGNAL = signal.SIGUSR1
 PROGRESS_BYTES = 240
 _PR_SET_PDEATHSIG = 1
 
+JOINING = "joining the process group"
+
 _progress_buffer: Any = None
 _progress_rank = 0
 
@@ -199,7 +201,7 @@ def _error_message(exc: BaseException) -> dict[str, Any]:
     }
 
 
-def rank_main(spec: RankSpec, conn: Any, progress: Any) -> None:
+def rank_main(spec: RankSpec, conn: Any, progress: Any, ready: Any = None) -> None:
     """Process entry point of one rank."""
     global _progress_buffer, _progress_rank
     _isolate(spec)
@@ -218,8 +220,10 @@ def rank_main(spec: RankSpec, conn: Any, progress: Any) -> None:
     faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True, chain=False)
     code = 0
     try:
-        report_progress("joining the process group")
+        report_progress(JOINING)
         if spec.init_group:
+            if ready is not None and not ready.wait(spec.timeout_s):
+                raise TimeoutError("the parent never started the rendezvous store")
             _init_group(spec)
         report_progress("running")
         func = spec.target.resolve() if isinstance(spec.target, TargetRef) else spec.target
