@@ -260,6 +260,10 @@ def test_process_scan_sees_a_tagged_child() -> None:
         [sys.executable, "-c", "import time; time.sleep(30)"], env={**os.environ, TAG: tag}
     )
     try:
+        # until the child has exec'd, /proc shows the parent's environment: poll briefly
+        deadline = time.monotonic() + 10
+        while child.pid not in tagged_processes(tag) and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert child.pid in tagged_processes(tag)
     finally:
         child.kill()
