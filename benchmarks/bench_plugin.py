@@ -37,9 +37,22 @@ def run(root: Path, name: str) -> tuple[float, float]:
     """(wall seconds of the whole pytest run, mean seconds of one test's call phase)."""
     started = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", name, "-q", "-p", "no:cacheprovider", "--durations=0",
-         "--durations-min=0", "-vv"],
-        cwd=root, capture_output=True, text=True, check=False,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            name,
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--durations=0",
+            "--durations-min=0",
+            "-vv",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     wall = time.perf_counter() - started
     if proc.returncode != 0:
@@ -65,8 +78,10 @@ def main() -> None:
     call_marked = statistics.median(c for _, c in marked)
     per_test = (wall_marked - wall_plain) / args.tests
     print(f"{args.tests} plain tests:              {wall_plain:7.2f} s wall (baseline)")
-    print(f"{args.tests} ddp({args.world_size}) tests:              {wall_marked:7.2f} s wall "
-          f"({wall_marked / wall_plain:.2f}x the baseline)")
+    print(
+        f"{args.tests} ddp({args.world_size}) tests:              {wall_marked:7.2f} s wall "
+        f"({wall_marked / wall_plain:.2f}x the baseline)"
+    )
     print(f"overhead per marked test:      {per_test * 1000:7.1f} ms (wall difference / {args.tests})")
     print(f"mean call phase, plain/marked: {call_plain * 1000:7.1f} ms / {call_marked * 1000:.1f} ms")
 
