@@ -69,43 +69,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "spawn_baseline.py"
         script.write_text(SPAWN_SCRIPT)
-        ddpcheck_cmd = [
-            sys.executable,
-            "-m",
-            "ddpcheck",
-            str(LOADER),
-            "--world-sizes",
-            args.world_sizes,
-            "--epochs",
-            str(args.epochs),
-            "--quiet",
-            "--report-dir",
-            tmp,
-            "--format",
-            "json",
-        ]
+
+        def ddpcheck_cmd(world_sizes: str, *extra: str) -> list[str]:
+            fixed = ["--epochs", str(args.epochs), "--quiet", "--report-dir", tmp, "--format", "json"]
+            head = [sys.executable, "-m", "ddpcheck", str(LOADER)]
+            return [*head, "--world-sizes", world_sizes, *fixed, *extra]
+
         spawn_cmd = [sys.executable, str(script), str(LOADER), str(args.epochs), args.world_sizes]
-        ours = [timed(ddpcheck_cmd) for _ in range(args.repeats)]
+        ours = [timed(ddpcheck_cmd(args.world_sizes)) for _ in range(args.repeats)]
         base = [timed(spawn_cmd) for _ in range(max(1, args.repeats // 2))]
         sim_time = sim_once = None
         if not args.skip_simulate:
             env = {**os.environ, "DDPCHECK_BENCH_N": "1000000"}
-            sim_cmd = [
-                sys.executable,
-                "-m",
-                "ddpcheck",
-                str(LOADER),
-                "--simulate",
-                "--world-sizes",
-                "1024",
-                "--epochs",
-                str(args.epochs),
-                "--quiet",
-                "--report-dir",
-                tmp,
-                "--format",
-                "json",
-            ]
+            sim_cmd = ddpcheck_cmd("1024", "--simulate")
             sim_time = statistics.median(timed(sim_cmd, env) for _ in range(args.repeats))
             once_cmd = [*sim_cmd, "--no-determinism"]
             sim_once = statistics.median(timed(once_cmd, env) for _ in range(args.repeats))
