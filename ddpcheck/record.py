@@ -111,16 +111,3 @@ class RunTrace:
     def epoch(self, epoch: int) -> list[EpochTrace]:
         """The given epoch of every rank, in rank order."""
         return [r.epochs[epoch] for r in self.ranks]
-
-
-def to_jsonable(obj: Any) -> Any:
-    """Plain JSON form of any trace dataclass (arrays become lists)."""
-    if isinstance(obj, array):
-        return obj.tolist()
-    if hasattr(obj, "__dataclass_fields__"):
-        return {name: to_jsonable(getattr(obj, name)) for name in obj.__dataclass_fields__}
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
-    return obj

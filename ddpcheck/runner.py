@@ -12,7 +12,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ddpcheck.checks import run_checks
-from ddpcheck.checks.verdict import Verdict
 from ddpcheck.divergence import HookCheck, defined_names
 from ddpcheck.launch import GroupResult, TargetRef, run_ranks
 from ddpcheck.loaderfile import BadLoaderFile, LoaderSpec, precheck
@@ -149,7 +148,7 @@ def _check_world(
     say(f"world size {ws}: running {ws} {'simulated ' if options.simulate else ''}ranks")
     run = reference if ws == 1 and options.set_epoch else _run(spec, options, ws)
     rerun = _run(spec, options, ws) if options.determinism and run.ok else None
-    verdicts = _judge(reference, run, rerun)
+    verdicts = run_checks(reference, run, rerun)
     failures = run.failures + (rerun.failures if rerun else ())
     # --- metric and training equivalence: only for files with the hooks (see _hook_checks) ---
     divergence: list[MetricRow] = []
@@ -274,10 +273,6 @@ def _notes(reference: RunTrace, world_sizes: tuple[int, ...]) -> list[str]:
                 "some ranks can only see padding (allowed, but every such rank repeats samples)"
             )
     return notes
-
-
-def _judge(reference: RunTrace, run: RunTrace, rerun: RunTrace | None) -> list[Verdict]:
-    return run_checks(reference, run, rerun)
 
 
 def _jsonable_options(options: CheckOptions) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import wait
 from typing import Any
@@ -75,7 +75,6 @@ class GroupResult:
     outcomes: list[RankOutcome]
     seconds: float = 0.0
     diagnosis: str = ""  # one paragraph on a hang: which ranks waited where
-    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -87,9 +86,6 @@ class GroupResult:
 
     def failures(self) -> list[RankOutcome]:
         return [o for o in self.outcomes if not o.ok]
-
-    def primary_failures(self) -> list[RankOutcome]:
-        return [o for o in self.outcomes if not o.ok and o.kind != "secondary"]
 
     def describe_failures(self) -> str:
         parts = [self.diagnosis] if self.diagnosis else []
