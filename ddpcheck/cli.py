@@ -12,9 +12,10 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from ddpcheck.result import EXIT_BAD_INPUT, CheckResult
 
@@ -33,44 +34,35 @@ def _world_sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _number(
+    convert: Callable[[str], Any],
+    expected: str,
+    ok: Callable[[Any], bool],
+    bound: str,
+    *,
+    echo_text: bool = False,
+) -> Callable[[str], Any]:
+    """An argparse ``type``: convert, then check a bound; both failures are one-line usage errors."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not ok(value):
+            shown = repr(text) if echo_text else value
+            raise argparse.ArgumentTypeError(f"{bound}, got {shown}")
+        return value
+
+    return parse
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a non-negative number, got {text!r}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
+_positive_int = _number(int, "an integer", lambda v: v >= 1, "must be at least 1")
+_positive_float = _number(float, "a number of seconds", lambda v: v > 0, "must be positive")
+_non_negative_float = _number(
+    float, "a number", lambda v: 0 <= v < float("inf"), "must be a non-negative number", echo_text=True
+)
+_non_negative_int = _number(int, "an integer", lambda v: v >= 0, "must be 0 or more")
 
 
 def build_parser() -> argparse.ArgumentParser:
