@@ -94,6 +94,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--timeout", type=_positive_float, default=120.0, help="seconds per group (default 120)"
     )
+    parser.add_argument(
+        "--steps",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="run N steps per rank per epoch window (for infinite or iteration-based samplers)",
+    )
+    parser.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="CHECK",
+        help="report CHECK's failure as 'allowed' instead of failing (repeatable; e.g. a design choice)",
+    )
+    # --- resume and elastic resume (ddpcheck.scenarios.resume) ---
+    parser.add_argument(
+        "--no-resume", action="store_true", help="skip the mid-epoch resume check"
+    )
+    parser.add_argument(
+        "--elastic",
+        action="store_true",
+        help="also restore state saved at one world size at every other requested world size",
+    )
     # --- metric and training equivalence (ddpcheck.evaluate, ddpcheck.training) ---
     hooks = parser.add_argument_group(
         "metric and training equivalence",
@@ -185,6 +208,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics=args.metrics,
         metric_tolerance=args.metric_tolerance,
         train_steps=args.train_steps,
+        steps=args.steps,
+        allow=tuple(args.allow),
+        resume=not args.no_resume,
+        elastic=args.elastic,
     )
     target = JoinTarget(args.rank, args.world_size, args.master_addr, args.master_port)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)

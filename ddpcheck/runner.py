@@ -53,6 +53,11 @@ class CheckOptions:
     metrics: bool | None = None  # None: when the file defines forward or metric
     metric_tolerance: float | None = None  # None: exact for integers, relative 1e-6 for floats
     train_steps: int = 3  # 0: off; runs when the file defines make_model and loss
+    # --- windows, allowed failures, resume ---
+    steps: int | None = None  # per rank per epoch window; None: whole epochs
+    allow: tuple[str, ...] = ()  # check ids whose failure is reported as "allowed"
+    resume: bool = True  # the mid-epoch resume check, where the loader has a state mechanism
+    elastic: bool = False  # also restore at other world sizes
 
     def record_options(self) -> RecordOptions:
         return RecordOptions(

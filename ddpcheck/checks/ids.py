@@ -11,6 +11,8 @@ WORKER_SHARDING = "worker_sharding"
 SINGLE_PROCESS_EQUIVALENCE = "single_process_equivalence"
 METRIC_EQUIVALENCE = "metric_equivalence"
 TRAINING_EQUIVALENCE = "training_equivalence"
+RESUME = "resume"
+ELASTIC_RESUME = "elastic_resume"
 
 DATA_CHECKS = (
     COVERAGE,
@@ -23,7 +25,7 @@ DATA_CHECKS = (
     WORKER_SHARDING,
     SINGLE_PROCESS_EQUIVALENCE,
 )
-ALL_CHECKS = (*DATA_CHECKS, METRIC_EQUIVALENCE, TRAINING_EQUIVALENCE)
+ALL_CHECKS = (*DATA_CHECKS, METRIC_EQUIVALENCE, TRAINING_EQUIVALENCE, RESUME, ELASTIC_RESUME)
 
 # Column labels for one-row-per-world-size tables, where full ids would not fit a terminal.
 SHORT_LABELS = {
@@ -38,4 +40,6 @@ SHORT_LABELS = {
     SINGLE_PROCESS_EQUIVALENCE: "1-proc",
     METRIC_EQUIVALENCE: "metric",
     TRAINING_EQUIVALENCE: "train",
+    RESUME: "resume",
+    ELASTIC_RESUME: "elastic",
 }

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-Status = Literal["pass", "fail", "skip"]
+Status = Literal["pass", "fail", "skip", "n/a", "allowed"]
+"""``skip``: could not be judged (a broken run, an option turned it off); ``n/a``: does not apply to
+this loader (no workers, no custom batch sampler, no resume mechanism); ``allowed``: failed, and the
+user declared that failure a design choice with ``--allow CHECK``."""
 
 
 @dataclass(frozen=True)
@@ -36,3 +39,7 @@ def passed(check: str, detail: str = "") -> Verdict:
 
 def skipped(check: str, why: str) -> Verdict:
     return Verdict(check, "skip", why)
+
+
+def not_applicable(check: str, why: str) -> Verdict:
+    return Verdict(check, "n/a", why)
