@@ -1,25 +1,47 @@
 """``ddpcheck LOADER.py``: argument parsing, exit codes and report writing; no checking logic.
 
 Exit codes: 0 every check passed; 1 a check failed; 2 bad usage or input (missing file, syntax error,
-no factory, factory raised, not a DataLoader, empty dataset, unwritable report dir, ...); 3 a rank
-crashed or hung; 130 interrupted (Ctrl-C or SIGTERM; the reports of what finished are written).
+no factory, factory raised, not a DataLoader, empty dataset, unwritable report dir, bad
+``[tool.ddpcheck]`` value, ...); 3 a rank crashed or hung; 130 interrupted (Ctrl-C or SIGTERM at any
+moment; the reports of what finished are written).
+
+Option values come from the built-in defaults, then ``[tool.ddpcheck]`` in the nearest pyproject.toml,
+then ``DDPCHECK_*`` variables, then the command line (see :mod:`ddpcheck.config`). This module imports
+neither torch nor the checker at import time, so the signal handlers are in place before either loads.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import errno
+import keyword
 import os
 import signal
 import sys
 import tempfile
+import time
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
-from ddpcheck.result import EXIT_BAD_INPUT, CheckResult
+if TYPE_CHECKING:
+    from ddpcheck.result import CheckResult
 
+EXIT_BAD_INPUT = 2  # == ddpcheck.result.EXIT_BAD_INPUT (not imported: it pulls in the checks package)
 EXIT_INTERRUPTED = 130
+MAX_REAL_RANKS = 256  # forked processes on one machine; beyond this use --simulate
+MAX_SIMULATED_RANKS = 65536
+MAX_JOINED_WORLD_SIZE = 1 << 20  # joining a launch: ranks live on many machines
+MAX_TIMEOUT = 7 * 24 * 3600.0  # one week
+MAX_EPOCHS = 10_000
+MAX_COUNT = 2**31 - 1  # steps, batch size: what a C int holds
+MAX_TRAIN_STEPS = 100_000
+OWN_REPORT_SUFFIXES = (".json", ".md", ".html", ".txt")
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+FORMATS = ("table", "json", "markdown", "github")
 
 
 def _world_sizes(text: str) -> tuple[int, ...]:
@@ -31,6 +53,10 @@ def _world_sizes(text: str) -> tuple[int, ...]:
         ) from None
     if not sizes or any(ws < 1 for ws in sizes):
         raise argparse.ArgumentTypeError(f"world sizes must be positive integers, got {text!r}")
+    if any(ws > MAX_SIMULATED_RANKS for ws in sizes):
+        raise argparse.ArgumentTypeError(
+            f"world sizes must be at most {MAX_SIMULATED_RANKS} (simulated ranks), got {text!r}"
+        )
     return sizes
 
 
@@ -57,27 +83,110 @@ def _number(
     return parse
 
 
-_positive_int = _number(int, "an integer", lambda v: v >= 1, "must be at least 1")
-_positive_float = _number(float, "a number of seconds", lambda v: v > 0, "must be positive")
+def _int_in(low: int, high: int) -> Callable[[str], Any]:
+    return _number(int, "an integer", lambda v: low <= v <= high, f"must be from {low} to {high}")
+
+
+_epochs = _int_in(1, MAX_EPOCHS)
+_count = _int_in(1, MAX_COUNT)
+_timeout = _number(
+    float,
+    "a number of seconds",
+    lambda v: 0 < v <= MAX_TIMEOUT,
+    f"must be positive and at most {MAX_TIMEOUT:.0f} seconds (one week)",
+)
 _non_negative_float = _number(
     float, "a number", lambda v: 0 <= v < float("inf"), "must be a non-negative number", echo_text=True
 )
-_non_negative_int = _number(int, "an integer", lambda v: v >= 0, "must be 0 or more")
+_train_steps = _number(
+    int, "an integer", lambda v: 0 <= v <= MAX_TRAIN_STEPS, f"must be from 0 to {MAX_TRAIN_STEPS}"
+)
+_rank = _int_in(0, MAX_JOINED_WORLD_SIZE - 1)
+_joined_world_size = _int_in(1, MAX_JOINED_WORLD_SIZE)
+_port = _int_in(1, 65535)
+
+
+def _factory_arg(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` -> (key, Python literal, or the text itself when it is not one)."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key.isidentifier() or keyword.iskeyword(key):
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE with KEY a Python name, got {text!r}")
+    if key in ("rank", "world_size", "batch_size"):
+        raise argparse.ArgumentTypeError(
+            f"ddpcheck passes {key} itself" + (" (use --batch-size)" if key == "batch_size" else "")
+        )
+    try:
+        value = ast.literal_eval(raw.strip())
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        value = raw
+    return key, value
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows every default, tuples as the comma list the option takes, and hides meaningless ones."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False, [], argparse.SUPPRESS) or "%(default)" in text:
+            return text
+        if not action.option_strings:
+            return text
+        if isinstance(action.default, tuple):
+            return f"{text} (default: {','.join(map(str, action.default))})"
+        return f"{text} (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line, as every other ddpcheck error (the usage block is in ``--help``)."""
+
+    def error(self, message: str) -> Any:
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ddpcheck")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        from ddpcheck import __version__
+
+        return __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ddpcheck",
         description="Prove a PyTorch DataLoader is correct under DistributedDataParallel.",
-        epilog="exit codes: 0 all checks pass, 1 a check failed, 2 bad usage or input, "
+        epilog="defaults are read from [tool.ddpcheck] in the nearest pyproject.toml (keys named like the "
+        "long options, e.g. world-sizes = [1, 2]), then DDPCHECK_* variables (DDPCHECK_WORLD_SIZES=1,2); "
+        "the command line wins. Colour: NO_COLOR turns it off, FORCE_COLOR on. "
+        "exit codes: 0 all checks pass, 1 a check failed, 2 bad usage or input, "
         "3 a rank crashed or hung, 130 interrupted",
+        formatter_class=_HelpFormatter,
     )
     parser.add_argument("loader", help="Python file that defines the DataLoader factory")
-    parser.add_argument("--world-sizes", type=_world_sizes, default=(1, 2, 3, 4), metavar="1,2,3,4")
-    parser.add_argument("--epochs", type=_positive_int, default=2)
-    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument(
-        "--factory", default="make_loader", help="factory function name (default make_loader)"
+        "--world-sizes",
+        type=_world_sizes,
+        default=(1, 2, 3, 4),
+        metavar="1,2,3,4",
+        help=f"world sizes to check (real ranks: at most {MAX_REAL_RANKS}; "
+        f"with --simulate at most {MAX_SIMULATED_RANKS})",
+    )
+    parser.add_argument("--epochs", type=_epochs, default=2, help="epochs recorded per run")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="process group backend")
+    parser.add_argument("--factory", default="make_loader", help="factory function name")
+    parser.add_argument(
+        "--factory-arg",
+        dest="factory_args",
+        type=_factory_arg,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keyword passed to the factory (repeatable; VALUE is a Python literal, else a string)",
     )
     parser.add_argument(
         "--patch", action="store_true", help="shard a plain loader with patch_dataloader_to_ddp"
@@ -88,15 +197,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-set-epoch", action="store_true", help="emulate a loop that never calls set_epoch"
     )
     parser.add_argument("--no-determinism", action="store_true", help="skip the second run per world size")
+    parser.add_argument("--batch-size", type=_count, default=None, help="passed to factories that take it")
     parser.add_argument(
-        "--batch-size", type=_positive_int, default=None, help="passed to factories that take it"
-    )
-    parser.add_argument(
-        "--timeout", type=_positive_float, default=120.0, help="seconds per group (default 120)"
+        "--timeout",
+        type=_timeout,
+        default=120.0,
+        help=f"seconds per process group (at most {MAX_TIMEOUT:.0f}, one week)",
     )
     parser.add_argument(
         "--steps",
-        type=_positive_int,
+        type=_count,
         default=None,
         metavar="N",
         help="run N steps per rank per epoch window (for infinite or iteration-based samplers)",
@@ -108,16 +218,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="CHECK",
         help="report CHECK's failure as 'allowed' instead of failing (repeatable; e.g. a design choice)",
     )
-    # --- resume and elastic resume (ddpcheck.scenarios.resume) ---
     parser.add_argument(
-        "--no-resume", action="store_true", help="skip the mid-epoch resume check"
+        "--no-preload",
+        action="store_true",
+        help="let every rank import the file's third-party modules (default: once, before ranks start)",
     )
+    # --- resume and elastic resume (ddpcheck.scenarios.resume) ---
+    parser.add_argument("--no-resume", action="store_true", help="skip the mid-epoch resume check")
     parser.add_argument(
         "--elastic",
         action="store_true",
         help="also restore state saved at one world size at every other requested world size",
     )
-    # --- metric and training equivalence (ddpcheck.evaluate, ddpcheck.training) ---
+    # --- metric and training equivalence (ddpcheck.scenarios.metric, ddpcheck.scenarios.training) ---
     hooks = parser.add_argument_group(
         "metric and training equivalence",
         "run when the loader file defines forward/metric (metric) or make_model and loss (training)",
@@ -141,29 +254,118 @@ def build_parser() -> argparse.ArgumentParser:
     )
     hooks.add_argument(
         "--train-steps",
-        type=_non_negative_int,
+        type=_train_steps,
         default=3,
         metavar="K",
-        help="SGD steps compared by training_equivalence (default 3; 0 turns it off)",
+        help="SGD steps compared by training_equivalence (0 turns it off)",
     )
     # --- end ---
-    parser.add_argument("--report-dir", type=Path, default=Path("reports"))
-    parser.add_argument("--format", choices=("table", "json", "markdown"), default="table")
-    parser.add_argument("--junit", type=Path, default=None, metavar="PATH", help="also write JUnit XML here")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    out = parser.add_argument_group("output")
+    out.add_argument("--report-dir", type=Path, default=Path("reports"), help="where report files go")
+    out.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="table",
+        help="what to print on stdout (github: GitHub Actions annotations for failing checks)",
+    )
+    out.add_argument("--junit", type=Path, default=None, metavar="PATH", help="also write JUnit XML here")
+    out.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="colour the table (auto: on a terminal, unless NO_COLOR is set or FORCE_COLOR is)",
+    )
+    out.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    out.add_argument(
+        "-v", "--verbose", action="store_true", help="full tracebacks for bad input (2) and crashed ranks (3)"
+    )
     join = parser.add_argument_group(
         "joining an existing launch",
         "under torchrun or srun ddpcheck joins that launch (one process per rank) instead of spawning; "
         "these flags join one explicitly",
     )
-    join.add_argument("--rank", type=int, default=None)
-    join.add_argument("--world-size", type=_positive_int, default=None)
-    join.add_argument("--master-addr", default=None)
-    join.add_argument("--master-port", type=int, default=None)
+    join.add_argument("--rank", type=_rank, default=None, help="this process's rank (0 .. world size - 1)")
+    join.add_argument("--world-size", type=_joined_world_size, default=None, help="ranks in the launch")
+    join.add_argument("--master-addr", default=None, help="rendezvous host of rank 0")
+    join.add_argument("--master-port", type=_port, default=None, help="rendezvous TCP port (1-65535)")
     return parser
 
 
-def _error(message: str) -> int:
+class UsageError(ValueError):
+    """A combination of values no single option's parser can refuse; one line (exit 2)."""
+
+
+def parse(argv: Sequence[str] | None, cwd: Path | None = None) -> argparse.Namespace:
+    """Defaults < ``[tool.ddpcheck]`` < ``DDPCHECK_*`` < command line; ``option_sources`` says which won.
+
+    Raises :class:`ddpcheck.config.ConfigError` for a bad file or variable; argparse exits on bad flags.
+    """
+    from ddpcheck import config
+
+    parser = build_parser()
+    layered = config.load(parser, cwd)
+    args = parser.parse_args(argv, namespace=argparse.Namespace(**layered.values))
+    given = _given_on_command_line(argv)
+    for dest, value in vars(given).items():
+        setattr(args, dest, value)  # lists from the command line replace the file's, not extend them
+    sources = {action.dest: "default" for action in config.configurable(parser).values()}
+    sources.update(layered.sources)
+    sources.update({dest: "command line" for dest in vars(given) if dest in sources})
+    args.option_sources = sources
+    args.config_file = str(layered.file) if layered.file else None
+    return args
+
+
+def _given_on_command_line(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Only the options written on the command line (a parser whose defaults are all suppressed)."""
+    quiet = build_parser()
+    for action in quiet._actions:
+        action.default = argparse.SUPPRESS
+    return quiet.parse_args(argv)
+
+
+def check_combination(args: argparse.Namespace) -> None:
+    """Checks that need several options at once (argparse checks each alone)."""
+    joined = args.rank is not None or args.world_size is not None or args.master_addr is not None
+    if not joined and not args.simulate and max(args.world_sizes) > MAX_REAL_RANKS:
+        raise UsageError(
+            f"world size {max(args.world_sizes)} exceeds {MAX_REAL_RANKS} real ranks (processes on this "
+            f"machine); use --simulate for up to {MAX_SIMULATED_RANKS} simulated ranks"
+        )
+    if args.rank is not None and args.world_size is not None and args.rank >= args.world_size:
+        raise UsageError(f"--rank must be below --world-size ({args.world_size}), got {args.rank}")
+    try:
+        os.stat(args.loader)
+    except FileNotFoundError:
+        pass  # the checker says "loader file not found", as it always has
+    except OSError as exc:
+        what = "path too long" if exc.errno == errno.ENAMETOOLONG else (exc.strerror or str(exc))
+        raise UsageError(f"cannot use loader file {_short(args.loader)}: {what}") from None
+    except ValueError as exc:  # an embedded NUL byte
+        raise UsageError(f"cannot use loader file {_short(args.loader)}: {exc}") from None
+    if args.junit is not None:
+        _refuse_own_report(args.junit, args.report_dir)
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return repr(text) if len(text) <= limit else repr(text[: limit - 20] + "..." + text[-17:])
+
+
+def _refuse_own_report(junit: Path, report_dir: Path) -> None:
+    try:
+        target = os.path.realpath(junit)
+        own = {os.path.realpath(report_dir / f"ddpcheck{suffix}") for suffix in OWN_REPORT_SUFFIXES}
+    except (OSError, ValueError):
+        return  # _ensure_writable reports the unusable path
+    if target in own:
+        raise UsageError(
+            f"--junit {junit} would overwrite ddpcheck's own report {Path(target).name}; choose another path"
+        )
+
+
+def _error(message: str, exc: BaseException | None = None, verbose: bool = False) -> int:
+    if verbose and exc is not None:
+        traceback.print_exception(exc, file=sys.stderr)
     print(f"ddpcheck: error: {message}", file=sys.stderr)
     return EXIT_BAD_INPUT
 
@@ -176,24 +378,156 @@ def _ensure_writable(directory: Path) -> None:
             pass
     except OSError as exc:
         raise OSError(f"cannot write reports to {directory}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # a NUL byte in the path
+        raise OSError(f"cannot write reports to {directory!r}: {exc}") from None
 
 
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
+class _Interrupts:
+    """SIGINT/SIGTERM policy: the first raises KeyboardInterrupt (the run stops, ranks are cleaned up);
+    those that follow within ``GRACE`` seconds, or at any time once reports are being written, are only
+    noted, so neither cleanup nor a report write is cut short; the exit code is 130 either way.
+
+    A signal mask would not do: torch and the launch layer run threads, and a signal delivered to any
+    of them still makes the main thread's Python handler run.
+    """
+
+    GRACE = 10.0
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.noted: list[int] = []
+        self.publishing = False
+        self.swallowed = False
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
+        if self.publishing or (self.first is not None and now - self.first < self.GRACE):
+            self.noted.append(signum)
+            return
+        self.first = now
+        raise KeyboardInterrupt
+
+    def unraisable(self, info: Any) -> None:
+        """A KeyboardInterrupt that landed where Python swallows exceptions (an at-fork hook, ``__del__``)
+        would be lost with a stray traceback: keep quiet and raise it at the next progress line."""
+        if info.exc_type is not KeyboardInterrupt:
+            self.previous_hook(info)
+        elif not self.publishing:
+            self.swallowed = True
+
+    def checkpoint(self) -> None:
+        """Called by the runner's progress lines, a point where an interrupt is handled properly."""
+        if self.swallowed and not self.publishing:
+            self.swallowed = False
+            raise KeyboardInterrupt
+
+    previous_hook: Any = staticmethod(sys.__unraisablehook__)
+
+    @property
+    def happened(self) -> bool:
+        return self.first is not None or bool(self.noted)
+
+
+_interrupts = _Interrupts()
+
+
+def install_signal_handlers() -> dict[int, Any]:
+    """SIGINT and SIGTERM go to :class:`_Interrupts` from here on; returns the previous handlers."""
+    global _interrupts
+    _interrupts = _Interrupts()
+    _interrupts.previous_hook = sys.unraisablehook
+    sys.unraisablehook = _interrupts.unraisable
+    previous: dict[int, Any] = {}
+    for signum in INTERRUPTS:
+        previous[signum] = signal.getsignal(signum)
+        signal.signal(signum, _interrupts.handle)
+    return previous
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from ddpcheck.joined import JoinTarget, check_joined
-    from ddpcheck.runner import BadInput, CheckOptions, Interrupted, check_loader
+    """The command. With ``argv=None`` (the process's own command line) interrupts are ignored once the
+    exit code is known, so one arriving during interpreter shutdown cannot kill the process by signal;
+    with an explicit ``argv`` (a caller in-process) the previous handlers are restored on return.
+    """
+    previous = install_signal_handlers()
+    try:
+        try:
+            code = _main(argv)
+        except KeyboardInterrupt:
+            _interrupts.publishing = True
+            code = _interrupted_before_results()
+        except SystemExit as exc:  # argparse: --help, --version (0) or a usage error (2)
+            code = exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # a second interrupt inside the handler above
+        code = EXIT_INTERRUPTED
+    _interrupts.publishing = True
+    if _interrupts.happened and code != EXIT_INTERRUPTED:
+        print("ddpcheck: interrupted", file=sys.stderr)
+        code = EXIT_INTERRUPTED
+    if argv is None:
+        ignore_interrupts()
+    else:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        sys.unraisablehook = _interrupts.previous_hook
+    return code
 
+
+def ignore_interrupts() -> None:
+    """SIG_IGN for both, so interpreter shutdown (which resets Python handlers) cannot die by a signal.
+
+    A signal that arrived just before is still handled once afterwards, and with SIG_IGN in place Python
+    reports it as an OSError ("ignored due to race condition"): absorb it at a checkpoint here.
+    """
+    for _ in range(10):
+        try:
+            for signum in INTERRUPTS:
+                signal.signal(signum, signal.SIG_IGN)
+            sum(range(100))  # a point where Python processes a signal that was already on its way
+            return
+        except (OSError, KeyboardInterrupt):
+            continue
+
+
+def _interrupted_before_results() -> int:
+    print("ddpcheck: interrupted before any result; no report written", file=sys.stderr)
+    return EXIT_INTERRUPTED
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    from ddpcheck.config import ConfigError
+
+    try:
+        args = parse(argv)
+        check_combination(args)
+    except (ConfigError, UsageError) as exc:
+        return _error(str(exc))
     try:
         _ensure_writable(args.report_dir)
         if args.junit is not None:
             _ensure_writable(args.junit.parent)
     except OSError as exc:
         return _error(str(exc))
-    options = CheckOptions(
+    try:
+        outcome = _run(args)
+    except Exception as exc:  # a bug of ours or an unreadable input nobody foresaw: still one line
+        detail = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        hint = "" if args.verbose else " (run with -v for the traceback)"
+        return _error(f"internal error: {detail}{hint}", exc, args.verbose)
+    if isinstance(outcome, int):
+        return outcome
+    result, interrupted = outcome
+    _interrupts.publishing = True  # from here to exit: reports first, and no interrupt can lose them
+    return _publish(result, args, interrupted)
+
+
+def _options(args: argparse.Namespace) -> Any:
+    from ddpcheck.runner import CheckOptions
+
+    extra: dict[str, Any] = {"option_sources": args.option_sources}
+    if args.config_file:
+        extra["config_file"] = args.config_file
+    return CheckOptions(
         world_sizes=args.world_sizes,
         epochs=args.epochs,
         backend=args.backend,
@@ -205,6 +539,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         timeout=args.timeout,
         determinism=not args.no_determinism,
         batch_size=args.batch_size,
+        extra=extra,
         metrics=args.metrics,
         metric_tolerance=args.metric_tolerance,
         train_steps=args.train_steps,
@@ -212,26 +547,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         allow=tuple(args.allow),
         resume=not args.no_resume,
         elastic=args.elastic,
+        factory_args=tuple(dict(args.factory_args or {}).items()),
+        preload=not args.no_preload,
     )
+
+
+def _run(args: argparse.Namespace) -> int | tuple[CheckResult, bool]:
+    """Run the checker; an int is an exit code with nothing to publish."""
+    from ddpcheck.joined import JoinTarget, check_joined
+    from ddpcheck.runner import BadInput, Interrupted, check_loader
+
+    options = _options(args)
     target = JoinTarget(args.rank, args.world_size, args.master_addr, args.master_port)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    progress = None if args.quiet else (lambda msg: print(f"ddpcheck: {msg}", file=sys.stderr, flush=True))
-    interrupted = False
+
+    def progress(message: str) -> None:
+        _interrupts.checkpoint()
+        if not args.quiet:
+            print(f"ddpcheck: {message}", file=sys.stderr, flush=True)
+
     try:
         if target.explicit or _in_launch():
             joined, code = check_joined(args.loader, options, target)
             if joined is None:  # not rank 0: rank 0 reports for everyone
                 return code
-            result = joined
-        else:
-            result = check_loader(args.loader, options, progress=progress)
+            return joined, False
+        return check_loader(args.loader, options, progress=progress), False
     except BadInput as exc:
-        return _error(str(exc))
+        return _error(str(exc), exc, args.verbose)
     except Interrupted as exc:
-        result, interrupted = exc.partial, True
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    return _publish(result, args, interrupted)
+        return exc.partial, True
 
 
 def _in_launch() -> bool:
@@ -243,6 +587,26 @@ def _in_launch() -> bool:
         return True  # a half-set launch environment: let the join path report it precisely
 
 
+def use_color(choice: str, stream: TextIO, environ: dict[str, str] | None = None) -> bool:
+    """``--color``; for ``auto``: NO_COLOR (any value) off, then FORCE_COLOR (not 0/false) on, then a tty."""
+    env = os.environ if environ is None else environ
+    if choice != "auto":
+        return choice == "always"
+    if env.get("NO_COLOR"):
+        return False
+    if env.get("FORCE_COLOR", "").strip().lower() not in ("", "0", "false", "no"):
+        return True
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty()) and env.get("TERM") != "dumb"
+
+
+def terminal_width() -> int:
+    """Columns of the terminal (COLUMNS wins); 100 when stdout is not one; never below the table's 40."""
+    import shutil
+
+    return max(40, shutil.get_terminal_size((100, 24)).columns)
+
+
 def _publish(result: CheckResult, args: argparse.Namespace, interrupted: bool) -> int:
     """Write the report files first (nothing is lost), then print, then pick the exit code."""
     from ddpcheck.report import ReportWriteError, render, render_table, write_reports
@@ -250,18 +614,90 @@ def _publish(result: CheckResult, args: argparse.Namespace, interrupted: bool) -
     try:
         paths = write_reports(result, args.report_dir, junit_path=args.junit)
     except ReportWriteError as exc:
-        print(render(result, args.format))
+        print(render(result, "json" if args.format == "github" else args.format))
         return _error(str(exc))
     if args.format == "table":
-        print(render_table(result, color=sys.stdout.isatty()))
+        print(render_table(result, color=use_color(args.color, sys.stdout), width=terminal_width()))
+    elif args.format == "github":
+        print(github_annotations(result, args.loader, args.factory))
     else:
         print(render(result, args.format))
+    if args.verbose:
+        _print_rank_tracebacks(result)
     if not args.quiet:
         print(f"ddpcheck: reports: {', '.join(str(p) for p in paths)}", file=sys.stderr)
     if interrupted:
         print("ddpcheck: interrupted; the reports cover what finished", file=sys.stderr)
         return EXIT_INTERRUPTED
     return result.exit_code
+
+
+def _print_rank_tracebacks(result: CheckResult) -> None:
+    for run in result.runs:
+        for failure in run.failures:
+            if failure.stack:
+                print(f"--- world size {run.world_size}, rank {failure.rank} ({failure.kind}) ---",
+                      file=sys.stderr)  # fmt: skip
+                print(failure.stack.rstrip(), file=sys.stderr)
+
+
+# --- GitHub Actions annotations (--format github) ---
+
+
+def escape_data(text: str) -> str:
+    """A workflow command's message, escaped as the runner expects."""
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def escape_property(text: str) -> str:
+    """A workflow command's property value (file, title): ``:`` and ``,`` would end it."""
+    return escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def factory_line(path: str, factory: str) -> int:
+    """The line of ``def <factory>`` in the loader file (the first, at any depth); 1 when not found."""
+    try:
+        tree = ast.parse(Path(path).read_bytes(), filename=path)
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return 1
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == factory:
+            return node.lineno
+    return 1
+
+
+def _annotation_path(path: str) -> str:
+    """Relative to the checkout when inside it: GitHub places annotations by repository path."""
+    workspace = os.environ.get("GITHUB_WORKSPACE")
+    if workspace:
+        absolute = os.path.abspath(path)
+        root = os.path.abspath(workspace)
+        if os.path.commonpath([absolute, root]) == root:
+            return os.path.relpath(absolute, root)
+    return path
+
+
+def github_annotations(result: CheckResult, loader: str, factory: str) -> str:
+    """One ``::error`` per failing check and per crashed rank, or a ``::notice`` that all passed."""
+    file = escape_property(_annotation_path(loader))
+    line = factory_line(loader, factory)
+    out = []
+    for run in result.runs:
+        where = f"(W={run.world_size})"
+        for verdict in run.verdicts:
+            if verdict.failed:
+                message = verdict.detail + (f" Likely cause: {verdict.cause}" if verdict.cause else "")
+                title = escape_property(f"ddpcheck {verdict.check} {where}")
+                out.append(f"::error file={file},line={line},title={title}::{escape_data(message)}")
+        for failure in run.failures:
+            title = escape_property(f"ddpcheck rank {failure.rank} {failure.kind} {where}")
+            out.append(f"::error file={file},line={line},title={title}::{escape_data(failure.message)}")
+    if not out:
+        sizes = ",".join(str(run.world_size) for run in result.runs)
+        out.append(
+            f"::notice file={file},line={line},title=ddpcheck::every check passes at world sizes {sizes}"
+        )
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

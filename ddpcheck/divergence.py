@@ -1,6 +1,6 @@
 """Metric divergence between one process and DDP: evaluation results -> MetricRows and a Verdict.
 
-Pure: no processes, no torch. The rank side (:mod:`ddpcheck.evaluate`) hands over an
+Pure: no processes, no torch. The rank side (:mod:`ddpcheck.scenarios.metric`) hands over an
 :class:`Evaluation` per world size: the metric over the naive gather (rank-major, padding copies
 kept), over the corrected gather (``sync_dicts_ddp(..., ids_key=...)``: copies dropped, id order),
 and the ids of the naive gather. The world size 1 evaluation is the reference. Comparing the id
@@ -18,11 +18,9 @@ import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from ddpcheck.checks.ids import METRIC_EQUIVALENCE
 from ddpcheck.checks.verdict import Verdict
-from ddpcheck.record import RankFailure
 from ddpcheck.result import MetricRow
 
 DEFAULT_RELATIVE = 1e-6
@@ -60,21 +58,6 @@ class Causes:
     @property
     def order_only(self) -> bool:
         return self.same_samples and self.order_differs
-
-
-@dataclass(frozen=True)
-class HookOutcome:
-    """What a hook-driven check adds to one world size."""
-
-    verdicts: tuple[Verdict, ...] = ()
-    divergence: tuple[MetricRow, ...] = ()
-    failures: tuple[RankFailure, ...] = ()
-
-
-class HookCheck(Protocol):
-    """A check the runner calls once per world size (metric or training equivalence)."""
-
-    def world(self, world_size: int) -> HookOutcome: ...
 
 
 def defined_names(path: str | Path) -> frozenset[str]:

@@ -17,6 +17,7 @@ message.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import inspect
 import sys
 from collections.abc import Callable
@@ -52,13 +53,23 @@ def precheck(spec: LoaderSpec) -> None:
     if path.suffix != ".py":
         raise BadLoaderFile(f"loader file must be a Python file (.py): {path}")
     try:
-        source = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise BadLoaderFile(f"cannot read loader file {path}: {exc.strerror or exc}") from None
+    try:  # as Python reads it: a PEP 263 coding line or a BOM picks the encoding, else UTF-8
+        source = importlib.util.decode_source(raw)
+    except (SyntaxError, UnicodeDecodeError, LookupError) as exc:
         raise BadLoaderFile(f"cannot read loader file {path}: {exc}") from None
     try:
         compile(source, str(path), "exec")
     except SyntaxError as exc:
         raise BadLoaderFile(f"syntax error in {path}, line {exc.lineno}: {exc.msg}") from None
+    except ValueError as exc:  # a NUL byte (3.11; 3.12 raises SyntaxError)
+        raise BadLoaderFile(f"syntax error in {path}: {exc}") from None
+    except (RecursionError, MemoryError) as exc:
+        raise BadLoaderFile(
+            f"cannot compile {path}: an expression nests too deeply for Python ({type(exc).__name__})"
+        ) from None
     if not spec.factory.isidentifier():
         raise BadLoaderFile(f"factory name must be a Python identifier, got {spec.factory!r}")
 
@@ -119,9 +130,46 @@ def call_factory(factory: Callable[..., Any], available: dict[str, Any]) -> Any:
         if getattr(exc, "harness_error", False):  # e.g. --simulate refusing a collective
             raise
         raise BadLoaderFile(f"{name}() raised {type(exc).__name__}: {exc}") from exc
-    if not isinstance(loader, DataLoader):
+    if not issubclass(type(loader), DataLoader) and _wrapped_loader(loader) is None:
         raise BadLoaderFile(f"{name}() returned {type(loader).__name__}, not a torch DataLoader")
     return loader
+
+
+WRAPPER_ATTRIBUTES = ("base_dataloader", "_dataloader", "dataloader", "_loader", "loader")
+
+
+def _wrapped_loader(obj: Any, depth: int = 3) -> Any:
+    from torch.utils.data import DataLoader
+
+    for _ in range(depth):
+        inner = None
+        for name in WRAPPER_ATTRIBUTES:
+            try:
+                inner = vars(obj).get(name)
+            except TypeError:
+                inner = None
+            if inner is not None:
+                break
+        if inner is None:
+            return None
+        if issubclass(type(inner), DataLoader):
+            return inner
+        obj = inner
+    return None
+
+
+def unwrap_loader(obj: Any) -> Any:
+    """The torch DataLoader a framework object iterates underneath (the object itself when it is one).
+
+    Accelerate's ``DataLoaderShard`` pretends to be a DataLoader through ``__class__`` but holds the
+    real one in ``base_dataloader``; Lightning Fabric's loader holds it in ``_dataloader``.
+    """
+    from torch.utils.data import DataLoader
+
+    if issubclass(type(obj), DataLoader):
+        return obj
+    inner = _wrapped_loader(obj)
+    return inner if inner is not None else obj
 
 
 def optional_hook(module: ModuleType, name: str) -> Callable[..., Any] | None:

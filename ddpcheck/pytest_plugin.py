@@ -1,6 +1,7 @@
 """pytest plugin (entry point ``pytest11``): the ``ddp`` marker, rank fixtures and the ``ddpcheck`` fixture.
 
-Only the pytest surface lives here. torch and the launch layer are imported when a marked test runs,
+Only the pytest surface lives here (hooks, options, fixtures), as in pytest-xdist's plugin.py; the
+machinery is in :mod:`ddpcheck.plugin`. torch and the launch layer are imported when a marked test runs,
 so a session without ``ddp`` tests pays nothing for having the plugin installed.
 
     @pytest.mark.ddp(world_size=[1, 2, 4], backend="gloo", timeout=60)
@@ -10,11 +11,10 @@ so a session without ``ddp`` tests pays nothing for having the plugin installed.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Generator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -27,57 +27,43 @@ from ddpcheck.plugin.marker import (
     MarkerError,
     Overrides,
     check_backend,
-    check_timeout,
     param_id,
     parse_world_sizes,
     spec_from_marker,
 )
-from ddpcheck.pytest_support import DdpCheck
+from ddpcheck.plugin.options import add_ini, argtype, overrides, parse_timeout
+
+if TYPE_CHECKING:
+    from ddpcheck.plugin.check import DdpCheck
 
 _overrides_key = pytest.StashKey[Overrides]()
 _session_key = pytest.StashKey[ExitStack]()
-
-
-def _argtype(check: Any) -> Any:
-    def convert(text: str) -> Any:
-        try:
-            return check(text)
-        except MarkerError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return convert
-
-
-def _float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise MarkerError(f"timeout must be a positive number of seconds, got {text!r}") from None
-    return check_timeout(value)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("ddpcheck", "ddpcheck: tests that run in real torch.distributed process groups")
     group.addoption(
         "--ddp-world-sizes",
-        type=_argtype(parse_world_sizes),
+        type=argtype(parse_world_sizes),
         default=None,
         metavar="N,N,...",
-        help="run every @pytest.mark.ddp test at these world sizes instead of the marker's (e.g. 1,2)",
+        help="run every @pytest.mark.ddp test at these world sizes instead of the marker's (e.g. 1,2); "
+        "ini: ddp_world_sizes",
     )
     group.addoption(
         "--ddp-backend",
-        type=_argtype(check_backend),
+        type=argtype(check_backend),
         default=None,
         metavar="NAME",
-        help="process group backend for every @pytest.mark.ddp test (gloo or nccl)",
+        help="process group backend for every @pytest.mark.ddp test (gloo or nccl); ini: ddp_backend",
     )
     group.addoption(
         "--ddp-timeout",
-        type=_argtype(_float),
+        type=argtype(parse_timeout),
         default=None,
         metavar="SECONDS",
-        help="deadline of every @pytest.mark.ddp test's process group (a hang fails the test then)",
+        help="deadline of every @pytest.mark.ddp test's process group (a hang fails the test then); "
+        "ini: ddp_timeout",
     )
     group.addoption(
         "--ddpcheck-report",
@@ -85,17 +71,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="DIR",
         help="write JSON and Markdown reports of every ddpcheck fixture / assert_ddp_safe check into DIR",
     )
+    add_ini(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from ddpcheck.pytest_support import plugin_session
+    from ddpcheck.plugin.check import plugin_session
 
     config.addinivalue_line("markers", MARKER_HELP)
-    config.stash[_overrides_key] = Overrides(
-        world_sizes=config.getoption("ddp_world_sizes"),
-        backend=config.getoption("ddp_backend"),
-        timeout=config.getoption("ddp_timeout"),
-    )
+    config.stash[_overrides_key] = overrides(config)
     report = config.getoption("ddpcheck_report")
     report_dir = None
     if report:
@@ -103,8 +86,12 @@ def pytest_configure(config: pytest.Config) -> None:
         if not report_dir.is_absolute():
             report_dir = config.invocation_params.dir / report_dir
     stack = ExitStack()
-    stack.enter_context(plugin_session(report_dir))
+    stack.enter_context(plugin_session(report_dir, Path(config.rootpath)))
     config.stash[_session_key] = stack
+    from ddpcheck.plugin.junit import SuiteProperties, needs_relocation
+
+    if needs_relocation(config):
+        config.pluginmanager.register(SuiteProperties(config), "ddpcheck-junit-properties")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -155,18 +142,20 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     if spec is None:
         return None
     from ddpcheck.plugin.failure import raise_outcome
+    from ddpcheck.plugin.junit import add_properties
     from ddpcheck.plugin.ranks import run_in_ranks
 
     world_size = _world_size(pyfuncitem)
     capture = pyfuncitem.config.getoption("capture", "fd") != "no"
     result = run_in_ranks(pyfuncitem, spec, world_size, capture=capture)
-    pyfuncitem.user_properties.extend(
+    add_properties(
+        pyfuncitem,
         [
             ("ddp.world_size", str(world_size)),
             ("ddp.backend", spec.backend),
             ("ddp.seconds", f"{result.seconds:.3f}"),
             ("ddp.failed_ranks", ",".join(str(o.rank) for o in result.failures()) or "none"),
-        ]
+        ],
     )
     raise_outcome(result, spec.timeout)
     return True
@@ -174,7 +163,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
-    from ddpcheck.pytest_support import running_item
+    from ddpcheck.plugin.check import running_item
 
     with running_item(item):
         return (yield)
@@ -211,4 +200,6 @@ def ddpcheck(request: pytest.FixtureRequest) -> DdpCheck:
     Fails the test with the report table on any finding; results go to JUnit properties and, with
     ``--ddpcheck-report DIR``, to report files named after the test.
     """
+    from ddpcheck.plugin.check import DdpCheck
+
     return DdpCheck(request.node)

@@ -1,270 +1,41 @@
-"""Checking a loader from a test: ``assert_ddp_safe`` and the ``ddpcheck`` fixture's object.
+"""Checking a loader from a test: ``from ddpcheck.pytest_support import assert_ddp_safe``.
 
-Both run the full checker (``check_loader``: real gloo ranks at every world size) on a loader factory
-defined at module level in a test file, or on a loader file, and fail with the report table when a
-check fails or a rank crashes. Under the pytest plugin every check is also recorded on the running
-test (JUnit XML properties) and, with ``--ddpcheck-report DIR``, written there as JSON and Markdown.
+The public face of :mod:`ddpcheck.plugin.check`, where the machinery lives (the pytest plugin's
+hooks are in :mod:`ddpcheck.pytest_plugin`). ``assert_ddp_safe`` runs the full checker (real gloo
+ranks at every world size) on a module-level loader factory or a loader file and fails with the
+report table; relative loader paths resolve against pytest's rootdir.
 """
 
 from __future__ import annotations
 
-import contextlib
-import inspect
-import os
-import re
-import sys
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from ddpcheck.plugin.check import (
+    DdpCheck,
+    DdpCheckFailed,
+    LoaderSource,
+    assert_ddp_safe,
+    check_options,
+    failure_summary,
+    loader_spec,
+    plugin_session,
+    record,
+    report_stem,
+    result_properties,
+    run_check,
+    running_item,
+)
 
-if TYPE_CHECKING:
-    from ddpcheck.result import CheckResult
-    from ddpcheck.runner import CheckOptions
-
-LoaderSource = Callable[..., Any] | str | os.PathLike[str]
-"""A module-level loader factory, or the path of a loader file (see ``ddpcheck.loaderfile``)."""
-
-_STEM_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-_MAX_STEM = 120
-
-
-class DdpCheckFailed(AssertionError):
-    """A loader failed a ddpcheck check or a rank crashed; the message is the report table."""
-
-    def __init__(self, result: CheckResult) -> None:
-        from ddpcheck.report import render_table
-
-        self.result = result
-        super().__init__(f"{failure_summary(result)}\n\n{render_table(result)}")
-
-
-def failure_summary(result: CheckResult) -> str:
-    """One line: what failed where, e.g. ``loader.py fails no_overlap at world size 2``."""
-    problems = []
-    for run in result.runs:
-        failed = [v.check for v in run.verdicts if v.failed]
-        if failed:
-            problems.append(f"{', '.join(failed)} at world size {run.world_size}")
-        own = [f for f in run.failures if f.kind != "secondary"] or list(run.failures)
-        if own:
-            ranks = ", ".join(str(f.rank) for f in own)
-            problems.append(
-                f"rank{'s' if len(own) > 1 else ''} {ranks} crashed or hung at world size {run.world_size}"
-            )
-    path, sep, factory = result.loader.partition("::")
-    name = Path(path).name + sep + factory
-    return f"ddpcheck: {name} fails {'; '.join(problems) or 'its checks'}"
-
-
-@dataclass
-class _Session:
-    """What the pytest plugin tells this module: where reports go and which test is running."""
-
-    report_dir: Path | None = None
-    item: Any = None  # the running pytest item (a node with ``nodeid`` and ``user_properties``)
-    checks_per_item: dict[str, int] = field(default_factory=dict)
-
-
-_session: _Session | None = None
-
-
-@contextlib.contextmanager
-def plugin_session(report_dir: Path | None) -> Iterator[_Session]:
-    """Activate recording for one pytest session (the plugin enters it in ``pytest_configure``)."""
-    global _session
-    previous, _session = _session, _Session(report_dir=report_dir)
-    try:
-        yield _session
-    finally:
-        _session = previous
-
-
-@contextlib.contextmanager
-def running_item(item: Any) -> Iterator[None]:
-    """Mark ``item`` as the test whose checks are being recorded."""
-    session = _session
-    if session is None:
-        yield
-        return
-    previous, session.item = session.item, item
-    try:
-        yield
-    finally:
-        session.item = previous
-
-
-def report_stem(nodeid: str) -> str:
-    """A file name stem for a test id: ``tests/t.py::test_a[ddp2]`` -> ``tests_t.py__test_a_ddp2``."""
-    stem = _STEM_UNSAFE.sub("_", nodeid.replace("::", "__")).strip("._-") or "ddpcheck"
-    if len(stem) > _MAX_STEM:
-        import hashlib
-
-        digest = hashlib.blake2b(nodeid.encode(), digest_size=4).hexdigest()
-        stem = f"{stem[: _MAX_STEM - 9]}-{digest}"
-    return stem
-
-
-def loader_spec(source: LoaderSource, factory: str | None) -> tuple[str, str]:
-    """(loader file path, factory name) for a module-level factory function or a loader file path."""
-    __tracebackhide__ = True
-    if isinstance(source, (str, os.PathLike)):
-        return os.fspath(source), factory or "make_loader"
-    if not callable(source):
-        raise TypeError(
-            f"expected a loader factory function or the path of a loader file, got {type(source).__name__}"
-        )
-    if factory is not None:
-        raise TypeError("factory= names the function in a loader file; pass it only with a path")
-    name = getattr(source, "__name__", "")
-    qualname = getattr(source, "__qualname__", "")
-    module = sys.modules.get(getattr(source, "__module__", "") or "")
-    if not name or qualname != name or getattr(module, name, None) is not source:
-        raise TypeError(
-            f"{qualname or source!r} is not a module-level function; ranks re-import its file and look it "
-            "up by name, so define the factory at the top level of a module (no lambda, closure or method)"
-        )
-    try:
-        path = inspect.getfile(source)
-    except TypeError:
-        raise TypeError(f"{source!r} has no source file; define it in a .py file") from None
-    return path, name
-
-
-def check_options(
-    world_sizes: int | tuple[int, ...] | list[int], epochs: int, factory: str | None, options: dict[str, Any]
-) -> CheckOptions:
-    """``CheckOptions`` from keyword options; an unknown option is a TypeError that lists the known ones."""
-    __tracebackhide__ = True
-    from ddpcheck.runner import CheckOptions
-
-    allowed = sorted(f.name for f in fields(CheckOptions) if f.name not in ("world_sizes", "epochs", "extra"))
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise TypeError(f"unknown ddpcheck option(s) {', '.join(unknown)}; choose from {', '.join(allowed)}")
-    sizes = (world_sizes,) if isinstance(world_sizes, int) else tuple(world_sizes)
-    return CheckOptions(world_sizes=sizes, epochs=epochs, factory=factory or "make_loader", **options)
-
-
-def run_check(
-    source: LoaderSource,
-    *,
-    world_sizes: int | tuple[int, ...] | list[int] = (1, 2),
-    epochs: int = 2,
-    factory: str | None = None,
-    item: Any = None,
-    **options: Any,
-) -> CheckResult:
-    """Run the checker on ``source`` and record the result on ``item`` (default: the running test).
-
-    Returns the result whatever it says; :func:`assert_ddp_safe` is the failing variant.
-    """
-    __tracebackhide__ = True
-    from ddpcheck.runner import check_loader
-
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        raise RuntimeError(
-            "ddpcheck starts its own process groups: call assert_ddp_safe / ddpcheck.check from a plain "
-            "test, not from inside a @pytest.mark.ddp test or another initialised process group"
-        )
-    path, name = loader_spec(source, factory)
-    result = check_loader(path, check_options(world_sizes, epochs, name, options))
-    if name != "make_loader":
-        result = replace(result, loader=f"{result.loader}::{name}")
-    record(result, item)
-    return result
-
-
-def record(result: CheckResult, item: Any = None) -> list[Path]:
-    """Attach ``result`` to the running test (JUnit properties) and write its report files, if asked."""
-    session = _session
-    item = item if item is not None else (session.item if session else None)
-    if item is None:
-        return []
-    nodeid = str(getattr(item, "nodeid", "") or "ddpcheck")
-    count = session.checks_per_item.get(nodeid, 0) + 1 if session else 1
-    if session is not None:
-        session.checks_per_item[nodeid] = count
-    prefix = "ddpcheck" if count == 1 else f"ddpcheck#{count}"
-    properties = getattr(item, "user_properties", None)
-    if properties is not None:
-        properties.extend(result_properties(result, prefix))
-    if session is None or session.report_dir is None:
-        return []
-    from ddpcheck.report import write_reports
-
-    stem = report_stem(nodeid) + ("" if count == 1 else f"-{count}")
-    return write_reports(result, session.report_dir, stem=stem, formats=("json", "markdown"))
-
-
-def result_properties(result: CheckResult, prefix: str = "ddpcheck") -> list[tuple[str, str]]:
-    """``(name, value)`` pairs for JUnit: the verdict, then every check's status per world size."""
-    props = [(f"{prefix}.loader", result.loader), (f"{prefix}.result", "pass" if result.ok else "fail")]
-    for run in result.runs:
-        at = f"{prefix}.ws{run.world_size}"
-        if run.skipped:
-            props.append((f"{at}.skipped", run.skipped))
-        props.extend((f"{at}.{v.check}", v.status) for v in run.verdicts)
-        if run.failures:
-            props.append(
-                (
-                    f"{at}.rank_failures",
-                    "; ".join(f"rank {f.rank} {f.kind}: {f.message}" for f in run.failures),
-                )
-            )
-    return props
-
-
-def assert_ddp_safe(
-    factory_or_path: LoaderSource,
-    *,
-    world_sizes: int | tuple[int, ...] | list[int] = (1, 2),
-    epochs: int = 2,
-    factory: str | None = None,
-    **options: Any,
-) -> CheckResult:
-    """Fail unless the loader passes every ddpcheck check at every world size; return the result.
-
-    ``factory_or_path`` is a loader factory defined at module level (ranks re-import its file and call
-    it by name with ``rank``/``world_size`` when it takes them) or the path of a loader file, whose
-    factory ``factory`` names (default ``make_loader``). ``options`` are the other ``CheckOptions``
-    fields (``backend``, ``patch``, ``timeout``, ``determinism``, ...; an unknown one is a TypeError
-    that lists them). Raises :class:`DdpCheckFailed` (an AssertionError) with the report
-    table; bad input (no such file, no factory) raises ``ddpcheck.runner.BadInput`` with one line.
-    """
-    __tracebackhide__ = True
-    result = run_check(factory_or_path, world_sizes=world_sizes, epochs=epochs, factory=factory, **options)
-    if not result.ok:
-        raise DdpCheckFailed(result)
-    return result
-
-
-class DdpCheck:
-    """The ``ddpcheck`` fixture: checks loaders and records each result on the requesting test."""
-
-    def __init__(self, item: Any = None) -> None:
-        self._item = item
-
-    def check(
-        self,
-        factory_or_path: LoaderSource,
-        *,
-        world_sizes: int | tuple[int, ...] | list[int] = (1, 2),
-        epochs: int = 2,
-        factory: str | None = None,
-        **options: Any,
-    ) -> CheckResult:
-        """Like :func:`assert_ddp_safe`: fail with the report table unless every check passes."""
-        __tracebackhide__ = True
-        result = run_check(
-            factory_or_path,
-            world_sizes=world_sizes,
-            epochs=epochs,
-            factory=factory,
-            item=self._item,
-            **options,
-        )
-        if not result.ok:
-            raise DdpCheckFailed(result)
-        return result
+__all__ = [
+    "DdpCheck",
+    "DdpCheckFailed",
+    "LoaderSource",
+    "assert_ddp_safe",
+    "check_options",
+    "failure_summary",
+    "loader_spec",
+    "plugin_session",
+    "record",
+    "report_stem",
+    "result_properties",
+    "run_check",
+    "running_item",
+]

@@ -8,20 +8,27 @@ data, no user objects.
 
 from __future__ import annotations
 
+import copy
 import operator
+import sys
 from collections.abc import Callable, Hashable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from itertools import islice
+from typing import Any, cast
 
 from ddpcheck.identity import make_id_extractor
+from ddpcheck.index_log import log_of
 from ddpcheck.launch.rank import report_progress
 from ddpcheck.loaderfile import (
     BadLoaderFile,
     LoaderSpec,
     call_factory,
+    factory_kwargs,
     get_factory,
     load_module,
     optional_hook,
+    unwrap_loader,
 )
 from ddpcheck.record import EpochTrace, LoaderFacts, RankTrace, compact_ids
 
@@ -37,6 +44,9 @@ class RecordOptions:
     set_epoch: bool = True
     patch: bool = False
     batch_size: int | None = None  # passed to factories that take ``batch_size``
+    steps: int | None = None  # per rank per window: one continuing iterator, cut into ``epochs`` windows
+    ids_from_data: bool = False  # map-style too: ids from the batches (a field), not dataset indices
+    factory_args: tuple[tuple[str, Any], ...] = ()  # --factory-arg KEY=VALUE, passed by name
 
 
 @dataclass(frozen=True)
@@ -54,38 +64,190 @@ def _group_position() -> tuple[int, int]:
 
 
 def build_loader(spec: LoaderSpec, options: RecordOptions, rank: int, world_size: int) -> tuple[Any, Any]:
-    """Import the file, call the factory (patching when asked); returns (loader, module)."""
+    """Import the file, call the factory (patching when asked); returns (what it returned, module).
+
+    What the factory returns may be a framework wrapper around a DataLoader (Accelerate's
+    ``DataLoaderShard``, Lightning Fabric's loader): that object is what a training loop iterates.
+    """
     module = load_module(spec)
     factory = get_factory(module, spec)
     available: dict[str, Any] = {"rank": rank, "world_size": world_size}
     if options.batch_size is not None:
         available["batch_size"] = options.batch_size
+    if options.factory_args:
+        accepted = factory_kwargs(factory, {k: v for k, v in options.factory_args} | available)
+        refused = [k for k, _ in options.factory_args if k not in accepted]
+        if refused:
+            name = getattr(factory, "__name__", "factory")
+            raise BadLoaderFile(f"{name}() takes no parameter {refused[0]!r} (given with --factory-arg)")
+        available.update(options.factory_args)
     loader = call_factory(factory, available)
     if options.patch:
         from ddpcheck.reference.patch import patch_dataloader_to_ddp
 
-        loader = patch_dataloader_to_ddp(loader, num_replicas=world_size, rank=rank)
+        loader = patch_dataloader_to_ddp(unwrap_loader(loader), num_replicas=world_size, rank=rank)
     return loader, module
+
+
+def sampler_only_is_exact(outer: Any, loader: Any) -> bool:
+    """True when the (batch) sampler's index stream is exactly what the training loop receives.
+
+    That holds for ``torch.utils.data.DataLoader`` itself and for subclasses that do not override
+    how iteration works; a wrapper object or an overridden ``__iter__``/``_get_iterator`` (Accelerate
+    synchronises RNG there, torchdata restores state there) can change the stream.
+    """
+    from torch.utils.data import DataLoader
+
+    if outer is not loader:
+        return False
+    cls = type(loader)
+    return all(getattr(cls, name, None) is getattr(DataLoader, name) for name in _ITERATION_METHODS)
+
+
+_ITERATION_METHODS = ("__iter__", "_get_iterator", "_index_sampler", "__len__")
 
 
 def record_rank(spec: LoaderSpec, options: RecordOptions) -> RankRecording:
     """Entry point inside a rank: rank and world size come from the initialised group."""
     rank, world_size = _group_position()
     report_progress("building the loader")
-    loader, module = build_loader(spec, options, rank, world_size)
+    outer, module = build_loader(spec, options, rank, world_size)
+    loader = unwrap_loader(outer)
     hook = optional_hook(module, "sample_ids")
+    if options.set_epoch:
+        set_epoch_everywhere(outer, 0)
     facts = read_facts(loader)
-    epochs = []
-    id_source = "index"
-    for epoch in range(options.epochs):
-        if options.set_epoch:
-            set_epoch_everywhere(loader, epoch)
-        if facts.dataset_kind == "map" and hook is None and not options.load_data:
-            trace = record_indices(loader, epoch)
+    by_sampler = (
+        facts.dataset_kind == "map"
+        and hook is None
+        and not options.load_data
+        and not options.ids_from_data
+        and sampler_only_is_exact(outer, loader)
+    )
+    facts = replace(facts, recorded="sampler" if by_sampler else "loader", steps=options.steps)
+    stream = Stream(outer, loader, hook, facts, options, by_sampler)
+    epochs = [stream.record(epoch) for epoch in range(options.epochs)]
+    return RankRecording(RankTrace(rank=rank, epochs=tuple(epochs), facts=facts), stream.info.source)
+
+
+class Stream:
+    """One rank's batches, epoch by epoch (a fresh iterator each), or in windows of ``steps`` batches
+    of one continuing iterator (what iteration-based trainers do; a new pass starts when it ends)."""
+
+    def __init__(
+        self,
+        outer: Any,
+        loader: Any,
+        hook: Callable[[Any], Any] | None,
+        facts: LoaderFacts,
+        options: RecordOptions,
+        by_sampler: bool,
+    ) -> None:
+        self.outer, self.loader, self.hook, self.facts = outer, loader, hook, facts
+        self.options = options
+        self.by_sampler = by_sampler
+        self.info = StreamInfo()
+        self.passes = 0
+        self._iterator: Iterator[tuple[list[Hashable], int | None]] | None = None
+
+    def _open(self, epoch: int) -> Iterator[tuple[list[Hashable], int | None]]:
+        if self.options.set_epoch and epoch > 0:
+            set_epoch_everywhere(self.outer, epoch)
+        if self.by_sampler:
+            return _sampler_batches(self.loader)
+        return (
+            (ids, worker)
+            for _, ids, worker in batches_with_ids(
+                self.outer,
+                self.hook,
+                self.facts,
+                self.info,
+                self.loader,
+                by_index=not self.options.ids_from_data,
+            )
+        )
+
+    def record(self, epoch: int) -> EpochTrace:
+        steps = self.options.steps
+        ids: list[Hashable] = []
+        sizes: list[int] = []
+        workers: list[int | None] = []
+        if steps is None:
+            iterator = self._open(epoch)
+            limit = None
         else:
-            trace, id_source = record_batches(loader, epoch, hook, facts)
-        epochs.append(trace)
-    return RankRecording(RankTrace(rank=rank, epochs=tuple(epochs), facts=facts), id_source)
+            if self._iterator is None:
+                self._iterator = self._open(0)
+            iterator = self._iterator
+            limit = steps
+        guard = _EndlessGuard(self.facts.dataset_len, steps is not None)
+        count = 0
+        while limit is None or count < limit:
+            report_progress(f"epoch {epoch}, batch {count + 1}")
+            try:
+                batch_ids, worker = next(iterator)
+            except StopIteration:
+                if steps is None:
+                    break
+                self.passes += 1  # an iteration-based loop starts the next pass of the loader
+                self._iterator = iterator = self._open(self.passes)
+                try:
+                    batch_ids, worker = next(iterator)
+                except StopIteration:
+                    break
+            count += 1
+            ids.extend(batch_ids)
+            sizes.append(len(batch_ids))
+            workers.append(worker)
+            guard.check(ids)
+        len_loader = None if steps is not None else _len_or_none(self.outer)
+        known_workers = all(w is not None for w in workers) and bool(workers)
+        return EpochTrace(
+            epoch=epoch,
+            ids=compact_ids(ids),
+            batch_sizes=sizes,
+            len_loader=len_loader,
+            worker_ids=[w for w in workers if w is not None] if known_workers else None,
+        )
+
+
+class _EndlessGuard:
+    """Stops an epoch that cannot end: it passed several times the dataset, or an absurd count."""
+
+    def __init__(self, dataset_len: int | None, windowed: bool) -> None:
+        self.dataset_len = dataset_len
+        self.windowed = windowed
+        self.next_probe = ENDLESS_PROBE
+
+    def check(self, ids: list[Hashable]) -> None:
+        n = len(ids)
+        if self.windowed:
+            _guard_size(n)
+            return
+        if self.dataset_len is not None and n > ENDLESS_FACTOR * self.dataset_len + ENDLESS_PROBE:
+            raise BadLoaderFile(
+                f"the loader looks endless: one epoch passed {n:,} samples, more than {ENDLESS_FACTOR}x "
+                f"its dataset's {self.dataset_len:,}; check it in windows with --steps N"
+            )
+        if n >= self.next_probe:
+            self.next_probe = n * 2
+            distinct = len(set(ids))
+            if n > ENDLESS_FACTOR * distinct:
+                raise BadLoaderFile(
+                    f"the loader looks endless: one epoch passed {n:,} samples but only {distinct:,} "
+                    "distinct ones; check it in windows with --steps N"
+                )
+        _guard_size(n)
+
+
+ENDLESS_FACTOR = 4
+ENDLESS_PROBE = 20_000
+
+
+def _sampler_batches(loader: Any) -> Iterator[tuple[list[Hashable], int | None]]:
+    source = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
+    for item in source:
+        yield cast("list[Hashable]", _as_indices(item)), None
 
 
 def _distinct(*objects: Any) -> list[Any]:
@@ -97,21 +259,44 @@ def _distinct(*objects: Any) -> list[Any]:
 
 
 def _inner_sampler(loader: Any) -> Any:
-    batch_sampler = loader.batch_sampler
+    batch_sampler = getattr(loader, "batch_sampler", None)
     return getattr(batch_sampler, "sampler", None) if batch_sampler is not None else None
 
 
-def set_epoch_everywhere(loader: Any, epoch: int) -> None:
-    """What a correct training loop does: ``set_epoch`` on every part that has one."""
-    for part in _distinct(loader.sampler, loader.batch_sampler, _inner_sampler(loader), loader.dataset):
+def set_epoch_everywhere(outer: Any, epoch: int) -> None:
+    """What a correct training loop does: ``set_epoch`` on every part that has one.
+
+    ``outer`` may be a framework wrapper (Accelerate's loader has its own ``set_epoch``).
+    """
+    loader = unwrap_loader(outer)
+    parts = _distinct(
+        outer if outer is not loader else None,
+        loader.sampler,
+        loader.batch_sampler,
+        _inner_sampler(loader),
+        loader.dataset,
+    )
+    for part in parts:
         setter = getattr(part, "set_epoch", None)
         if callable(setter):
             setter(epoch)
 
 
-def read_facts(loader: Any) -> LoaderFacts:
-    from torch.utils.data import BatchSampler, DistributedSampler, IterableDataset
+def _padded_batch(part: Any) -> int:
+    """Per-rank batch size of a batch sampler that pads whole batches (1 when unknown)."""
+    inner = getattr(part, "batch_sampler", part)
+    size = getattr(inner, "batch_size", None)
+    if not isinstance(size, int) or size < 1:
+        return 1
+    if getattr(part, "split_batches", False):
+        size //= max(int(getattr(part, "num_processes", 1)), 1)
+    return max(size, 1)
 
+
+def read_facts(outer: Any) -> LoaderFacts:
+    from torch.utils.data import DistributedSampler, IterableDataset
+
+    loader = unwrap_loader(outer)
     dataset = loader.dataset
     iterable = isinstance(dataset, IterableDataset)
     try:
@@ -119,16 +304,19 @@ def read_facts(loader: Any) -> LoaderFacts:
     except TypeError:
         dataset_len = None
     batch_sampler = loader.batch_sampler
-    custom_batches = batch_sampler is not None and type(batch_sampler) is not BatchSampler
+    custom_batches = batch_sampler is not None and not iterable and not plain_batching(batch_sampler, dataset)
     sampler = _inner_sampler(loader) if batch_sampler is not None else loader.sampler
     sampler = sampler if sampler is not None else loader.sampler
     padding = None
+    pad_unit = 1
     for part in _distinct(sampler, batch_sampler, loader.sampler):
         if isinstance(part, DistributedSampler):
             padding = not part.drop_last
         elif hasattr(part, "pad_data_to_num_gpus"):
             padding = bool(part.pad_data_to_num_gpus)
-    parts = _distinct(loader.sampler, batch_sampler, sampler, dataset)
+        elif getattr(part, "even_batches", None) is True:  # Accelerate: pads the last batch from the start
+            padding, pad_unit = True, _padded_batch(part)
+    parts = _distinct(outer, loader.sampler, batch_sampler, sampler, dataset)
     return LoaderFacts(
         dataset_kind="iterable" if iterable else "map",
         dataset_len=dataset_len,
@@ -138,15 +326,74 @@ def read_facts(loader: Any) -> LoaderFacts:
         batch_sampler=type(batch_sampler).__name__ if batch_sampler is not None else None,
         num_workers=int(loader.num_workers),
         padding=padding,
-        batch_level=custom_batches and not iterable,
+        pad_unit=pad_unit,
+        batch_level=custom_batches,
         has_set_epoch=any(callable(getattr(p, "set_epoch", None)) for p in parts),
+        in_order=bool(getattr(loader, "in_order", True)) or int(loader.num_workers) == 0,
     )
+
+
+PROBE_BATCHES = 4
+
+
+def plain_batching(batch_sampler: Any, dataset: Any) -> bool:
+    """Does this batch sampler only chunk its ``.sampler`` into ``batch_size`` batches?
+
+    Decided by behaviour, not type: torch's ``BatchSampler`` is plain; so is any subclass that does
+    not override ``__iter__``; otherwise (torchdata's resumable ``BatchSampler``, bucketing samplers)
+    copies of the batch sampler and of its sampler are run from the same random state and compared
+    over the first batches. The copies share the dataset and every global RNG is restored afterwards,
+    so the probe leaves the loader's stream untouched. Anything that cannot be probed is custom.
+    """
+    from torch.utils.data import BatchSampler
+
+    cls = type(batch_sampler)
+    plain_type = isinstance(batch_sampler, BatchSampler) and cls.__iter__ is BatchSampler.__iter__
+    if cls is BatchSampler or plain_type:
+        return True
+    inner = getattr(batch_sampler, "sampler", None)
+    size = getattr(batch_sampler, "batch_size", None)
+    if inner is None or not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        return False
+    try:
+        with _restored_rng():
+            memo = {id(dataset): dataset}
+            batches = [_as_indices(b) for b in islice(copy.deepcopy(batch_sampler, memo), PROBE_BATCHES)]
+        with _restored_rng():
+            memo = {id(dataset): dataset}
+            items = [_as_indices(i) for i in islice(copy.deepcopy(inner, memo), PROBE_BATCHES * size)]
+    except Exception:
+        return False
+    flat = [i for item in items for i in item]
+    chunks = [flat[k : k + size] for k in range(0, len(flat), size)][: len(batches)]
+    if getattr(batch_sampler, "drop_last", False) and chunks and len(chunks[-1]) < size:
+        chunks = chunks[:-1]
+    return bool(batches) and batches == chunks
+
+
+@contextmanager
+def _restored_rng() -> Iterator[None]:
+    import random
+
+    import torch
+
+    py_state = random.getstate()
+    torch_state = torch.random.get_rng_state()
+    numpy = sys.modules.get("numpy")
+    np_state = numpy.random.get_state() if numpy is not None else None
+    try:
+        yield
+    finally:
+        random.setstate(py_state)
+        torch.random.set_rng_state(torch_state)
+        if numpy is not None:
+            numpy.random.set_state(np_state)
 
 
 def _len_or_none(obj: Any) -> int | None:
     try:
         return len(obj)
-    except TypeError:
+    except (TypeError, NotImplementedError, AttributeError):
         return None
 
 
@@ -165,15 +412,12 @@ def _as_indices(item: Any) -> list[int]:
 
 def record_indices(loader: Any, epoch: int) -> EpochTrace:
     """The index stream of the loader's (batch) sampler: who sees what, without loading data."""
-    source = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
     len_loader = _len_or_none(loader)
-    ids: list[int] = []
+    ids: list[Hashable] = []
     sizes: list[int] = []
-    for item in source:
-        batch = _as_indices(item)
+    for batch, _ in _sampler_batches(loader):
         ids.extend(batch)
         sizes.append(len(batch))
-        report_progress(f"epoch {epoch}, batch {len(sizes)} (sampler only)")
         _guard_size(len(ids))
     return EpochTrace(epoch=epoch, ids=compact_ids(ids), batch_sizes=sizes, len_loader=len_loader)
 
@@ -181,105 +425,57 @@ def record_indices(loader: Any, epoch: int) -> EpochTrace:
 def _guard_size(n: int) -> None:
     if n > MAX_ITEMS_PER_EPOCH:
         raise BadLoaderFile(
-            f"one epoch yielded more than {MAX_ITEMS_PER_EPOCH:,} items; the loader looks infinite"
+            f"one epoch yielded more than {MAX_ITEMS_PER_EPOCH:,} items; the loader looks infinite "
+            "(check it in windows with --steps N)"
         )
-
-
-class _TeeIndices:
-    """Wraps a DataLoader iterator's sampler iterator, remembering the indices it hands out."""
-
-    def __init__(self, inner: Iterator[Any], taken: list[list[int]]) -> None:
-        self.inner, self.taken = inner, taken
-
-    def __iter__(self) -> _TeeIndices:
-        return self
-
-    def __next__(self) -> Any:
-        item = next(self.inner)
-        self.taken.append(_as_indices(item))
-        return item
 
 
 def is_collated(loader: Any) -> bool:
     """True when the loader yields batches; False for ``batch_size=None`` (one sample per item)."""
+    loader = unwrap_loader(loader)
     return loader.batch_size is not None or loader.batch_sampler is not None
 
 
 @dataclass
 class StreamInfo:
-    """Filled in while :func:`batches_with_ids` runs: the id source and, per batch, its worker."""
+    """Filled in while :func:`batches_with_ids` runs: the id source."""
 
     source: str = "index"
-    workers: list[int] | None = None
 
 
 def batches_with_ids(
-    loader: Any, hook: Callable[[Any], Any] | None, facts: LoaderFacts, info: StreamInfo | None = None
-) -> Iterator[tuple[Any, list[Hashable]]]:
-    """The real loader's batches (workers and all), each with its sample ids.
+    outer: Any,
+    hook: Callable[[Any], Any] | None,
+    facts: LoaderFacts,
+    info: StreamInfo | None = None,
+    loader: Any = None,
+    *,
+    by_index: bool = True,
+) -> Iterator[tuple[Any, list[Hashable], int | None]]:
+    """The real loader's batches (workers, wrappers and all), each with its sample ids and worker.
 
-    Ids: the ``sample_ids`` hook; for map-style datasets the indices the sampler handed out (read
-    where the iterator takes them, so nothing is loaded twice); else a field or a content hash.
+    Ids: the ``sample_ids`` hook; for map-style datasets the indices the DataLoader iterator itself
+    dispatched for that batch (:mod:`ddpcheck.index_log`: exact with prefetching, out-of-order
+    delivery and persistent workers); else a field or a content hash.
     """
     info = info if info is not None else StreamInfo()
-    iterator = iter(loader)
-    taken: list[list[int]] = []
-    tee_indices = facts.dataset_kind == "map" and hook is None and hasattr(iterator, "_sampler_iter")
-    if tee_indices:
-        iterator._sampler_iter = _TeeIndices(iterator._sampler_iter, taken)  # private, stable since 1.x
-    info.workers = _tag_workers(iterator)
+    loader = loader if loader is not None else unwrap_loader(outer)
+    log = log_of(loader)
+    log.clear()
+    by_index = by_index and facts.dataset_kind == "map" and hook is None
     collated = is_collated(loader)
     extract: Callable[[Any], list[Hashable]] | None = None
-    for count, batch in enumerate(iterator, start=1):
-        if tee_indices:
-            batch_ids: list[Hashable] = list(taken[count - 1])
+    for batch in outer:
+        batch_ids, worker = log.ready.popleft() if log.ready else (None, None)
+        if by_index:
+            if batch_ids is None:
+                raise BadLoaderFile(
+                    f"cannot tell which dataset indices {type(outer).__name__} yielded (it does not "
+                    "iterate a torch DataLoader underneath); define a sample_ids(batch) hook"
+                )
+            info.source = "index"
         else:
             if extract is None:
                 info.source, extract = make_id_extractor(hook, batch, collated)
             batch_ids = extract(batch)
-        yield batch, batch_ids
-
-
-def record_batches(
-    loader: Any, epoch: int, hook: Callable[[Any], Any] | None, facts: LoaderFacts
-) -> tuple[EpochTrace, str]:
-    """Iterate the real loader (workers and all) and record its ids per batch."""
-    len_loader = _len_or_none(loader)
-    info = StreamInfo()
-    ids: list[Hashable] = []
-    sizes: list[int] = []
-    for count, (_, batch_ids) in enumerate(batches_with_ids(loader, hook, facts, info), start=1):
-        ids.extend(batch_ids)
-        sizes.append(len(batch_ids))
-        report_progress(f"epoch {epoch}, batch {count}")
-        _guard_size(len(ids))
-    workers = info.workers
-    trace = EpochTrace(
-        epoch=epoch,
-        ids=compact_ids(ids),
-        batch_sizes=sizes,
-        len_loader=len_loader,
-        worker_ids=workers if workers is not None and len(workers) == len(sizes) else None,
-    )
-    return trace, info.source
-
-
-def _tag_workers(iterator: Any) -> list[int] | None:
-    """Which worker produced each batch, read where the multiprocessing iterator hands batches over.
-
-    Private API (``_process_data(data, worker_idx)``, stable since torch 1.x); where it is absent
-    (no workers, or a future torch), worker ids are simply not recorded.
-    """
-    original = getattr(iterator, "_process_data", None)
-    if original is None:
-        return None
-    workers: list[int] = []
-
-    def tagged(data: Any, *args: Any, **kwargs: Any) -> Any:
-        worker = args[0] if args else kwargs.get("worker_idx")
-        if isinstance(worker, int):
-            workers.append(worker)
-        return original(data, *args, **kwargs)
-
-    iterator._process_data = tagged
-    return workers
+        yield batch, batch_ids, worker

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddpcheck.checks.verdict import Verdict
+from ddpcheck.figures import FigureData
 from ddpcheck.record import RankFailure
 
 EXIT_OK = 0
@@ -40,6 +41,25 @@ class MetricRow:
 
 
 @dataclass(frozen=True)
+class ResumeRow:
+    """One stop point of the resume check: stop at (epoch, step) at one world size, restore at another.
+
+    ``skipped`` / ``repeated`` count samples the resumed run lost or saw again; ``first_divergence`` is
+    the first step where the resumed stream leaves the uninterrupted one (``None``: it never does).
+    """
+
+    world_size_from: int
+    world_size_to: int
+    epoch: int
+    step: int
+    status: str  # a Verdict status: "pass" | "fail" | "skip" | "n/a" | "allowed"
+    skipped: int = 0
+    repeated: int = 0
+    first_divergence: int | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class WorldResult:
     """Everything decided about one world size."""
 
@@ -50,6 +70,8 @@ class WorldResult:
     skipped: str = ""
     divergence: tuple[MetricRow, ...] = ()
     seconds: float = 0.0
+    resume: tuple[ResumeRow, ...] = ()
+    figures: FigureData | None = None  # picture data for the HTML/Markdown reports (ddpcheck.figures)
 
     @property
     def ok(self) -> bool:

@@ -8,23 +8,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from ddpcheck.checks import run_checks
-from ddpcheck.divergence import HookCheck, defined_names
+from ddpcheck.checks.verdict import allow
+from ddpcheck.divergence import defined_names
+from ddpcheck.figures import figure_data
 from ddpcheck.launch import GroupResult, TargetRef, run_ranks
 from ddpcheck.loaderfile import BadLoaderFile, LoaderSpec, precheck
+from ddpcheck.options import BadInput, CheckOptions, validate
 from ddpcheck.record import RankFailure, RunTrace
-from ddpcheck.recorder import RankRecording, RecordOptions, record_rank
-from ddpcheck.result import CheckResult, MetricRow, WorldResult
+from ddpcheck.recorder import RankRecording, record_rank
+from ddpcheck.result import CheckResult, WorldResult
+from ddpcheck.scenarios import Outcome, Scenario
+from ddpcheck.scenarios import build as build_scenarios
+from ddpcheck.scenarios.protocol import Context as ScenarioContext
 
-BACKENDS = ("gloo", "nccl")
 Progress = Callable[[str], None]
-
-
-class BadInput(ValueError):
-    """Options or inputs that make the run impossible; the message is one actionable line (exit 2)."""
 
 
 class Interrupted(Exception):
@@ -33,65 +34,6 @@ class Interrupted(Exception):
     def __init__(self, partial: CheckResult) -> None:
         super().__init__("interrupted")
         self.partial = partial
-
-
-@dataclass(frozen=True)
-class CheckOptions:
-    world_sizes: tuple[int, ...] = (1, 2, 3, 4)
-    epochs: int = 2
-    backend: str = "gloo"
-    factory: str = "make_loader"
-    patch: bool = False
-    simulate: bool = False
-    load_data: bool = False
-    set_epoch: bool = True
-    timeout: float = 120.0
-    determinism: bool = True
-    batch_size: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    # --- metric and training equivalence (ddpcheck.evaluate, ddpcheck.training) ---
-    metrics: bool | None = None  # None: when the file defines forward or metric
-    metric_tolerance: float | None = None  # None: exact for integers, relative 1e-6 for floats
-    train_steps: int = 3  # 0: off; runs when the file defines make_model and loss
-    # --- windows, allowed failures, resume ---
-    steps: int | None = None  # per rank per epoch window; None: whole epochs
-    allow: tuple[str, ...] = ()  # check ids whose failure is reported as "allowed"
-    resume: bool = True  # the mid-epoch resume check, where the loader has a state mechanism
-    elastic: bool = False  # also restore at other world sizes
-
-    def record_options(self) -> RecordOptions:
-        return RecordOptions(
-            epochs=self.epochs,
-            load_data=self.load_data,
-            set_epoch=self.set_epoch,
-            patch=self.patch,
-            batch_size=self.batch_size,
-        )
-
-
-def validate(options: CheckOptions) -> None:
-    if not options.world_sizes:
-        raise BadInput("no world sizes given")
-    for ws in options.world_sizes:
-        if not isinstance(ws, int) or isinstance(ws, bool) or ws < 1:
-            raise BadInput(f"world sizes must be positive integers, got {ws!r}")
-    if not isinstance(options.epochs, int) or options.epochs < 1:
-        raise BadInput(f"epochs must be at least 1, got {options.epochs!r}")
-    if options.timeout <= 0:
-        raise BadInput(f"timeout must be positive, got {options.timeout!r}")
-    if options.backend not in BACKENDS:
-        raise BadInput(f"unknown backend {options.backend!r}; choose one of {', '.join(BACKENDS)}")
-    if options.backend == "nccl" and not options.simulate:
-        import torch
-
-        if not torch.cuda.is_available():
-            raise BadInput("backend nccl needs CUDA, and this machine has no CUDA device; use --backend gloo")
-    tolerance = options.metric_tolerance
-    if tolerance is not None and not (isinstance(tolerance, (int, float)) and 0 <= tolerance < float("inf")):
-        raise BadInput(f"metric tolerance must be a non-negative number, got {tolerance!r}")
-    steps = options.train_steps
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
-        raise BadInput(f"train steps must be a non-negative integer (0 turns it off), got {steps!r}")
 
 
 def check_loader(
@@ -122,15 +64,27 @@ def check_loader(
         )
 
     try:
+        if options.preload and (options.simulate or options.backend != "nccl"):  # nccl ranks are spawned
+            from ddpcheck.preload import preload_imports
+
+            loaded = preload_imports(str(path), deadline_s=options.timeout)
+            if loaded.imported:
+                say(f"imported {', '.join(loaded.imported)} once ({loaded.seconds:.1f}s); ranks inherit them")
+            notes.extend(loaded.notes())
         say(f"reference run (1 process) of {path}")
         # The reference is always the correct loop (set_epoch called); with --no-set-epoch only the
         # runs skip it, so reshuffle fails exactly when the order depends on that call.
         reference = _run(spec, replace(options, set_epoch=True), 1)
         _raise_if_bad_input(reference)
         notes.extend(_notes(reference, world_sizes))
-        hooks = _hook_checks(spec, options)
+        scenarios = build_scenarios(spec, options, defined_names(spec.path))
         for ws in world_sizes:
-            runs.append(_check_world(spec, options, reference, ws, say, hooks))
+            runs.append(_check_world(spec, options, reference, ws, say, scenarios))
+        for scenario in scenarios:  # what spans world sizes (elastic resume)
+            for ws, outcome in scenario.finish().items():
+                runs[:] = [
+                    _with_outcome(r, outcome, options.allow) if r.world_size == ws else r for r in runs
+                ]
     except KeyboardInterrupt:
         notes.append("interrupted: world sizes after the last one shown were not checked")
         raise Interrupted(result()) from None
@@ -143,7 +97,7 @@ def _check_world(
     reference: RunTrace,
     ws: int,
     say: Progress,
-    hooks: Sequence[HookCheck] = (),
+    scenarios: Sequence[Scenario] = (),
 ) -> WorldResult:
     started = time.monotonic()
     skip = _skip_reason(options, ws)
@@ -151,25 +105,42 @@ def _check_world(
         say(f"world size {ws}: skipped ({skip})")
         return WorldResult(ws, options.backend, skipped=skip)
     say(f"world size {ws}: running {ws} {'simulated ' if options.simulate else ''}ranks")
+    if options.steps is not None and ws > 1:
+        # windows: the reference runs the same global number of samples as the W ranks together
+        say(f"world size {ws}: reference window of {options.steps * ws} steps (1 process)")
+        reference = _run(spec, replace(options, set_epoch=True, steps=options.steps * ws), 1)
     run = reference if ws == 1 and options.set_epoch else _run(spec, options, ws)
+    if _rank_local_indices(reference, run):
+        # Each rank indexes its own dataset from 0 (datasets' split_dataset_by_node): indices cannot be
+        # compared across ranks. The batches' id field can; without one, the checks say why they fail.
+        by_data = replace(options, ids_from_data=True)
+        alt_reference = _run(spec, replace(by_data, set_epoch=True), 1)
+        alt_run = _run(spec, by_data, ws)
+        if alt_run.ok and alt_reference.ok and alt_run.id_source.startswith("field:"):
+            say(
+                f"world size {ws}: rank-local indices; samples identified by the batches' {alt_run.id_source}"
+            )
+            reference, run, options = alt_reference, alt_run, by_data
     rerun = _run(spec, options, ws) if options.determinism and run.ok else None
     verdicts = run_checks(reference, run, rerun)
     failures = run.failures + (rerun.failures if rerun else ())
-    # --- metric and training equivalence: only for files with the hooks (see _hook_checks) ---
-    divergence: list[MetricRow] = []
-    for hook in hooks if run.ok else ():
-        outcome = hook.world(ws)
-        verdicts += outcome.verdicts
-        divergence += outcome.divergence
-        failures += outcome.failures
-    # --- end ---
+    # --- checks with their own rank-side runs (ddpcheck.scenarios): metric, training, resume ---
+    extra = Outcome()
+    for scenario in scenarios if run.ok else ():
+        extra += scenario.world(ScenarioContext(ws, run, reference))
+    verdicts += extra.verdicts
+    failures += extra.failures
+    if options.allow:
+        verdicts = [allow(v) if v.check in options.allow else v for v in verdicts]
     result = WorldResult(
         world_size=ws,
         backend=run.backend,
         verdicts=tuple(verdicts),
         failures=failures,
-        divergence=tuple(divergence),
+        divergence=extra.divergence,
+        resume=extra.resume,
         seconds=time.monotonic() - started,
+        figures=figure_data(reference, run),
     )
     failed = sum(v.failed for v in verdicts)
     status = "ok" if result.ok else f"{failed} checks failed, {len(result.failures)} rank failures"
@@ -177,14 +148,25 @@ def _check_world(
     return result
 
 
-def _hook_checks(spec: LoaderSpec, options: CheckOptions) -> list[HookCheck]:
-    """Metric / training equivalence, when the file's source defines their hooks (nothing runs here)."""
-    from ddpcheck.evaluate import MetricEquivalence
-    from ddpcheck.training import TrainingEquivalence
+def _rank_local_indices(reference: RunTrace, run: RunTrace) -> bool:
+    """Index identity, and some rank's map-style dataset has another length than the single process's."""
+    if not (run.ok and reference.ok and reference.ranks and run.id_source == "index"):
+        return False
+    facts = reference.ranks[0].facts
+    if facts.dataset_kind != "map" or facts.dataset_len is None:
+        return False
+    return any(r.facts.dataset_len not in (None, facts.dataset_len) for r in run.ranks)
 
-    names = defined_names(spec.path)
-    found = (MetricEquivalence.maybe(spec, options, names), TrainingEquivalence.maybe(spec, options, names))
-    return [check for check in found if check is not None]
+
+def _with_outcome(result: WorldResult, outcome: Outcome, allowed: Sequence[str]) -> WorldResult:
+    verdicts = result.verdicts + tuple(allow(v) if v.check in allowed else v for v in outcome.verdicts)
+    return replace(
+        result,
+        verdicts=verdicts,
+        failures=result.failures + outcome.failures,
+        divergence=result.divergence + outcome.divergence,
+        resume=result.resume + outcome.resume,
+    )
 
 
 def _skip_reason(options: CheckOptions, world_size: int) -> str:
@@ -228,7 +210,7 @@ def to_run_trace(group: GroupResult, *, set_epoch: bool = True) -> RunTrace:
             stack=o.error or o.stack,
             progress=o.progress,
         )
-        for o in group.outcomes
+        for o in sorted(group.outcomes, key=lambda o: (o.kind == "secondary", o.rank))
         if not o.ok
     )
     if group.diagnosis and failures:
@@ -281,7 +263,9 @@ def _notes(reference: RunTrace, world_sizes: tuple[int, ...]) -> list[str]:
 
 
 def _jsonable_options(options: CheckOptions) -> dict[str, Any]:
-    out = {k: v for k, v in options.__dict__.items() if k != "extra"}
+    out = {k: v for k, v in options.__dict__.items() if k not in ("extra", "factory_args")}
     out["world_sizes"] = list(options.world_sizes)
+    if options.factory_args:
+        out["factory_args"] = dict(options.factory_args)
     out.update(options.extra)
     return out

@@ -25,7 +25,7 @@ def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str
     [
         (["--world-sizes", "0"], "world sizes must be positive integers"),
         (["--world-sizes", "1,two"], "world sizes must be comma-separated integers"),
-        (["--epochs", "0"], "must be at least 1"),
+        (["--epochs", "0"], "must be from 1 to"),
         (["--timeout", "-1"], "must be positive"),
         (["--backend", "mpi"], "invalid choice: 'mpi'"),
         (["--backend", "nccl"], "backend nccl needs CUDA"),

@@ -26,9 +26,9 @@ from ddpcheck.divergence import (
     judge_metrics,
     metric_rows,
 )
-from ddpcheck.evaluate import default_metric, default_outputs, metric_values
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.runner import CheckOptions, check_loader
+from ddpcheck.scenarios.metric import default_metric, default_outputs, metric_values
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"

@@ -21,10 +21,11 @@ TAG = "DDPCHECK_TEST_TAG"
 
 def _start(tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
     tag = uuid.uuid4().hex
+    (tmp_path / "tmpdir").mkdir()
     proc = subprocess.Popen(
         [sys.executable, "-m", "ddpcheck", str(SLOW), "--world-sizes", "1,2", "--load-data",
          "--report-dir", str(tmp_path), "--timeout", "120", "--format", "json"],
-        env={**os.environ, TAG: tag},
+        env={**os.environ, TAG: tag, "TMPDIR": str(tmp_path / "tmpdir")},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -45,6 +46,7 @@ def test_interrupting_ddpcheck_stops_every_process_and_keeps_the_report(tmp_path
     assert proc.returncode == 130, stderr
     assert "interrupted" in stderr
     assert not wait_until_gone(lambda: processes_with_env(TAG, tag), timeout=10)
+    assert not list((tmp_path / "tmpdir").iterdir()), "ddpcheck's temp dirs outlived the interrupt"
     report = json.loads((tmp_path / "ddpcheck.json").read_text())
     assert report["runs"] == [], "the reference run was still going: no world size finished"
     assert any("interrupted" in note for note in report["notes"])
@@ -56,3 +58,5 @@ def test_sigkill_of_ddpcheck_takes_its_ranks_and_workers_down(tmp_path: Path) ->
     proc.wait(timeout=10)
     left = wait_until_gone(lambda: processes_with_env(TAG, tag), timeout=15)
     assert not left, f"processes outlived a SIGKILLed ddpcheck: {sorted(left)}"
+    leftovers = wait_until_gone(lambda: set((tmp_path / "tmpdir").iterdir()), timeout=5)  # type: ignore[arg-type]
+    assert not leftovers, f"temp dirs outlived a SIGKILLed ddpcheck: {sorted(map(str, leftovers))}"

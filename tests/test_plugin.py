@@ -23,6 +23,7 @@ import pytest
 import torch
 
 GOOD_LOADER = Path(__file__).resolve().parents[1] / "fixtures" / "good_distributed_sampler.py"
+JUNIT_XSD = Path(__file__).resolve().parents[2] / "shared" / "schemas" / "junit-10.xsd"
 TAG = "DDPCHECK_PLUGIN_TEST_TAG"
 
 SUITE = """
@@ -211,7 +212,8 @@ class Case:
 
 
 def junit_cases(path: Path) -> dict[str, Case]:
-    """JUnit XML -> {"Class.test[id]" or "test[id]": Case}."""
+    """JUnit XML -> {"Class.test[id]" or "test[id]": Case}; properties per test (xunit1) or from the
+    suite's ``<nodeid>::<name>`` properties (xunit2)."""
     cases: dict[str, Case] = {}
     for node in ET.parse(path).getroot().iter("testcase"):
         classname = node.get("classname", "").rsplit(".", 1)[-1]
@@ -224,7 +226,30 @@ def junit_cases(path: Path) -> dict[str, Case]:
                 case = Case({"failure": "failed"}.get(kind, kind), found.get("message", ""), found.text or "")
         case.properties = {p.get("name", ""): p.get("value", "") for p in node.iter("property")}
         cases[key] = case
+    for name, props in suite_properties(path).items():
+        if name in cases:
+            cases[name].properties.update(props)
     return cases
+
+
+def suite_properties(path: Path) -> dict[str, dict[str, str]]:
+    """The suite-level ``<nodeid>::<name>`` properties (xunit2) as {"test[id]": {name: value}}."""
+    found: dict[str, dict[str, str]] = {}
+    for suite in ET.parse(path).getroot().iter("testsuite"):
+        for props in suite.findall("properties"):
+            for prop in props.iter("property"):
+                nodeid, _, name = prop.get("name", "").rpartition("::")
+                test = nodeid.split("::", 1)[1].replace("::", ".") if "::" in nodeid else nodeid
+                found.setdefault(test, {})[name] = prop.get("value", "")
+    return found
+
+
+def assert_valid_junit(path: Path) -> None:
+    """Validates against Jenkins' junit-10.xsd, the strictest schema CI servers apply."""
+    xmlschema = pytest.importorskip("xmlschema", reason="xmlschema validates the JUnit XML")
+    if not JUNIT_XSD.exists():
+        pytest.skip(f"the JUnit schema {JUNIT_XSD} is not in this checkout")
+    xmlschema.XMLSchema(str(JUNIT_XSD)).validate(str(path))
 
 
 def tagged_processes(tag: str) -> list[int]:
@@ -278,6 +303,7 @@ class SuiteRun:
     cases: dict[str, Case]
     report_dir: Path
     leftover: list[int]
+    junit: Path
 
 
 @pytest.fixture(scope="module")
@@ -296,12 +322,13 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> SuiteRun:
             "-p",
             "no:cacheprovider",
             "-q",
+            "-rA",
             "--junitxml=junit.xml",
             "--ddpcheck-report=reports",
             f"--basetemp={root / 'basetemp'}",
         ],
         cwd=root,
-        env={**os.environ, TAG: tag},
+        env={**os.environ, TAG: tag, "COLUMNS": "250"},
         capture_output=True,
         text=True,
         timeout=300,
@@ -312,6 +339,7 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> SuiteRun:
         junit_cases(root / "junit.xml"),
         root / "reports",
         leftovers(tag),
+        root / "junit.xml",
     )
 
 
@@ -406,6 +434,22 @@ def test_junit_carries_check_results(suite: SuiteRun) -> None:
     assert "rank 1" in crashed["ddpcheck.ws2.rank_failures"]
 
 
+def test_xunit2_results_live_in_the_suite_properties(suite: SuiteRun) -> None:
+    """xunit2 (the default) has no per-test <properties>: the results are the suite's, named by test id."""
+    for case in ET.parse(suite.junit).getroot().iter("testcase"):
+        assert case.find("properties") is None
+    assert suite_properties(suite.junit)["test_check_good_file"]["ddpcheck.result"] == "pass"
+    assert suite_properties(suite.junit)["test_all_reduce[ddp2]"]["ddp.world_size"] == "2"
+
+
+def test_short_summary_names_the_loader_and_the_failing_checks(suite: SuiteRun) -> None:
+    line = next(
+        x for x in suite.output.splitlines() if x.startswith("FAILED test_suite.py::test_check_buggy")
+    )
+    assert " - DdpCheckFailed: test_suite.py::make_seeded_by_rank fails " in line
+    assert "no_overlap" in line and line.endswith("at world size 2"), line
+
+
 def test_report_files_per_test(suite: SuiteRun) -> None:
     names = sorted(p.name for p in suite.report_dir.iterdir())
     stems = ["test_check_buggy_factory", "test_check_good_file", "test_assert_good_factory"]
@@ -488,6 +532,149 @@ def test_backend_option_skips_nccl_without_gpus(pytester: pytest.Pytester) -> No
     result.stdout.fnmatch_lines(
         ["*NCCL world size 1 needs 1 GPUs, found 0*", "*NCCL world size 3 needs 3 GPUs, found 0*"]
     )
+
+
+def test_ini_options_apply_and_the_command_line_wins(pytester: pytest.Pytester) -> None:
+    from ddpcheck.pytest_plugin import _overrides_key
+
+    pytester.makepyprojecttoml(
+        '[tool.pytest.ini_options]\nddp_world_sizes = "1,3"\nddp_backend = "gloo"\nddp_timeout = "7.5"\n'
+    )
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.ddp(world_size=2)
+        def test_a(ddp_rank):
+            pass
+        """
+    )
+    from_ini = pytester.runpytest("--collect-only", "-q")
+    from_ini.stdout.fnmatch_lines(["*test_a[[]ddp1]", "*test_a[[]ddp3]"])
+    assert "ddp2" not in from_ini.stdout.str()
+    given = pytester.runpytest("--collect-only", "-q", "--ddp-world-sizes", "4")
+    given.stdout.fnmatch_lines(["*test_a[[]ddp4]"])
+    assert "ddp1" not in given.stdout.str()
+    config = pytester.parseconfigure()
+    assert config.stash[_overrides_key].timeout == 7.5 and config.stash[_overrides_key].backend == "gloo"
+    config = pytester.parseconfigure("--ddp-timeout", "3")
+    assert config.stash[_overrides_key].timeout == 3.0
+
+
+@pytest.mark.parametrize(
+    "line,needle",
+    [
+        ('ddp_world_sizes = "1,x"', "ddp_world_sizes in *pyproject.toml: world sizes must be*"),
+        ('ddp_backend = "mpi"', "ddp_backend in *pyproject.toml: backend must be one of gloo, nccl*"),
+        ('ddp_timeout = "inf"', "ddp_timeout in *pyproject.toml: timeout must be a positive number*"),
+    ],
+)
+def test_bad_ini_value_is_a_usage_error_naming_the_key(
+    pytester: pytest.Pytester, line: str, needle: str
+) -> None:
+    pytester.makepyprojecttoml(f"[tool.pytest.ini_options]\n{line}\n")
+    result = pytester.runpytest("--collect-only")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{needle}"])
+    assert "Traceback" not in result.stderr.str()
+
+
+def _run_pytest(cwd: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def test_loader_paths_resolve_against_the_rootdir(tmp_path: Path) -> None:
+    """`cd tests && pytest` must find "fixtures/loader.py" as a run from the project root does."""
+    (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
+    (tmp_path / "fixtures").mkdir()
+    (tmp_path / "fixtures" / "loader.py").write_text(GOOD_LOADER.read_text())
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_rel.py").write_text(
+        textwrap.dedent(
+            """
+            from ddpcheck.pytest_support import assert_ddp_safe
+
+            FAST = dict(world_sizes=[1], epochs=1, determinism=False, resume=False, train_steps=0)
+
+            def test_fixture(ddpcheck):
+                ddpcheck.check("fixtures/loader.py", **FAST)
+
+            def test_assert():
+                assert_ddp_safe("fixtures/loader.py", **FAST)
+            """
+        )
+    )
+    for cwd in (tmp_path / "tests", tmp_path):
+        proc = _run_pytest(cwd, "-q", "-rA")
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+        assert "2 passed" in proc.stdout
+
+
+JUNIT_SUITE = """
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from ddpcheck.pytest_support import assert_ddp_safe
+
+FAST = dict(epochs=1, determinism=False, resume=False, train_steps=0)
+
+
+def make_seeded_by_rank(rank, world_size):
+    dataset = TensorDataset(torch.arange(12))
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, seed=rank)
+    return DataLoader(dataset, sampler=sampler)
+
+
+@pytest.mark.ddp(world_size=[1, 2])
+def test_ranks(ddp_rank):
+    assert ddp_rank == 0
+
+
+def test_check(ddpcheck):
+    ddpcheck.check({good!r}, world_sizes=[1], **FAST)
+
+
+def test_buggy():
+    assert_ddp_safe(make_seeded_by_rank, world_sizes=[2], **FAST)
+"""
+
+
+@pytest.mark.parametrize("family", ["xunit2", "xunit1"])
+def test_junit_families(tmp_path: Path, family: str) -> None:
+    """The default xunit2 file validates against junit-10.xsd (the schema pytest's own suite uses; it has
+    no <error>, so this run has failures only); xunit1 keeps per-test properties."""
+    (tmp_path / "test_one.py").write_text(JUNIT_SUITE.format(good=str(GOOD_LOADER)))
+    proc = _run_pytest(tmp_path, "-q", "--junitxml=junit.xml", "-o", f"junit_family={family}")
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    cases = junit_cases(tmp_path / "junit.xml")
+    assert [
+        cases[k].outcome for k in ("test_ranks[ddp1]", "test_ranks[ddp2]", "test_check", "test_buggy")
+    ] == [
+        "passed",
+        "failed",
+        "passed",
+        "failed",
+    ]
+    if family == "xunit2":
+        assert_valid_junit(tmp_path / "junit.xml")
+        for case in ET.parse(tmp_path / "junit.xml").getroot().iter("testcase"):
+            assert case.find("properties") is None
+        props = suite_properties(tmp_path / "junit.xml")
+        assert props["test_check"]["ddpcheck.result"] == "pass"
+        assert props["test_buggy"]["ddpcheck.ws2.no_overlap"] == "fail"
+        assert props["test_ranks[ddp2]"]["ddp.failed_ranks"] == "1"
+    else:
+        assert cases["test_check"].properties["ddpcheck.result"] == "pass"
+        assert cases["test_ranks[ddp2]"].properties["ddp.failed_ranks"] == "1"
+        assert suite_properties(tmp_path / "junit.xml") == {}
 
 
 # --- import modes, spawn, xdist (subprocess runs) -------------------------------------------------
@@ -577,6 +764,7 @@ def test_xdist_three_runs_in_a_row(pytester: pytest.Pytester, monkeypatch: pytes
             "test_passing.py__test_check.json",
             "test_passing.py__test_check.md",
         ]
+        assert_valid_junit(junit)  # xdist's controller writes the file: our properties are the suite's
         cases = junit_cases(junit)
         assert cases["test_check"].properties["ddpcheck.result"] == "pass"
         assert cases["test_broadcast[ddp4]"].properties["ddp.world_size"] == "4"

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from torch.utils.data import (
     BatchSampler,
     DataLoader,
@@ -24,11 +26,13 @@ from torch.utils.data import (
     IterableDataset,
     RandomSampler,
     Sampler,
+    SequentialSampler,
 )
 
 from ddpcheck.launch import run_ranks
 from ddpcheck.reference.iterable import ShardedIterableDataset
 from ddpcheck.reference.patch import (
+    ShardedBatchSampler,
     check_loaders_is_patched,
     extract_loader_parameters,
     patch_dataloader_to_ddp,
@@ -242,6 +246,73 @@ def test_simulated_ranks_partition_every_epoch(shape: str, world: int) -> None:
         assert runs[0][0] != runs[0][1]
 
 
+UNSHUFFLED: dict[str, Callable[[int, int], DataLoader]] = {
+    "batch-size": lambda n, b: DataLoader(IdDataset(n), batch_size=b, shuffle=False),
+    "no-auto-batching": lambda n, b: DataLoader(IdDataset(n), batch_size=None),
+    "plain-batch-sampler": lambda n, b: DataLoader(
+        IdDataset(n), batch_sampler=BatchSampler(SequentialSampler(range(n)), b, False)
+    ),
+}
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    shape=st.sampled_from(sorted(UNSHUFFLED)),
+    world=st.integers(1, 16),
+    steps=st.integers(0, 6),
+    remainder=st.integers(0, 15),
+    batch_size=st.integers(1, 5),
+    set_epoch=st.booleans(),
+)
+def test_an_unshuffled_loader_feeds_each_rank_the_same_order_every_epoch(
+    shape: str, world: int, steps: int, remainder: int, batch_size: int, set_epoch: bool
+) -> None:
+    """As OML patches (``shuffle_samples_between_gpus=False``): every epoch rank r gets what
+    ``DistributedSampler(shuffle=False)`` gives it, in that order; padding never repeats its own."""
+    n = world * steps + remainder % world
+    assume(n > 0)
+    for rank in range(world):
+        loader = patch_dataloader_to_ddp(UNSHUFFLED[shape](n, batch_size), num_replicas=world, rank=rank)
+        wrapper = the_wrapper(loader)
+        epochs = []
+        for epoch in range(3):
+            if set_epoch:
+                wrapper.set_epoch(epoch)
+            epochs.append([i for b in loader for i in ids_of(b)])
+        expected = list(DistributedSampler(range(n), world, rank, shuffle=False))  # type: ignore[arg-type]
+        assert epochs == [expected] * 3, f"rank {rank}"
+        assert len(set(expected)) == len(expected)
+
+
+def the_wrapper(loader: DataLoader) -> DDPSamplerWrapper[Any]:
+    for candidate in (loader.sampler, loader.batch_sampler, getattr(loader.batch_sampler, "sampler", None)):
+        if isinstance(candidate, DDPSamplerWrapper):
+            return candidate
+    raise AssertionError("no DDPSamplerWrapper in the patched loader")
+
+
+def test_shuffling_between_gpus_is_still_available() -> None:
+    n, world = 40, 4
+    loader = patch_dataloader_to_ddp(
+        DataLoader(IdDataset(n), batch_size=2), num_replicas=world, rank=1, shuffle_samples_between_gpus=True
+    )
+    epochs = run_epochs(loader, 2)
+    assert epochs[0] != epochs[1]
+    assert not the_wrapper(
+        patch_dataloader_to_ddp(DataLoader(IdDataset(n)), num_replicas=2, rank=0)
+    ).shuffle_samples_between_gpus
+
+
+def test_a_plain_batch_sampler_becomes_a_resumable_one() -> None:
+    loader = DataLoader(IdDataset(20), batch_sampler=BatchSampler(SequentialSampler(range(20)), 3, True))
+    patched = patch_dataloader_to_ddp(loader, num_replicas=2, rank=0)
+    batch_sampler = patched.batch_sampler
+    assert type(batch_sampler) is ShardedBatchSampler
+    assert (batch_sampler.batch_size, batch_sampler.drop_last) == (3, True)
+    assert [ids_of(b) for b in patched] == [[0, 2, 4], [6, 8, 10], [12, 14, 16]]
+    assert batch_sampler.state_dict()["yielded"] == 10, "the whole share was drawn; drop_last cut the tail"
+
+
 def test_the_patched_loader_keeps_its_class_and_arguments() -> None:
     generator = torch.Generator().manual_seed(5)
     loader = TaggedLoader(
@@ -308,6 +379,14 @@ def test_iterable_with_len_gives_equal_counts_per_rank_and_worker(n: int, pad: b
     assert_partition(ranks, n, world, pad=pad)
     if not pad:
         assert sorted(i for ids in ranks for i in ids) == list(range(world * per_rank))
+
+
+def test_iterable_padding_is_distributed_samplers_layout() -> None:
+    for world in range(1, 17):
+        for n in range(1, 2 * world + 2):
+            for rank in range(world):
+                got = [i for i, _ in ShardedIterableDataset(SizedStream(n), world, rank)]
+                assert got == list(DistributedSampler(range(n), world, rank, shuffle=False))  # type: ignore[arg-type]
 
 
 def test_iterable_without_len_differs_by_at_most_one() -> None:

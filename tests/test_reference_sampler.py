@@ -14,7 +14,7 @@ import pytest
 import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from torch.utils.data import BatchSampler, RandomSampler, Sampler, SequentialSampler
+from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, Sampler, SequentialSampler
 
 from ddpcheck.launch import run_ranks
 from ddpcheck.reference.sampler import FINGERPRINT_WINDOW, DDPSamplerWrapper
@@ -104,14 +104,18 @@ KINDS = ["sequential", "random", "random-replacement", "batch-sequential", "batc
 
 
 def expected_positions(order: list[Any], world: int, pad: bool) -> list[Any]:
-    """The documented epoch layout: ``W * per_rank`` positions; padding repeats the start."""
+    """The documented epoch layout: ``W * per_rank`` positions; padding repeats the start.
+
+    As ``DistributedSampler`` pads: the items, then the first ``total - n`` items again, so the
+    repeated head items land on the ranks after their own.
+    """
     n = len(order)
     per_rank = math.ceil(n / world) if pad else n // world
     total = world * per_rank
     real = min(n, total)
     if n < world:
         return [order[p % n] for p in range(total)] if n else []
-    return order[:real] + [order[p % world] for p in range(real, total)]
+    return order[:real] + [order[p - real] for p in range(real, total)]
 
 
 def as_key(item: Any) -> Any:
@@ -226,8 +230,8 @@ def test_shuffling_changes_the_assignment_between_epochs(world: int, extra: int,
 
 def test_without_shuffle_every_epoch_is_the_inner_order() -> None:
     per_epoch, _, _ = run_simulated("sequential", 10, 3, pad=True, shuffle=False, epochs=3)
-    # the padded ranks repeat their own first item
-    assert per_epoch[0] == per_epoch[1] == per_epoch[2] == [[0, 3, 6, 9], [1, 4, 7, 1], [2, 5, 8, 2]]
+    # padding as DistributedSampler lays it out: the padded ranks get the next ranks' first items
+    assert per_epoch[0] == per_epoch[1] == per_epoch[2] == [[0, 3, 6, 9], [1, 4, 7, 0], [2, 5, 8, 1]]
 
 
 def test_set_epoch_then_automatic_epochs() -> None:
@@ -457,3 +461,51 @@ def test_explicit_world_inside_a_group_runs_no_collective() -> None:
     result = run_ranks(_explicit_world_never_communicates, world_size=2, kwargs={"n": 12}, timeout=30)
     result.raise_for_failures()
     assert result.values == [[[0, 2, 4], [1, 3, 5]], []]
+
+
+# ------------------------------------------------------------------- padding, as DistributedSampler pads
+
+
+@pytest.mark.parametrize("pad", [True, False])
+def test_every_padding_case_is_distributed_samplers_layout(pad: bool) -> None:
+    """World sizes 1..16, every remainder ``n mod W`` (and epochs shorter than W): the strided epochs
+    are exactly ``DistributedSampler(shuffle=False)``'s, and no rank ever holds an item twice."""
+    for world in range(1, 17):
+        for n in range(1, 2 * world + 2):
+            expected = [
+                list(DistributedSampler(range(n), world, r, shuffle=False, drop_last=not pad))  # type: ignore[arg-type]
+                for r in range(world)
+            ]
+            for shuffle in (False, True):
+                per_epoch, _, _ = run_simulated("sequential", n, world, pad=pad, shuffle=shuffle, epochs=3)
+                for epoch, ranks in enumerate(per_epoch):
+                    if epoch == 0 or not shuffle:
+                        assert ranks == expected, f"W={world} n={n} epoch {epoch}"
+                    for rank, items in enumerate(ranks):
+                        assert len(set(items)) == len(items), f"W={world} n={n} epoch {epoch} rank {rank}"
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    kind=st.sampled_from(["sequential", "random", "batch-sequential", "batch-random", "uneven-batches"]),
+    world=st.integers(1, 16),
+    steps=st.integers(0, 40),
+    remainder=st.integers(0, 15),
+    pad=st.booleans(),
+    shuffle=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_padding_never_gives_a_rank_a_second_copy(
+    kind: str, world: int, steps: int, remainder: int, pad: bool, shuffle: bool, seed: int
+) -> None:
+    n = world * steps + remainder % world
+    assume(n > 0)
+    per_epoch, orders, _ = run_simulated(
+        kind, n, world, pad=pad, shuffle=shuffle, epochs=3, seed=seed, wrapper_seed=seed
+    )
+    for epoch, (ranks, order) in enumerate(zip(per_epoch, orders, strict=True)):
+        for rank, items in enumerate(ranks):
+            keys = [as_key(x) for x in items]
+            assert len(set(keys)) == len(keys), f"epoch {epoch}: rank {rank} holds an item twice"
+        if not shuffle:  # not shuffled between GPUs: each rank's share is the same every epoch
+            assert ranks == [expected_positions(order, world, pad)[r::world] for r in range(world)]

@@ -20,12 +20,13 @@ from ddpcheck.checks.ids import (
     SHORT_LABELS,
     TRAINING_EQUIVALENCE,
 )
-from ddpcheck.checks.verdict import Verdict, passed, skipped
+from ddpcheck.checks.verdict import Verdict, allow, not_applicable, passed, skipped
 from ddpcheck.record import RankFailure
 from ddpcheck.report import (
     SCHEMA_VERSION,
     ReportWriteError,
     render,
+    render_html,
     render_json,
     render_junit,
     render_markdown,
@@ -33,9 +34,15 @@ from ddpcheck.report import (
     to_json_dict,
     write_reports,
 )
+from ddpcheck.report._common import evidence
 from ddpcheck.report.json_report import jsonable
 from ddpcheck.report.junit import xml_text
-from ddpcheck.result import CheckResult, MetricRow, WorldResult
+from ddpcheck.result import CheckResult, MetricRow, ResumeRow, WorldResult
+from ddpcheck.runner import CheckOptions, check_loader
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "fixtures"
+JUNIT_XSD = ROOT.parent / "shared" / "schemas" / "junit-10.xsd"
 
 STACK = (
     "Traceback (most recent call last):\n"
@@ -162,22 +169,30 @@ def test_table_mixed_cells_per_world_size() -> None:
     assert max(len(line) for line in text.splitlines()) <= 100
 
 
+def test_table_causes_come_first_and_details_refer_to_them() -> None:
+    text = render_table(_mixed())
+    assert _section(text, "Causes") == [
+        "[1] drop_last=True drops the tail",
+        "    -> coverage at ws=4",
+        "[2] sampler is not a DistributedSampler",
+        "    -> no_overlap at ws=4",
+        "[3] crashed: ZeroDivisionError: division by zero",
+        "    -> rank 1 at ws=4",
+    ]
+    assert text.index("Causes\n") < text.index("\nws ") < text.index("Details\n")
+
+
 def test_table_details_carry_the_evidence() -> None:
     details = _section(render_table(_mixed()), "Details")
-    at = details.index("[ws=4] no_overlap: rank 1 and rank 3 both yield 2 samples in epoch 0.")
-    assert details[at + 1 : at + 5] == [
-        "    cause: sampler is not a DistributedSampler",
+    at = details.index("[ws=4] no_overlap (cause 2): rank 1 and rank 3 both yield 2 samples in epoch 0.")
+    assert details[at + 1 : at + 4] == [  # the cause is listed once, at the top, not here
         "    ranks: 1, 3",
         "    epochs: 0",
         "    e.g.: 17, 42, (3, 4), 'img_7.jpg'",
     ]
-    at = details.index("[ws=4] coverage: 2 samples are never yielded by any rank.")
+    at = details.index("[ws=4] coverage (cause 1): 2 samples are never yielded by any rank.")
     # no ranks on this verdict, so no "ranks:" line; bytes examples show as their repr
-    assert details[at + 1 : at + 4] == [
-        "    cause: drop_last=True drops the tail",
-        "    epochs: 0, 1",
-        "    e.g.: 'a.jpg', b'raw'",
-    ]
+    assert details[at + 1 : at + 3] == ["    epochs: 0, 1", "    e.g.: 'a.jpg', b'raw'"]
     at = details.index("[ws=4] rank 1 error: ZeroDivisionError: division by zero")
     assert details[at + 1 : at + 3] == ["    progress: epoch 0, batch 4", "    stack:"]
     stack = details[at + 3 :]
@@ -207,7 +222,7 @@ def test_table_summary_counts_and_exit_codes() -> None:
 
 def test_table_sections_skips_divergence_notes() -> None:
     text = render_table(_mixed())
-    assert _section(text, "Skipped") == ["[ws=1] no_overlap: one rank cannot overlap"]
+    assert _section(text, "Skipped (could not be judged)") == ["[ws=1] no_overlap: one rank cannot overlap"]
     assert _section(text, "Notes") == ["- ids are dataset indices"]
     divergence = text[text.index("Divergence\n") :]
     assert divergence.splitlines()[2] == "ws=2:"
@@ -321,6 +336,7 @@ def _known() -> CheckResult:
                 failures=(failure,),
                 divergence=(MetricRow("acc", 0.5, math.inf, 0.5, duplicated=1, cause="padding"),),
                 seconds=1.5,
+                resume=(ResumeRow(2, 2, 0, 3, "fail", 4, 0, 3, "state_dict lost the position"),),
             ),
             WorldResult(4, "gloo", skipped="only 2 CPUs"),
         ),
@@ -340,7 +356,31 @@ KNOWN_JSON = {
     "epochs": 3,
     "options": {"timeout": 30.0, "workers": [0, 2], "neg": "-Infinity"},
     "notes": ["ids come from field 'id'"],
-    "summary": {"passed": 1, "failed": 1, "skipped": 1, "rank_failures": 1, "world_sizes": [2, 4]},
+    "summary": {
+        "passed": 1,
+        "failed": 1,
+        "not_applicable": 0,
+        "allowed": 0,
+        "skipped": 1,
+        "rank_failures": 1,
+        "world_sizes": [2, 4],
+    },
+    "causes": [
+        {
+            "number": 1,
+            "kind": "fail",
+            "cause": "set_epoch missing",
+            "explains": "no_overlap at ws=2",
+            "where": [{"world_size": 2, "backend": "gloo", "what": "no_overlap"}],
+        },
+        {
+            "number": 2,
+            "kind": "rank",
+            "cause": "hung: timed out after 30 s",
+            "explains": "rank 1 at ws=2",
+            "where": [{"world_size": 2, "backend": "gloo", "what": "rank 1"}],
+        },
+    ],
     "runs": [
         {
             "world_size": 2,
@@ -391,6 +431,19 @@ KNOWN_JSON = {
                     "cause": "padding",
                 }
             ],
+            "resume": [
+                {
+                    "world_size_from": 2,
+                    "world_size_to": 2,
+                    "epoch": 0,
+                    "step": 3,
+                    "status": "fail",
+                    "skipped": 4,
+                    "repeated": 0,
+                    "first_divergence": 3,
+                    "note": "state_dict lost the position",
+                }
+            ],
         },
         {
             "world_size": 4,
@@ -401,6 +454,7 @@ KNOWN_JSON = {
             "checks": {},
             "failures": [],
             "divergence": [],
+            "resume": [],
         },
     ],
 }
@@ -445,6 +499,7 @@ def test_json_round_trips_the_mixed_result() -> None:
             "checks",
             "failures",
             "divergence",
+            "resume",
         }
         for check in run["checks"].values():
             assert set(check) == {"status", "detail", "cause", "ranks", "epochs", "examples", "data"}
@@ -532,7 +587,12 @@ def test_markdown_headline_table_and_details() -> None:
     assert body["ws=1"][2] == "⏭️ skip"
     assert body["ws=4"][-1] == "rank 1 crashed"
     assert all(len(row) == len(table[0]) for row in table)
-    assert "- **ws=4** `no_overlap`: rank 1 and rank 3 both yield 2 samples in epoch 0." in text
+    causes = text[text.index("### Causes") : text.index("| world size")]
+    assert "- **[2]** sampler is not a DistributedSampler  \n  explains: no\\_overlap at ws=4" in causes
+    assert "- **[3]** crashed: ZeroDivisionError: division by zero  \n  explains: rank 1 at ws=4" in causes
+    line = "- **ws=4** `no_overlap` (cause [2]): rank 1 and rank 3 both yield 2 samples in epoch 0."
+    assert line in text
+    assert "cause: sampler" not in text  # the cause is named once, in the list at the top
     assert "  - e.g.: `17, 42, (3, 4), 'img_7.jpg'`" in text
     assert "  - ranks: `1, 3`" in text
     assert text.count("<details>") == text.count("</details>") == 1
@@ -559,7 +619,7 @@ def test_markdown_escapes_user_text() -> None:
     text = render_markdown(result)
     assert text.startswith("## ❌ ddpcheck failed")
     assert "bad \\<module\\> \\| a\\*b" in text
-    assert "cause: x\\_y" in text
+    assert "- **[1]** x\\_y  \n  explains: coverage at ws=2" in text
     assert "  - e.g.: ``'`tick`'``" in text  # a code span fence longer than the backticks inside
     table = _md_table(text, "world size")
     assert all(len(row) == len(table[0]) for row in table)  # the escaped "|" did not add a column
@@ -579,20 +639,21 @@ def test_junit_counts_and_cases() -> None:
     assert len(cases) == 3 * 9 + 1 + 1  # 3 world sizes ran 9 checks, ws=8 skipped, one "ranks" case
     assert {k: suite.get(k) for k in ("tests", "failures", "errors", "skipped", "time")} == {
         "tests": "29",
-        "failures": "2",
-        "errors": "1",
+        "failures": "3",  # two checks and the crashed ranks (the schema has no <error> element)
+        "errors": "0",
         "skipped": "2",
         "time": "6.000",
     }
-    assert root.get("tests") == "29" and root.get("failures") == "2"
-    assert sum(len(case.findall("failure")) for case in cases) == 2
+    assert root.get("tests") == "29" and root.get("failures") == "3" and root.get("skipped") is None
+    assert sum(len(case.findall("failure")) for case in cases) == 3
     by_id = {(case.get("classname"), case.get("name")): case for case in cases}
     failure = by_id[("ddpcheck.ws4", "no_overlap")].find("failure")
     assert failure is not None
     assert failure.get("message") == OVERLAP.detail
     assert failure.text is not None and "ranks: 1, 3" in failure.text and "e.g.: 17, 42" in failure.text
-    error = by_id[("ddpcheck.ws4", "ranks")].find("error")
+    error = by_id[("ddpcheck.ws4", "ranks")].find("failure")
     assert error is not None and error.get("message") == "rank 1 crashed"
+    assert error.get("type") == "rank-failure"
     assert error.text is not None and error.text.rstrip().endswith("ZeroDivisionError: division by zero")
     world = by_id[("ddpcheck.ws8", "world_size")].find("skipped")
     assert world is not None and world.get("message") == "needs 8 processes; this machine allows 4"
@@ -624,7 +685,7 @@ def test_junit_escapes_and_strips_what_xml_cannot_hold() -> None:
     failure = root.find(".//failure")
     assert failure is not None and failure.get("message") == detail
     assert failure.text == "cause: <cause>"
-    error = root.find(".//error")
+    error = root.find(".//failure[@type='rank-failure']")
     assert error is not None and error.text is not None
     assert "\\x1b[31mred\\x1b[0m \\x00 end" in error.text
     assert 'msg "<&>"' in error.text
@@ -643,7 +704,7 @@ def test_junit_parses_whatever_the_text(detail: str, message: str, stack: str) -
     root = ET.fromstring(render_junit(result))
     failed = root.find(".//failure")
     assert failed is not None and failed.get("message") == xml_text(detail or "coverage failed")
-    error = root.find(".//error")
+    error = root.find(".//failure[@type='rank-failure']")
     assert error is not None and _lf(xml_text(message)) in _lf(error.text or "")
 
 
@@ -661,25 +722,27 @@ def test_render_dispatches_and_rejects_unknown_formats() -> None:
     assert render(result, "json") == render_json(result)
     assert render(result, "markdown") == render_markdown(result)
     assert render(result, "junit") == render_junit(result)
-    with pytest.raises(ValueError, match="unknown report format 'html'; expected one of: table, json"):
-        render(result, "html")  # type: ignore[arg-type]
+    assert render(result, "html") == render_html(result)
+    with pytest.raises(ValueError, match="unknown report format 'pdf'; expected one of: table, json"):
+        render(result, "pdf")  # type: ignore[arg-type]
 
 
 def test_write_reports_creates_dir_and_writes_complete_files(tmp_path: Path) -> None:
     result = _mixed()
     out = tmp_path / "a" / "b"
     paths = write_reports(result, out)
-    assert paths == [out / "ddpcheck.json", out / "ddpcheck.md"]
-    assert sorted(os.listdir(out)) == ["ddpcheck.json", "ddpcheck.md"]  # no temp files left
+    assert paths == [out / "ddpcheck.json", out / "ddpcheck.md", out / "ddpcheck.html"]
+    assert sorted(os.listdir(out)) == ["ddpcheck.html", "ddpcheck.json", "ddpcheck.md"]  # no temp files
     assert _strict_loads((out / "ddpcheck.json").read_text("utf-8")) == to_json_dict(result)
     assert (out / "ddpcheck.md").read_text("utf-8") == render_markdown(result) + "\n"
+    assert (out / "ddpcheck.html").read_text("utf-8") == render_html(result) + "\n"
 
     junit = tmp_path / "ci" / "junit.xml"
     paths = write_reports(result, out, stem="run2", junit_path=junit, formats=("table", "junit"))
     assert paths == [out / "run2.txt", junit]
     assert (out / "run2.txt").read_text("utf-8") == render_table(result) + "\n"
     ET.parse(junit)
-    assert sorted(os.listdir(out)) == ["ddpcheck.json", "ddpcheck.md", "run2.txt"]
+    assert sorted(os.listdir(out)) == ["ddpcheck.html", "ddpcheck.json", "ddpcheck.md", "run2.txt"]
     assert write_reports(result, out, formats="junit") == [out / "ddpcheck.xml"]
 
 
@@ -729,3 +792,220 @@ def test_write_reports_rejects_bad_arguments_before_writing(tmp_path: Path) -> N
     with pytest.raises(ValueError, match="stem must be a plain file name"):
         write_reports(_all_pass(), tmp_path / "x", stem="../evil")
     assert not (tmp_path / "x").exists()
+
+
+# ------------------------------------------------------------------ statuses: n/a and allowed
+
+
+RESHUFFLE_FAIL = Verdict(
+    "reshuffle",
+    "fail",
+    "every rank sees the same samples in epoch 1 as in epoch 0",
+    "set_epoch is never called",
+    epochs=(0, 1),
+    examples=(3, 5),
+)
+
+
+def _statuses() -> CheckResult:
+    """Every status once: pass, fail, skip, n/a and allowed (the failure a user declared a choice)."""
+    na = not_applicable("worker_sharding", "the loader has no workers")
+    ws2 = _world(2, allow(RESHUFFLE_FAIL), na, skipped("determinism", "no second run"), seconds=1.0)
+    return CheckResult("l.py", (_world(1, na, seconds=1.0), ws2))
+
+
+def test_allow_turns_only_failures_into_allowed() -> None:
+    allowed = allow(RESHUFFLE_FAIL)
+    assert allowed.status == "allowed" and not allowed.failed
+    assert (allowed.detail, allowed.cause, allowed.examples) == (
+        RESHUFFLE_FAIL.detail,
+        RESHUFFLE_FAIL.cause,
+        RESHUFFLE_FAIL.examples,
+    )
+    for other in (passed("coverage"), skipped("coverage", "x"), not_applicable("coverage", "y")):
+        assert allow(other) is other
+
+
+def test_allowed_and_na_are_counted_apart_and_never_fail_the_run() -> None:
+    result = _statuses()
+    assert result.ok and result.exit_code == 0
+    text = render_table(result, layout="tall")
+    assert text.splitlines()[-1] == (
+        "ddpcheck: 14 passed, 0 failed, 2 n/a, 1 allowed, 1 skipped across world sizes 1,2 -> OK (exit 0)"
+    )
+    cells = {row[0]: row[1:] for row in _parse_table(text, "check")[1]}
+    assert cells["worker_sharding"] == ["n/a", "n/a"]
+    assert cells["reshuffle"] == ["PASS", "allowed"]
+    assert cells["determinism"] == ["PASS", "skip"]
+    assert _section(text, "Causes") == ["[1] (allowed) set_epoch is never called", "    -> reshuffle at ws=2"]
+    details = _section(text, "Details")
+    assert details[0] == (
+        "[ws=2] reshuffle (allowed, cause 1): every rank sees the same samples in epoch 1 as in epoch 0"
+    )
+    assert _section(text, "Not applicable") == ["[ws=1,2] worker_sharding: the loader has no workers"]
+    assert _section(text, "Skipped (could not be judged)") == ["[ws=2] determinism: no second run"]
+    colored = render_table(result, color=True, layout="tall")
+    assert "\x1b[35mallowed\x1b[0m" in colored and "\x1b[2mn/a\x1b[0m" in colored
+
+
+def test_statuses_in_json_and_markdown() -> None:
+    result = _statuses()
+    data = to_json_dict(result)
+    assert data["ok"] is True and data["exit_code"] == 0
+    assert data["summary"] == {
+        "passed": 14,
+        "failed": 0,
+        "not_applicable": 2,
+        "allowed": 1,
+        "skipped": 1,
+        "rank_failures": 0,
+        "world_sizes": [1, 2],
+    }
+    ws2 = data["runs"][1]["checks"]
+    assert ws2["reshuffle"]["status"] == "allowed" and ws2["reshuffle"]["detail"] == RESHUFFLE_FAIL.detail
+    assert ws2["worker_sharding"]["status"] == "n/a"
+    assert [(c["kind"], c["cause"], c["explains"]) for c in data["causes"]] == [
+        ("allowed", "set_epoch is never called", "reshuffle at ws=2")
+    ]
+    text = render_markdown(result)
+    assert text.startswith("## ✅ ddpcheck passed")
+    body = {row[0]: row for row in _md_table(text, "world size")[2:]}
+    header = _md_table(text, "world size")[0]
+    assert body["ws=2"][header.index("`reshuffle`")] == "⚠️ allowed"
+    assert body["ws=1"][header.index("`worker_sharding`")] == "⚪ n/a"
+    assert "- **ws=2** `reshuffle` (allowed) (cause [1]): every rank sees" in text
+    assert "### Not applicable\n\n- **ws=1,2** `worker_sharding`: the loader has no workers" in text
+
+
+def test_junit_renders_na_skip_and_allowed_as_skipped_with_the_failure_text() -> None:
+    root = ET.fromstring(render_junit(_statuses()))
+    suite = root.find("testsuite")
+    assert suite is not None
+    assert (suite.get("failures"), suite.get("errors"), suite.get("skipped")) == ("0", "0", "4")
+    cases = {(c.get("classname"), c.get("name")): c for c in suite.findall("testcase")}
+    allowed = cases[("ddpcheck.ws2", "reshuffle")].find("skipped")
+    assert allowed is not None and allowed.get("type") == "allowed"
+    assert allowed.get("message") == f"allowed by --allow reshuffle: {RESHUFFLE_FAIL.detail}"
+    assert allowed.text is not None and "cause: set_epoch is never called" in allowed.text
+    na = cases[("ddpcheck.ws1", "worker_sharding")].find("skipped")
+    assert na is not None and na.get("type") == "n/a"
+    assert na.get("message") == "not applicable: the loader has no workers"
+    skip = cases[("ddpcheck.ws2", "determinism")].find("skipped")
+    assert skip is not None and (skip.get("type"), skip.get("message")) == ("skip", "no second run")
+    out = suite.find("system-out")
+    assert out is not None and out.text is not None
+    assert out.text.splitlines()[:3] == [
+        "Causes:",
+        "[1] (allowed) set_epoch is never called",
+        "    explains: reshuffle at ws=2",
+    ]
+
+
+# ------------------------------------------------------------------ JUnit schema
+
+
+def _junit_schema() -> object:
+    xmlschema = pytest.importorskip("xmlschema", reason="xmlschema is needed to validate JUnit XML")
+    if not JUNIT_XSD.exists():
+        pytest.skip(f"the JUnit schema is not at {JUNIT_XSD}")
+    return xmlschema.XMLSchema(str(JUNIT_XSD))
+
+
+def test_junit_validates_against_the_junit_10_schema() -> None:
+    schema = _junit_schema()
+    nasty = Verdict("coverage", "fail", "bad \x00 <x> & \x1b[31m", cause="c", examples=("\ud800",))
+    weird = CheckResult(
+        "l<&>.py",
+        (
+            WorldResult(
+                2, "gloo", (nasty,), failures=(RankFailure(0, "hang", "\x07", "\x1b[0m"),), seconds=1e9
+            ),
+        ),
+    )
+    for result in (_mixed(), _known(), _statuses(), _all_pass(), CheckResult("l.py", ()), weird):
+        text = render_junit(result)
+        errors = list(schema.iter_errors(text))  # type: ignore[attr-defined]
+        assert errors == [], f"{errors[0]}"
+
+
+def test_junit_schema_rejects_what_ddpcheck_used_to_write() -> None:
+    """The schema check has teeth: the old <testsuites skipped=...> and <error> are refused."""
+    schema = _junit_schema()
+    text = render_junit(_mixed())
+    assert schema.is_valid(text)  # type: ignore[attr-defined]
+    assert not schema.is_valid(text.replace("<testsuites ", '<testsuites skipped="2" ', 1))  # type: ignore[attr-defined]
+    old_error = text.replace('<failure message="rank 1 crashed"', '<error message="rank 1 crashed"')
+    old_error = old_error.replace("division by zero</failure>", "division by zero</error>")
+    assert old_error != text and not schema.is_valid(old_error)  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def seed_bug() -> CheckResult:
+    """A real run of a buggy loader at world sizes 1,2,3 (three real process groups, gloo)."""
+    options = CheckOptions(world_sizes=(1, 2, 3), epochs=2, timeout=60.0, determinism=False)
+    return check_loader(str(FIXTURES / "bug_seed_depends_on_rank.py"), options)
+
+
+def test_real_junit_file_from_the_cli_validates(tmp_path: Path, seed_bug: CheckResult) -> None:
+    schema = _junit_schema()
+    junit = tmp_path / "junit.xml"
+    write_reports(seed_bug, tmp_path, junit_path=junit, formats=("json",))
+    schema.validate(str(junit))  # type: ignore[attr-defined]
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite is not None and int(suite.get("failures", "0")) == 8
+
+
+# ------------------------------------------------------------------ failures grouped by cause
+
+
+def test_one_cause_listed_once_for_every_check_and_world_size_it_explains(seed_bug: CheckResult) -> None:
+    """A real rank-dependent seed fails four checks at two world sizes: one cause line says so."""
+    assert seed_bug.exit_code == 1
+    text = render_table(seed_bug)
+    seed_cause = "ranks draw different permutations: the sampler's seed (or random state) depends on the rank"
+    assert text.count(seed_cause) == 1
+    causes = _section(text, "Causes")
+    assert causes[0] == f"[1] {seed_cause}"
+    explained = " ".join(line.strip() for line in causes[1:])  # wrapped at 100 columns
+    assert explained == "-> coverage, no_overlap, padding_bound, single_process_equivalence at ws=2,3"
+    details = _section(text, "Details")
+    heads = [line for line in details if line.startswith("[ws=")]
+    assert len(heads) == 8 and all("(cause 1):" in line for line in heads)
+    assert not any(line.strip().startswith("cause:") for line in details)
+    assert render_markdown(seed_bug).count(seed_cause) == 1
+    # JUnit testcases stand alone in CI views, so each failure keeps its cause; the suite lists it once
+    assert render_junit(seed_bug).count(seed_cause) == 8 + 1
+    assert [c["cause"] for c in to_json_dict(seed_bug)["causes"]] == [seed_cause]
+
+
+def test_examples_quoted_by_the_detail_are_not_printed_again(seed_bug: CheckResult) -> None:
+    details = _section(render_table(seed_bug, width=400), "Details")
+    for at, line in enumerate(details):
+        if not line.startswith("[ws="):
+            continue
+        block = [line]
+        for more in details[at + 1 :]:
+            if more.startswith("[ws="):
+                break
+            block.append(more)
+        examples = [b.split("e.g.: ", 1)[1] for b in block if b.strip().startswith("e.g.:")]
+        for shown in examples:
+            assert shown not in line, f"examples repeated in {block}"
+    overlap = next(line for line in details if "] no_overlap" in line)
+    assert "both see samples" in overlap  # the detail quotes the examples itself
+    block = details[details.index(overlap) + 1 : details.index(overlap) + 4]
+    assert not any(b.strip().startswith("e.g.:") for b in block)
+
+
+def test_examples_are_dropped_only_when_the_detail_really_quotes_them() -> None:
+    def shown(detail: str, examples: tuple[object, ...]) -> list[str]:
+        return [
+            text
+            for name, text in evidence(Verdict("coverage", "fail", detail, examples=examples))
+            if name == "e.g."
+        ]
+
+    assert shown("missing: 1, 5, 7", (1, 5, 7)) == []
+    assert shown("missing: 1, 5, 7.", (1, 5, 7)) == []
+    assert shown("10 samples are missing", (1,)) == ["1"]  # "1" inside "10" is not a quote
+    assert shown("missing: 1, 5, 7.5", (1, 5, 7)) == ["1, 5, 7"]

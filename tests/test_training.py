@@ -16,7 +16,7 @@ from ddpcheck.checks.ids import TRAINING_EQUIVALENCE
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.runner import BadInput, CheckOptions, check_loader
-from ddpcheck.training import RankTraining, ReferenceTraining, judge_training, relative_difference
+from ddpcheck.scenarios.training import RankTraining, ReferenceTraining, judge_training, relative_difference
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"

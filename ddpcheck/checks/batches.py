@@ -13,18 +13,19 @@ from collections.abc import Hashable
 from ddpcheck.checks._format import epochs_text, ids_text
 from ddpcheck.checks.context import Context, batch_key, broken_reason, same_streams
 from ddpcheck.checks.ids import BATCH_INTEGRITY
-from ddpcheck.checks.verdict import Verdict, passed, skipped
+from ddpcheck.checks.verdict import Verdict, not_applicable, passed, skipped
 from ddpcheck.record import EpochTrace, LoaderFacts, RunTrace
 
 CAUSE = (
     "batches are split or re-formed across ranks: "
     "shard whole batches (wrap the batch sampler) instead of samples"
 )
-STANDARD = (None, "BatchSampler")
 
 
 def _custom(facts: LoaderFacts) -> bool:
-    return facts.batch_level or facts.batch_sampler not in STANDARD
+    """The recorder decides by behaviour (``recorder.plain_batching``): a batch sampler that only
+    chunks its sampler into ``batch_size`` batches is plain, whatever its class."""
+    return facts.batch_level
 
 
 def _keys(trace: EpochTrace) -> set[tuple[Hashable, ...]]:
@@ -37,8 +38,12 @@ def check_batch_integrity(
     ctx = ctx or Context(reference, run, rerun)
     if ctx.unjudgeable:
         return skipped(BATCH_INTEGRITY, ctx.unjudgeable)
-    if not any(_custom(r.facts) for r in (*run.ranks, *reference.ranks)):
-        return passed(BATCH_INTEGRITY, "not a custom batch sampler")
+    if not any(_custom(r.facts) for r in reference.ranks):
+        return not_applicable(
+            BATCH_INTEGRITY,
+            "the single-process loader's batch sampler only chunks its sampler into batches "
+            "(no custom batch structure to preserve)",
+        )
     ref_epochs = reference.ranks[0].epochs[: ctx.num_epochs]
     ref_keys = [_keys(t) for t in ref_epochs]
     random_run = rerun is not None and not broken_reason(rerun, "") and not same_streams(run, rerun)

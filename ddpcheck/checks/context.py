@@ -277,7 +277,7 @@ class Context:
         When a custom batch sampler's batches are re-formed on the ranks (batch_integrity's finding),
         batch identity means nothing, so coverage and overlap fall back to sample ids.
         """
-        if not any(r.facts.batch_level for r in self.run.ranks):
+        if not any(r.facts.batch_level for r in self.reference.ranks):
             return False
         ref_epochs = self.reference.ranks[0].epochs if self.reference.ranks else ()
         for e in range(self.num_epochs):
@@ -341,7 +341,7 @@ class Context:
     def allowance(self, view: EpochView) -> Allowance:
         w = self.world_size
         padding = self.facts.padding
-        duplicates = w - 1 if padding is not False else 0
+        duplicates = w * self.facts.pad_unit - 1 if padding is not False else 0
         pads = padding is True or (padding is None and view.excess > 0)
         sampler_drop = 0 if pads else w - 1
         loader_drop = 0

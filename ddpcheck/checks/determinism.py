@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-from ddpcheck.checks.context import Context, broken_reason, same_sequence
+from ddpcheck.checks.context import Context, batch_key, broken_reason, same_sequence
 from ddpcheck.checks.ids import DETERMINISM
 from ddpcheck.checks.verdict import Verdict, passed, skipped
 from ddpcheck.record import EpochTrace, RunTrace
@@ -28,8 +28,25 @@ def _describe(a: Sequence[Hashable], b: Sequence[Hashable], pos: int) -> str:
     return f"the run yields {said}, the rerun {then}"
 
 
-def _compare(one: EpochTrace, two: EpochTrace) -> tuple[str, int, tuple[object, ...]] | None:
-    """Where two recordings of one rank's epoch part ways: (what, position, example ids)."""
+def _batch_multiset(trace: EpochTrace) -> list[tuple[Hashable, ...]]:
+    return sorted((batch_key(b) for b in trace.batches()), key=repr)
+
+
+def _compare(
+    one: EpochTrace, two: EpochTrace, ordered: bool = True
+) -> tuple[str, int, tuple[object, ...]] | None:
+    """Where two recordings of one rank's epoch part ways: (what, position, example ids).
+
+    ``ordered`` False (``DataLoader(in_order=False)``): batches may arrive in any order by design,
+    so the rank's batches are compared as a multiset.
+    """
+    if not ordered:
+        a, b = _batch_multiset(one), _batch_multiset(two)
+        if a == b:
+            return None
+        extra = sorted(set(a) - set(b), key=repr)[:1] or sorted(set(b) - set(a), key=repr)[:1]
+        shown = tuple(extra[0][:5]) if extra else ()
+        return "its set of batches (in_order=False: order is free, contents are not)", 0, shown
     if not same_sequence(one.ids, two.ids):
         pos = _first_difference(one.ids, two.ids)
         shown = tuple(x[pos] for x in (one.ids, two.ids) if pos < len(x))
@@ -54,16 +71,17 @@ def check_determinism(
     if why:
         return skipped(DETERMINISM, why)
     epochs = min(run.num_epochs, rerun.num_epochs)
+    ordered = ctx.facts.in_order
     for e in range(epochs):
         for r, (one, two) in enumerate(zip(run.epoch(e), rerun.epoch(e), strict=True)):
-            found = _compare(one, two)
+            found = _compare(one, two, ordered)
             if found is None:
                 continue
             where, pos, examples = found
             differing = sum(
                 1
                 for a, b in zip(run.epoch(e), rerun.epoch(e), strict=True)
-                if not (same_sequence(a.ids, b.ids) and same_sequence(a.batch_sizes, b.batch_sizes))
+                if _compare(a, b, ordered) is not None
             )
             detail = f"rank {r}, epoch {e} differs between two runs with the same seed at {where}"
             if differing > 1:
@@ -78,4 +96,5 @@ def check_determinism(
                 examples,
                 {"rank": r, "epoch": e, "position": pos, "ranks_differing": differing},
             )
-    return passed(DETERMINISM, f"{run.world_size} ranks x {epochs} epochs repeat exactly in a second run")
+    how = "exactly" if ordered else "batch for batch (in any order: in_order=False)"
+    return passed(DETERMINISM, f"{run.world_size} ranks x {epochs} epochs repeat {how} in a second run")

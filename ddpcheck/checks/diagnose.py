@@ -99,6 +99,11 @@ def length_by_rank(ctx: Context) -> tuple[str, tuple[int, ...]]:
         f"{LENGTH_BY_RANK}: the dataset has {first.facts.dataset_len} samples on rank {first.rank} "
         f"but {ref_len} in a single process"
     )
+    if ctx.run.id_source == "index":
+        why += (
+            "; if each rank holds its own shard (e.g. datasets' split_dataset_by_node), its indices are "
+            "local to the rank: identify samples with a sample_ids(batch) hook"
+        )
     return why, tuple(r.rank for r in odd)
 
 

@@ -99,7 +99,8 @@ def check_padding_bound(
         return skipped(PADDING_BOUND, ctx.unjudgeable)
     views = ctx.views()
     copies = [_extra_copies(ctx, v) for v in views]
-    bound = ctx.world_size - 1 if ctx.facts.padding is not False else 0
+    unit = ctx.facts.pad_unit
+    bound = ctx.world_size * unit - 1 if ctx.facts.padding is not False else 0
     bad = [(v, c) for v, c in zip(views, copies, strict=True) if c > bound]
     if not bad:
         return passed(
@@ -110,7 +111,11 @@ def check_padding_bound(
     if ctx.facts.padding is False:
         limit = "but the sampler does not pad, so none are allowed"
     else:
-        limit = f"but padding adds at most world_size - 1 = {bound}"
+        limit = (
+            f"but padding adds at most world_size - 1 = {bound}"
+            if unit == 1
+            else f"but padding whole batches of {unit} adds at most world_size * {unit} - 1 = {bound}"
+        )
     more = f" (also {epochs_text([v.epoch for v, _ in bad[1:]])})" if len(bad) > 1 else ""
     detail = f"{count_text(extra, 'duplicated ' + ctx.noun)} in epoch {view.epoch}{more}, {limit}"
     cause, group = duplicate_cause(ctx, view)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 Status = Literal["pass", "fail", "skip", "n/a", "allowed"]
@@ -43,3 +43,11 @@ def skipped(check: str, why: str) -> Verdict:
 
 def not_applicable(check: str, why: str) -> Verdict:
     return Verdict(check, "n/a", why)
+
+
+def allow(verdict: Verdict) -> Verdict:
+    """``verdict`` reported as ``allowed`` when it failed (``--allow CHECK``); any other status as is.
+
+    The failure text stays, so the report still says what happened; only the exit code forgives it.
+    """
+    return replace(verdict, status="allowed") if verdict.status == "fail" else verdict

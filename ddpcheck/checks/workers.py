@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ddpcheck.checks._format import count_text, epochs_text, few, ids_text
 from ddpcheck.checks.context import Context
 from ddpcheck.checks.ids import WORKER_SHARDING
-from ddpcheck.checks.verdict import Verdict, passed, skipped
+from ddpcheck.checks.verdict import Verdict, not_applicable, passed, skipped
 from ddpcheck.record import EpochTrace, RunTrace
 
 WORKERS = "the iterable dataset is not split across DataLoader workers (use get_worker_info())"
@@ -107,15 +107,21 @@ def check_worker_sharding(
             if rep is not None:
                 found.append(rep)
     if not found:
+        if ctx.facts.num_workers == 0:
+            return not_applicable(
+                WORKER_SHARDING, "no DataLoader workers (and no rank yields a sample twice within an epoch)"
+            )
         return passed(
             WORKER_SHARDING, f"no rank yields a sample twice within an epoch ({ctx.num_epochs} epochs)"
         )
     per_epoch = Counter[int]()
     for rep in found:
         per_epoch[rep.epoch] += rep.copies
-    padding_room = ctx.world_size - 1  # padded items; whole batches when the loader shards batches
+    padding_room = ctx.world_size * ctx.facts.pad_unit - 1  # padded items; whole batches when batch-sharded
     if ctx.batch_level:
-        padding_room *= max((max(v.ref_trace.batch_sizes, default=1) for v in ctx.views()), default=1)
+        padding_room = (ctx.world_size - 1) * max(
+            (max(v.ref_trace.batch_sizes, default=1) for v in ctx.views()), default=1
+        )
     if ctx.facts.padding is True and not same_in_reference and max(per_epoch.values()) <= padding_room:
         return passed(
             WORKER_SHARDING,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import pickle
 import shutil
 import signal
 import socket
@@ -26,6 +25,17 @@ from typing import Any
 
 import torch.distributed as dist
 
+from ddpcheck.launch.procs import (
+    ExitWatch,
+    FrameReader,
+    Janitor,
+    Reaper,
+    kill_group,
+    poll_interval,
+    process_state,
+    read_tail,
+    wait_objects,
+)
 from ddpcheck.launch.rank import (
     JOINING,
     PROGRESS_BYTES,
@@ -41,7 +51,8 @@ from ddpcheck.launch.target import TargetRef
 JOIN_ALLOWANCE_S = 60.0  # on top of ``timeout``, for ranks to start and join the group
 _JOIN_POLL_S = 0.02
 _STACK_WAIT_S = 2.0  # at most; usually the dumps land in milliseconds
-_OUTPUT_TAIL = 20_000
+_OUTPUT_TAIL = 20_000  # bytes of a rank's output kept (its end); the rest is never read
+_STACK_TAIL = 200_000
 # What a rank's own communication layer says when a peer went away (gloo's transport errors).
 _COMM_ERROR_HINTS = ("gloo/transport", "connection closed by peer", "connection reset by peer")
 _COMM_ERROR_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError")
@@ -149,6 +160,7 @@ def run_ranks(
         target = TargetRef.of(target)
     ctx: Any = mp.get_context(method)
     workdir = tempfile.mkdtemp(prefix="ddpcheck-")
+    janitor = Janitor(workdir)  # first: it must inherit none of the group's descriptors
     progress = ctx.Array("c", PROGRESS_BYTES * world_size, lock=False)
     ready = ctx.Event()
     sock = bind_loopback()
@@ -158,6 +170,8 @@ def run_ranks(
     procs: list[Any] = []
     conns: list[Any] = []
     store = None
+    reaper = Reaper()
+    reaper.start()
     try:
         for rank in range(world_size):
             spec = RankSpec(
@@ -175,12 +189,15 @@ def run_ranks(
                 env=dict(env or {}),
                 init_group=init_group,
                 forked=method == "fork",
+                run_id=f"ddpcheck-{os.getpid()}-{port}",
+                close_fds=(janitor.fd,),
             )
             reader, writer = ctx.Pipe(duplex=False)
             proc = ctx.Process(
                 target=rank_main, args=(spec, writer, progress, ready), name=f"ddpcheck-rank{rank}"
             )
             proc.start()
+            janitor.watch(proc.pid)
             writer.close()
             procs.append(proc)
             conns.append(reader)
@@ -204,12 +221,15 @@ def run_ranks(
         return result
     finally:
         _stop_all(procs)
+        reaper.sweep({p.pid for p in procs if p.pid is not None})
+        reaper.stop()
         for conn in conns:
             conn.close()
         if store is None:
             os.close(listen_fd)
         del store  # closes listen_fd: closing it here too could close a later group's reused fd number
         shutil.rmtree(workdir, ignore_errors=True)
+        janitor.close()
 
 
 @dataclass
@@ -240,58 +260,86 @@ def _all_joined(progress: Any, outcomes: list[RankOutcome]) -> bool:
 def _collect(
     procs: list[Any], conns: list[Any], progress: Any, workdir: str, deadline: Deadline, grace: float
 ) -> list[RankOutcome]:
+    """Read results and exits until every rank is done, the deadline passes, or grace after a failure.
+
+    Never blocks on a rank: pipes are read without blocking and reassembled, and a rank's exit is seen
+    through its pid (pidfd), so a helper process that inherited the rank's pipes cannot hide it.
+    """
     world = len(procs)
     outcomes = [RankOutcome(rank=r, kind="pending") for r in range(world)]
-    open_conns = {conn: r for r, conn in enumerate(conns)}
-    live = {proc.sentinel: r for r, proc in enumerate(procs)}
+    readers = {r: FrameReader(conn.fileno()) for r, conn in enumerate(conns)}
+    watches = {r: ExitWatch(proc.pid) for r, proc in enumerate(procs)}
     first_failure: float | None = None
-    while open_conns or live:
-        now = time.monotonic()
-        if deadline.joined_at is None and _all_joined(progress, outcomes):
-            deadline.joined_at = now
-        if now >= deadline.at or (first_failure is not None and now - first_failure >= grace):
-            break
-        limit = deadline.at - now
-        if first_failure is not None:
-            limit = min(limit, grace - (now - first_failure))
-        if deadline.joined_at is None:
-            limit = min(limit, _JOIN_POLL_S)  # joining is seen through progress, not through an event
-        for ready in wait([*open_conns, *live], timeout=max(limit, 0.0)):
-            _take(ready, open_conns, live, procs, outcomes)
-        # after every batch of events: a pipe's EOF and its process's exit arrive in either order
-        if first_failure is None and _any_failed(outcomes, set(open_conns.values())):
-            first_failure = time.monotonic()
+    try:
+        while readers or watches:
+            now = time.monotonic()
+            if deadline.joined_at is None and _all_joined(progress, outcomes):
+                deadline.joined_at = now
+            if now >= deadline.at or (first_failure is not None and now - first_failure >= grace):
+                break
+            limit = deadline.at - now
+            if first_failure is not None:
+                limit = min(limit, grace - (now - first_failure))
+            if deadline.joined_at is None:
+                limit = min(limit, _JOIN_POLL_S)  # joining is seen through progress, not through an event
+            poll = poll_interval(list(watches.values()))
+            if poll is not None:
+                limit = min(limit, poll)
+            objects: list[Any] = [*readers.values()]
+            for watch in watches.values():
+                objects += wait_objects(watch)
+            wait(objects, timeout=max(limit, 0.0))
+            for r in list(readers):
+                _take_messages(readers[r], outcomes[r])
+                if readers[r].eof:
+                    del readers[r]
+            for r in list(watches):
+                if _exited(watches[r], procs[r]):
+                    watches.pop(r).close()
+                    procs[r].join(timeout=1.0)  # the pidfd can fire a moment before the exit status
+                    outcomes[r].exitcode = procs[r].exitcode
+                    reader = readers.pop(r, None)  # a helper may hold the pipe open: take what is there
+                    if reader is not None:
+                        _take_messages(reader, outcomes[r])
+                        _note_partial(reader, outcomes[r])
+            if first_failure is None and _any_failed(outcomes, set(readers)):
+                first_failure = time.monotonic()
+    finally:
+        for watch in watches.values():
+            watch.close()
     timed_out = time.monotonic() >= deadline.at
-    stuck = sorted(live.values())
-    _dump_stacks(procs, stuck, workdir)
+    stuck = sorted(r for r in watches if procs[r].exitcode is None)
+    stopped = {r for r in stuck if process_state(procs[r].pid) == "T"}
+    _dump_stacks(procs, [r for r in stuck if r not in stopped], workdir)
     for r, outcome in enumerate(outcomes):
         outcome.progress = read_progress(progress, r)
         _finish(outcome, procs[r], workdir, stuck=r in stuck, timed_out=timed_out)
+        if r in stopped and outcome.kind == "hang":
+            reader = readers.get(r)
+            partial = f", {reader.partial} bytes into its result" if reader and reader.partial else ""
+            outcome.message += f" (the process was stopped, e.g. by SIGSTOP{partial})"
     _mark_secondary(outcomes)
     return outcomes
 
 
-def _take(
-    ready: Any,
-    open_conns: dict[Any, int],
-    live: dict[Any, int],
-    procs: list[Any],
-    outcomes: list[RankOutcome],
-) -> None:
-    """Consume one ready object: a rank's result message, its pipe's EOF, or its exit."""
-    if ready in open_conns:
-        rank = open_conns.pop(ready)
-        try:
-            status, payload = pickle.loads(ready.recv_bytes())
-        except (EOFError, OSError):
-            return  # closed without a result: the exit status says why
-        except Exception as exc:  # a value that does not unpickle here
-            status, payload = "error", {"message": f"result could not be read: {exc}"}
-        _record_message(outcomes[rank], status, payload)
-    else:
-        rank = live.pop(ready)
-        procs[rank].join(timeout=1.0)  # the sentinel can fire a moment before the exit status
-        outcomes[rank].exitcode = procs[rank].exitcode
+def _exited(watch: ExitWatch, proc: Any) -> bool:
+    if watch.fd is not None:
+        return bool(wait([watch.fd], timeout=0))
+    return proc.exitcode is not None
+
+
+def _take_messages(reader: FrameReader, outcome: RankOutcome) -> None:
+    for message in reader.pump():
+        status, payload = message
+        if status == "unreadable":
+            status, payload = "error", {"message": payload}
+        if outcome.kind == "pending":
+            _record_message(outcome, status, payload)
+
+
+def _note_partial(reader: FrameReader, outcome: RankOutcome) -> None:
+    if outcome.kind == "pending" and reader.partial:
+        outcome.message = f"its result was cut off after {reader.partial} bytes"
 
 
 def _any_failed(outcomes: list[RankOutcome], unread: set[int]) -> bool:
@@ -315,7 +363,7 @@ def _record_message(outcome: RankOutcome, status: str, payload: Any) -> None:
 
 def _finish(outcome: RankOutcome, proc: Any, workdir: str, *, stuck: bool, timed_out: bool) -> None:
     if stuck:
-        outcome.stack = _read(stack_path(workdir, outcome.rank))
+        outcome.stack = read_tail(stack_path(workdir, outcome.rank), _STACK_TAIL)
         if outcome.kind == "pending":
             outcome.kind = "hang" if timed_out else "secondary"
             outcome.message = "no result before the deadline" if timed_out else "stopped after a peer failed"
@@ -327,9 +375,11 @@ def _finish(outcome: RankOutcome, proc: Any, workdir: str, *, stuck: bool, timed
             outcome.message = f"killed by {name}" + (" (out of memory?)" if name == "SIGKILL" else "")
         else:
             outcome.kind = "exited"
-            outcome.message = f"exited with code {code} before sending a result"
-        outcome.stack = _read(stack_path(workdir, outcome.rank))
-    outcome.output = _read(output_path(workdir, outcome.rank))[-_OUTPUT_TAIL:]
+            outcome.message = f"exited with code {code} before sending a result" + (
+                f"; {outcome.message}" if outcome.message else ""
+            )
+        outcome.stack = read_tail(stack_path(workdir, outcome.rank), _STACK_TAIL)
+    outcome.output = read_tail(output_path(workdir, outcome.rank), _OUTPUT_TAIL)
 
 
 def _mark_secondary(outcomes: list[RankOutcome]) -> None:
@@ -370,13 +420,8 @@ def _dump_stacks(procs: list[Any], ranks: list[int], workdir: str) -> None:
 
 def _stop_all(procs: list[Any]) -> None:
     for proc in procs:
-        if proc.pid is None:
-            continue
-        for kill in (lambda p: os.killpg(p.pid, signal.SIGKILL), lambda p: os.kill(p.pid, signal.SIGKILL)):
-            try:
-                kill(proc)
-            except (ProcessLookupError, PermissionError, OSError):
-                pass
+        if proc.pid is not None:
+            kill_group(proc.pid)
     for proc in procs:
         if proc.pid is not None:
             proc.join(timeout=5)
@@ -387,14 +432,6 @@ def _size(path: str) -> int:
         return os.path.getsize(path)
     except OSError:
         return 0
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read()
-    except OSError:
-        return ""
 
 
 def _diagnose(result: GroupResult) -> str:

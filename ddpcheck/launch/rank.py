@@ -12,9 +12,11 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import os
-import pickle
+import re
 import signal
 import sys
+import sysconfig
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -22,7 +24,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from ddpcheck.launch.procs import write_frame
 from ddpcheck.launch.target import TargetRef
+from ddpcheck.preload import refresh_rank_state
 
 STACK_SIGNAL = signal.SIGUSR1
 PROGRESS_BYTES = 240
@@ -52,6 +56,56 @@ class RankSpec:
     env: dict[str, str] = field(default_factory=dict)
     init_group: bool = True
     forked: bool = True
+    run_id: str = ""
+    close_fds: tuple[int, ...] = ()  # the parent's own descriptors a rank must not keep open
+
+
+def torchrun_env(rank: int, world_size: int, port: int, run_id: str, workdir: str) -> dict[str, str]:
+    """What torchrun's elastic agent puts in every worker's environment (one node, no restarts).
+
+    So code that sets itself up from the environment (accelerate's ``PartialState``, Lightning
+    Fabric, ``init_process_group("env://")`` guarded by ``is_initialized()``) runs as under torchrun
+    and finds the group ddpcheck already initialised. ``MASTER_PORT`` is the group's own store.
+    """
+    env = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "GROUP_RANK": "0",
+        "GROUP_WORLD_SIZE": "1",
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(world_size),
+        "ROLE_NAME": "default",
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RUN_ID": run_id or "ddpcheck",
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        "TORCHELASTIC_ERROR_FILE": os.path.join(workdir, f"rank{rank}.error.json"),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+    }
+    return env
+
+
+def force_loopback() -> None:
+    """Gloo and tensorpipe pick their interface from these: ddpcheck's own groups use loopback, always."""
+    lo = "lo" if sys.platform == "linux" else "lo0"
+    os.environ["GLOO_SOCKET_IFNAME"] = lo
+    os.environ["TP_SOCKET_IFNAME"] = lo
+
+
+def private_tmp(workdir: str) -> None:
+    """Temp files of user code (multiprocessing's ``pymp-*`` dirs, ...) go under ddpcheck's workdir,
+    which the parent removes on every way out; a rank ends with ``os._exit`` and cleans nothing itself."""
+    import multiprocessing.process
+
+    path = workdir  # not a subdirectory: AF_UNIX socket paths under it (multiprocessing's) must stay short
+    os.environ["TMPDIR"] = path
+    tempfile.tempdir = path  # the cached value from the parent would win over TMPDIR
+    multiprocessing.process.current_process()._config.pop("tempdir", None)  # type: ignore[attr-defined]
 
 
 def report_progress(text: str) -> None:
@@ -117,23 +171,30 @@ def _single_thread_torch() -> None:
 
 
 def send_result(conn: Any, status: str, payload: Any) -> None:
-    """Plain pickle, not torch's shared-memory reducer: tensors travel by value and survive our exit."""
-    conn.send_bytes(pickle.dumps((status, payload), protocol=pickle.HIGHEST_PROTOCOL))
+    """Plain pickle, not torch's shared-memory reducer: tensors travel by value and survive our exit.
+
+    Framed by :func:`ddpcheck.launch.procs.write_frame`: the parent reads it without ever blocking."""
+    write_frame(conn.fileno(), (status, payload))
 
 
-def _isolate(spec: RankSpec) -> None:
+def make_killable(parent_pid: int, close_fds: tuple[int, ...] = ()) -> None:
+    """Own process group, die with the parent, default Ctrl-C/TERM, none of the parent's private fds."""
     try:
         os.setpgrp()
     except OSError:
         pass
-    _die_with_parent(spec.parent_pid)
-    if spec.listen_fd >= 0:
+    _die_with_parent(parent_pid)
+    for fd in close_fds:
         try:
-            os.close(spec.listen_fd)
+            os.close(fd)
         except OSError:
             pass
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _isolate(spec: RankSpec) -> None:
+    make_killable(spec.parent_pid, (*([spec.listen_fd] if spec.listen_fd >= 0 else []), *spec.close_fds))
 
 
 def _capture_output(spec: RankSpec) -> None:
@@ -191,11 +252,60 @@ def _final_barrier(spec: RankSpec) -> None:
         pass
 
 
+_WORKER_CAUGHT = re.compile(r"^Caught (\S+) in DataLoader worker process (\d+)\.")
+_FRAME = re.compile(r'^\s+File "(.+)", line (\d+), in (.+)$')
+
+
+def _library_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    dirs = {paths.get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    torch_file = getattr(sys.modules.get("torch"), "__file__", None)
+    if torch_file:
+        dirs.add(os.path.dirname(str(torch_file)))
+    return tuple(d for d in dirs if d)
+
+
+def worker_headline(text: str) -> str:
+    """'ValueError: msg [DataLoader worker process 0, file.py:25 in f]' from torch's re-raised text.
+
+    torch re-raises a worker's exception in the main process as "Caught X in DataLoader worker
+    process N." with the worker's traceback as text: the headline a user needs is the original
+    exception and the user's own frame in it (the innermost one outside torch and the stdlib).
+    Returns '' when ``text`` is not such a message.
+    """
+    lines = text.splitlines()
+    match = _WORKER_CAUGHT.match(lines[0]) if lines else None
+    if match is None:
+        return ""
+    frames: list[tuple[str, str, str]] = []
+    exc_line = ""
+    after_frame = False
+    for line in lines[1:]:
+        frame = _FRAME.match(line)
+        if frame:
+            frames.append((frame.group(1), frame.group(2), frame.group(3)))
+            after_frame, exc_line = True, ""
+        elif after_frame and line and not line[0].isspace() and not exc_line:
+            exc_line = line.strip()
+    exc_line = exc_line or match.group(1)
+    libraries = _library_dirs()
+    user = [f for f in frames if not f[0].startswith(libraries) and not f[0].startswith("<")]
+    where = (user or frames)[-1:] if frames else []
+    site = f", {where[0][0]}:{where[0][1]} in {where[0][2]}" if where else ""
+    return f"{exc_line} [DataLoader worker process {match.group(2)}{site}]"
+
+
 def _error_message(exc: BaseException) -> dict[str, Any]:
+    text = str(exc).strip()
+    message = text.splitlines()[0] if text else type(exc).__name__
+    if isinstance(exc, SystemExit):
+        message = f"the code called sys.exit({exc.code!r}) (a rank must return, not exit)"
+    else:
+        message = worker_headline(text) or message
     return {
         "exc_type": type(exc).__name__,
         "exc_module": type(exc).__module__,
-        "message": str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+        "message": message,
         "traceback": "".join(traceback.format_exception(exc)),
         "time": time.time(),
     }
@@ -207,10 +317,13 @@ def rank_main(spec: RankSpec, conn: Any, progress: Any, ready: Any = None) -> No
     _isolate(spec)
     _progress_buffer, _progress_rank = progress, spec.rank
     os.environ.update(spec.env)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo" if sys.platform == "linux" else "lo0")
-    os.environ["RANK"] = str(spec.rank)
-    os.environ["WORLD_SIZE"] = str(spec.world_size)
-    os.environ["LOCAL_RANK"] = str(spec.rank)
+    env = torchrun_env(spec.rank, spec.world_size, spec.port, spec.run_id, spec.workdir)
+    if not spec.init_group:  # a body that connects itself must not find ddpcheck's store in MASTER_PORT
+        env = {k: v for k, v in env.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    os.environ.update(env)
+    refresh_rank_state()  # modules the parent preloaded read RANK when it was unset
+    force_loopback()
+    private_tmp(spec.workdir)
     _capture_output(spec)
     if spec.forked:
         _single_thread_torch()

@@ -1,9 +1,16 @@
-"""Simulated ranks: every rank of a world runs one after another in this process.
+"""Simulated ranks: every rank of a world runs one after another in one forked child process.
 
 For world sizes far beyond the machine (up to 1024 and more) when the loader needs no real
-collectives. Each rank sees an initialised default group on torch's ``fake`` backend, so factories
-that read ``torch.distributed.get_rank()`` work. Any real collective (all_reduce, broadcast, ...) is
-refused with :class:`NeedsCollectives` and the simulation stops: a fake result would be a lie.
+collectives. The whole group is one child, not one per rank (W=1024 stays cheap), and that child is
+a rank in every other respect: its own process group, dead with the parent, a deadline per simulated
+rank (``timeout``, as a real rank gets), output captured to a file and read back as a bounded tail,
+results back over a pipe as plain data. So user code that calls ``sys.exit``, loops forever, leaves a
+non-daemon thread or child processes, prints, or installs signal handlers cannot touch ddpcheck.
+
+Each rank sees an initialised default group on torch's ``fake`` backend and torchrun's environment,
+so factories that read ``torch.distributed.get_rank()`` or ``RANK`` work. Any real collective
+(all_reduce, broadcast, ...) is refused with :class:`NeedsCollectives` and the simulation stops: a
+fake result would be a lie.
 Module-level code of the user's file runs once, not once per rank, and a seeded permutation that
 every rank draws identically is computed once (:mod:`ddpcheck.launch.shared_work`).
 """
@@ -11,16 +18,50 @@ every rank draws identically is computed once (:mod:`ddpcheck.launch.shared_work
 from __future__ import annotations
 
 import contextlib
+import faulthandler
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import tempfile
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch.distributed as dist
 
-from ddpcheck.launch.group import GroupResult, RankOutcome
-from ddpcheck.launch.rank import fresh_random_state
+from ddpcheck.launch import rank as rank_side
+from ddpcheck.launch.group import GroupResult, RankOutcome, bind_loopback
+from ddpcheck.launch.procs import (
+    ExitWatch,
+    FrameReader,
+    Janitor,
+    Reaper,
+    kill_group,
+    poll_interval,
+    process_state,
+    read_span_tail,
+    read_tail,
+    wait_objects,
+    write_frame,
+)
+from ddpcheck.launch.rank import (
+    PROGRESS_BYTES,
+    STACK_SIGNAL,
+    force_loopback,
+    fresh_random_state,
+    make_killable,
+    private_tmp,
+    read_progress,
+    torchrun_env,
+)
 from ddpcheck.launch.shared_work import shared_permutations
+from ddpcheck.preload import refresh_rank_state
+
+_START_ALLOWANCE_S = 30.0  # on top of the first rank's timeout: fork, and a loaded machine
+_STACK_WAIT_S = 2.0
+_OUTPUT_TAIL = 20_000
+_STACK_TAIL = 200_000
 
 COLLECTIVES = (
     "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "all_to_all",
@@ -64,33 +105,279 @@ def collectives_forbidden() -> Iterator[None]:
 
 
 def simulate_ranks(
-    target: Callable[..., Any], world_size: int, *, kwargs: dict[str, Any] | None = None
+    target: Callable[..., Any],
+    world_size: int,
+    *,
+    kwargs: dict[str, Any] | None = None,
+    timeout: float = 120.0,
+    capture: bool = True,
 ) -> GroupResult:
-    """Run ``target(**kwargs)`` once per rank in this process; raises NeedsCollectives if it needs peers."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+    """Run ``target(**kwargs)`` once per rank in one forked child; raises NeedsCollectives if it needs peers.
 
+    Each simulated rank must finish within ``timeout`` seconds of the previous one; the first hung
+    rank is reported as ``hang`` with its stack and progress, the ranks after it as ``secondary``.
+    """
+    if world_size < 1:
+        raise ValueError(f"world size must be a positive integer, got {world_size}")
     if dist.is_initialized():
         raise RuntimeError("--simulate needs a process without a default process group")
+    ctx: Any = mp.get_context("fork")
     started = time.monotonic()
+    workdir = tempfile.mkdtemp(prefix="ddpcheck-sim-")
+    janitor = Janitor(workdir)  # removes workdir and the child's group should this process be SIGKILLed
+    progress = ctx.Array("c", PROGRESS_BYTES, lock=False)
+    read_fd, write_fd = os.pipe()
+    reaper = Reaper()
+    reaper.start()
+    proc = ctx.Process(
+        target=_child_main,
+        args=(
+            target,
+            world_size,
+            dict(kwargs or {}),
+            write_fd,
+            (read_fd, janitor.fd),
+            progress,
+            workdir,
+            capture,
+            os.getpid(),
+        ),
+        name="ddpcheck-simulated-ranks",
+    )
+    try:
+        proc.start()
+        janitor.watch(proc.pid)
+        os.close(write_fd)
+        write_fd = -1
+        collected = _Collected(world_size)
+        _collect(proc, FrameReader(read_fd), collected, timeout)
+        if collected.needs:
+            raise NeedsCollectives(collected.needs)
+        outcomes = _outcomes(collected, proc, progress, workdir, capture)
+        return GroupResult(world_size, "simulated", outcomes, time.monotonic() - started)
+    finally:
+        if proc.pid is not None:
+            kill_group(proc.pid)
+            proc.join(timeout=5)
+        reaper.sweep({proc.pid} if proc.pid is not None else set())
+        reaper.stop()
+        for fd in (read_fd, write_fd):
+            if fd >= 0:
+                os.close(fd)
+        shutil.rmtree(workdir, ignore_errors=True)
+        janitor.close()
+
+
+class _Collected:
+    """What came back from the child: per-rank results (in rank order) and how it ended."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.results: list[tuple[str, Any, int, int]] = []  # status, payload, output span
+        self.done = False
+        self.needs = ""
+        self.fatal: dict[str, Any] | None = None
+        self.timed_out = False
+        self.partial = 0
+
+
+def _collect(proc: Any, reader: FrameReader, collected: _Collected, timeout: float) -> None:
+    """Read until the child says done, exits, or one simulated rank runs past ``timeout``."""
+    watch = ExitWatch(proc.pid)
+    deadline = time.monotonic() + timeout + _START_ALLOWANCE_S
+    try:
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                collected.timed_out = True
+                break
+            limit = deadline - now
+            poll = poll_interval([watch])
+            objects: list[Any] = [reader, *wait_objects(watch)]
+            mp.connection.wait(objects, timeout=min(limit, poll or limit))
+            exited = (
+                proc.exitcode is not None if watch.fd is None else bool(mp.connection.wait([watch.fd], 0))
+            )
+            for message in reader.pump():
+                if message[0] == "rank":
+                    _, status, payload, begin, end = message
+                    collected.results.append((status, payload, begin, end))
+                    deadline = time.monotonic() + timeout
+                elif message[0] == "done":
+                    collected.done = True
+                elif message[0] == "needs":
+                    collected.needs = message[1]
+                elif message[0] == "fatal":
+                    collected.fatal = message[1]
+            if collected.done or collected.needs or collected.fatal or exited:
+                collected.partial = reader.partial
+                break
+    finally:
+        watch.close()
+
+
+def _outcomes(
+    collected: _Collected, proc: Any, progress: Any, workdir: str, capture: bool
+) -> list[RankOutcome]:
+    out_path = os.path.join(workdir, "ranks.out")
     outcomes: list[RankOutcome] = []
+    last_end = 0
+    for rank, (status, payload, begin, end) in enumerate(collected.results):
+        last_end = end
+        if status == "ok":
+            outcomes.append(RankOutcome(rank=rank, kind="ok", value=payload))
+            continue
+        outcome = RankOutcome(
+            rank=rank,
+            kind="error",
+            message=payload.get("message", ""),
+            error=payload.get("traceback", ""),
+            exc_type=payload.get("exc_type", ""),
+            error_time=payload.get("time", 0.0),
+        )
+        if capture:
+            outcome.output = read_span_tail(out_path, begin, end, _OUTPUT_TAIL)
+        outcomes.append(outcome)
+    if len(outcomes) == collected.world_size:
+        return outcomes
+    current = RankOutcome(rank=len(outcomes), progress=read_progress(progress, 0))
+    if collected.timed_out:
+        current.kind, current.message = "hang", "no result before the deadline (--simulate)"
+        if process_state(proc.pid) == "T":
+            current.message += " (the process was stopped, e.g. by SIGSTOP)"
+        else:
+            current.stack = _dump_stack(proc, workdir)
+    elif collected.fatal is not None:
+        current.kind, current.message = "error", collected.fatal.get("message", "")
+        current.error, current.exc_type = (
+            collected.fatal.get("traceback", ""),
+            collected.fatal.get("exc_type", ""),
+        )
+    else:
+        proc.join(timeout=1.0)
+        code = proc.exitcode
+        current.exitcode = code
+        if code is not None and code < 0:
+            current.kind, current.message = "killed", f"killed by signal {-code}"
+            with contextlib.suppress(ValueError):
+                current.message = f"killed by {rank_side.signal.Signals(-code).name}"
+        else:
+            current.kind = "exited"
+            current.message = f"exited with code {code} before sending a result (os._exit in user code?)"
+        if collected.partial:
+            current.message += f"; its result was cut off after {collected.partial} bytes"
+        current.stack = read_tail(os.path.join(workdir, "ranks.stack"), _STACK_TAIL)
+    if capture:
+        size = os.path.getsize(out_path) if os.path.exists(out_path) else 0
+        current.output = read_span_tail(out_path, last_end, size, _OUTPUT_TAIL)
+    outcomes.append(current)
+    for rank in range(current.rank + 1, collected.world_size):
+        outcomes.append(
+            RankOutcome(
+                rank=rank, kind="secondary", message=f"not run: simulated rank {current.rank} did not finish"
+            )
+        )
+    return outcomes
+
+
+def _dump_stack(proc: Any, workdir: str) -> str:
+    path = os.path.join(workdir, "ranks.stack")
+    with contextlib.suppress(OSError):
+        os.kill(proc.pid, STACK_SIGNAL)
+    deadline = time.monotonic() + _STACK_WAIT_S
+    while time.monotonic() < deadline and proc.is_alive():
+        if os.path.exists(path) and os.path.getsize(path) > 0:
+            time.sleep(0.05)  # a dump is written in one burst; let it finish
+            break
+        time.sleep(0.02)
+    return read_tail(path, _STACK_TAIL)
+
+
+def _child_main(
+    target: Callable[..., Any],
+    world_size: int,
+    kwargs: dict[str, Any],
+    fd: int,
+    parent_fds: tuple[int, ...],
+    progress: Any,
+    workdir: str,
+    capture: bool,
+    parent_pid: int,
+) -> None:
+    """The simulated group's process: every rank in order, one framed message per rank, then exit."""
+    make_killable(parent_pid, parent_fds)
+    force_loopback()
+    private_tmp(workdir)
+    if capture:
+        out = os.open(os.path.join(workdir, "ranks.out"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(out)
+        sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+    rank_side._single_thread_torch()
+    stack_file = open(os.path.join(workdir, "ranks.stack"), "w")  # noqa: SIM115 - lives as long as the child
+    faulthandler.enable(file=stack_file, all_threads=True)
+    faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True, chain=False)
+    rank_side._progress_buffer, rank_side._progress_rank = progress, 0
+    port_holder = bind_loopback()  # MASTER_PORT names a loopback port that is ours, not a stranger's
+    port = port_holder.getsockname()[1]
+    try:
+        _run_all(target, world_size, kwargs, fd, workdir, port, capture)
+        write_frame(fd, ("done",))
+    except BaseException as exc:  # ddpcheck's own failure around the ranks, not a rank's
+        with contextlib.suppress(BaseException):
+            write_frame(fd, ("fatal", rank_side._error_message(exc)))
+    with contextlib.suppress(BaseException):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(0)
+
+
+def _run_all(
+    target: Callable[..., Any],
+    world_size: int,
+    kwargs: dict[str, Any],
+    fd: int,
+    workdir: str,
+    port: int,
+    capture: bool,
+) -> None:
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    run_id = f"ddpcheck-sim-{os.getpid()}"
     with collectives_forbidden(), shared_permutations():
         for rank in range(world_size):
+            begin = _position(capture)
+            os.environ.update(torchrun_env(rank, world_size, port, run_id, workdir))
+            refresh_rank_state()
+            rank_side.report_progress(f"simulated rank {rank}: starting")
             fresh_random_state()
             dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+            status: str
+            payload: Any
             try:
-                outcomes.append(RankOutcome(rank=rank, kind="ok", value=target(**(kwargs or {}))))
-            except NeedsCollectives:
-                raise
-            except Exception as exc:
-                outcomes.append(
-                    RankOutcome(
-                        rank=rank,
-                        kind="error",
-                        message=str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
-                        error="".join(traceback.format_exception(exc)),
-                        exc_type=type(exc).__name__,
-                    )
-                )
+                status, payload = "ok", target(**kwargs)
+            except NeedsCollectives as exc:
+                write_frame(fd, ("needs", str(exc)))
+                return
+            except BaseException as exc:  # SystemExit and KeyboardInterrupt too: this rank failed
+                status, payload = "error", rank_side._error_message(exc)
             finally:
-                dist.destroy_process_group()
-    return GroupResult(world_size, "simulated", outcomes, time.monotonic() - started)
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+            write_frame(fd, ("rank", status, payload, begin, _position(capture)))
+
+
+def _position(capture: bool) -> int:
+    if not capture:
+        return 0
+    with contextlib.suppress(BaseException):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    try:
+        return os.lseek(1, 0, os.SEEK_CUR)
+    except OSError:
+        return 0

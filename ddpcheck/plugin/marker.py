@@ -79,9 +79,14 @@ def check_backend(backend: object) -> str:
     return str(backend)
 
 
+MAX_TIMEOUT = 7 * 24 * 3600.0  # one week, as the command line
+
+
 def check_timeout(timeout: object) -> float:
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise MarkerError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT:
+        raise MarkerError(
+            f"timeout must be a positive number of seconds (at most {MAX_TIMEOUT:.0f}), got {timeout!r}"
+        )
     return float(timeout)
 
 

@@ -29,11 +29,11 @@ class ShardedIterableDataset(IterableDataset[_T]):
     Equal step counts:
 
     * The dataset has ``__len__`` (``n``): the epoch is laid out like ``DDPSamplerWrapper``'s,
-      ``W * ceil(n / W)`` positions with ``pad=True`` (the last ones repeat the stream's first items,
-      so rank ``r`` repeats its own first item) or ``W * (n // W)`` with ``pad=False`` (the tail is
-      dropped). Because that total is a multiple of W, worker ``w`` of every rank yields the same
-      count, so every rank yields the same number of samples *and* of batches, also with
-      ``num_workers > 1``. ``len()`` is the per-rank count.
+      ``W * ceil(n / W)`` positions with ``pad=True`` (the last ones repeat the stream's first items
+      as ``DistributedSampler`` pads, so no rank gets a second copy of its own item) or
+      ``W * (n // W)`` with ``pad=False`` (the tail is dropped). Because that total is a multiple
+      of W, worker ``w`` of every rank yields the same count, so every rank yields the same number
+      of samples *and* of batches, also with ``num_workers > 1``. ``len()`` is the per-rank count.
     * No ``__len__``: nothing can be padded; per-rank counts can differ by one. Use
       ``drop_last=True`` with a count that is a multiple of W, or train under a join context
       (``DistributedDataParallel.join``) so the longer ranks do not hang in a collective.

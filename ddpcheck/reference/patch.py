@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 import torch
@@ -184,27 +185,58 @@ def _rebuild(loader: DataLoader, params: dict[str, Any]) -> DataLoader:
         return DataLoader(**params)
 
 
+class ShardedBatchSampler(BatchSampler):
+    """A ``BatchSampler`` over a ``DDPSamplerWrapper`` that resumes: it forwards the wrapper's state.
+
+    ``BatchSampler`` takes exactly ``batch_size`` items from its sampler per batch, so after ``k``
+    batches the wrapper has yielded ``k * batch_size`` (the last batch: what was left), and its
+    state is this batch sampler's state. It does not change ``__iter__``: anything that reads a plain
+    ``BatchSampler`` reads this one the same way, and torchdata's ``StatefulDataLoader`` finds
+    ``state_dict``/``load_state_dict`` on it.
+    """
+
+    sampler: DDPSamplerWrapper[Any]
+
+    def __init__(self, sampler: DDPSamplerWrapper[Any], batch_size: int, drop_last: bool) -> None:
+        super().__init__(sampler, batch_size, drop_last)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.sampler.load_state_dict(state)
+
+
 def patch_dataloader_to_ddp(
     loader: _L,
     *,
     num_replicas: int | None = None,
     rank: int | None = None,
-    shuffle_samples_between_gpus: bool = True,
+    shuffle_samples_between_gpus: bool = False,
     pad_data_to_num_gpus: bool = True,
     seed: int = 0,
 ) -> _L | DataLoader:
     """Rebuild ``loader`` so this rank iterates only its share; every other argument is kept.
 
-    * sampler + ``batch_size`` (a plain ``BatchSampler``): the sampler is wrapped in
-      ``DDPSamplerWrapper`` and re-batched with the same ``batch_size``/``drop_last``;
+    * sampler + ``batch_size``: the sampler is wrapped in ``DDPSamplerWrapper``, and the loader
+      batches it as before;
+    * a plain ``BatchSampler`` passed as ``batch_sampler``: its sampler is wrapped and re-batched
+      with the same ``batch_size``/``drop_last`` by a ``ShardedBatchSampler`` (which resumes);
     * any other batch sampler: whole batches are sharded (``DDPSamplerWrapper(batch_sampler)``);
     * ``batch_size=None``: the sampler is wrapped;
     * an ``IterableDataset``: the dataset is wrapped in ``ShardedIterableDataset`` (per rank and
       worker; see there for equal counts).
 
     ``shuffle_samples_between_gpus``, ``pad_data_to_num_gpus`` and ``seed`` go to the wrapper
-    (``pad_data_to_num_gpus`` also to the iterable shard). The wrapper is ``loader.sampler``,
-    ``loader.batch_sampler`` or ``loader.batch_sampler.sampler``: call its ``set_epoch`` each epoch.
+    (``pad_data_to_num_gpus`` also to the iterable shard). As in OML, ranks are not shuffled
+    between epochs by default: a loader with ``shuffle=False`` feeds every rank the same items in
+    the same order every epoch, as it would one process. The wrapper is ``loader.sampler``,
+    ``loader.batch_sampler`` or ``loader.batch_sampler.sampler``: call its ``set_epoch`` each epoch,
+    and its ``state_dict``/``load_state_dict`` to resume mid-epoch (see ``DDPSamplerWrapper``;
+    inside torchdata's ``StatefulDataLoader`` the loader's own ``state_dict`` carries it).
 
     A shuffling loader (a ``RandomSampler`` without a generator) gets a generator seeded equally on
     every rank, from rank 0's RNG, so the ranks agree on one permutation and the wrapper streams.
@@ -240,7 +272,7 @@ def patch_dataloader_to_ddp(
         batch_sampler = params["batch_sampler"]
         if type(batch_sampler) is BatchSampler:
             inner = _with_shared_generator(batch_sampler.sampler, from_group)
-            params["batch_sampler"] = BatchSampler(
+            params["batch_sampler"] = ShardedBatchSampler(
                 DDPSamplerWrapper(inner, **options), batch_sampler.batch_size, batch_sampler.drop_last
             )
         else:
@@ -251,4 +283,9 @@ def patch_dataloader_to_ddp(
     return _rebuild(loader, params)
 
 
-__all__ = ["check_loaders_is_patched", "extract_loader_parameters", "patch_dataloader_to_ddp"]
+__all__ = [
+    "ShardedBatchSampler",
+    "check_loaders_is_patched",
+    "extract_loader_parameters",
+    "patch_dataloader_to_ddp",
+]

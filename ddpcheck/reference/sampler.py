@@ -8,9 +8,11 @@ those wrappers silently overlap and drop samples.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import chain, cycle, islice, repeat
 from operator import getitem
@@ -69,11 +71,12 @@ class EpochPlan:
     """One epoch laid out as positions ``0 .. total-1``: inner items, then padding.
 
     Positions below ``real = min(n, total)`` are the inner's items: the first W buffered in
-    ``head``, the others still unread in ``rest``. Position ``p`` past them (and past the end of an
-    inner that yields fewer items than its ``len()``) holds ``head[p % W]``: padding repeats the
-    epoch's first items, and rank ``r`` (every position of which is ``r`` modulo W) repeats its own
-    first item. An epoch of fewer than W items is ``exact``: ``head`` then holds all ``total``
-    positions, the few items cycled.
+    ``head``, the others still unread in ``rest``. Padding is laid out as ``DistributedSampler``
+    does, so no rank gets a second copy of its own item: position ``p`` past the real ones holds
+    ``head[(p - real) % W]`` (the epoch's first items again, which land on the following ranks). An
+    epoch of fewer than W items is ``exact``: ``head`` then holds all ``total`` positions, the few
+    items cycled. An inner that yields fewer items than its ``len()`` is padded from the point where
+    ``real`` says it should have ended, with the same filler per consumer.
     """
 
     head: list[Any]
@@ -81,9 +84,6 @@ class EpochPlan:
     real: int
     total: int
     exact: bool
-
-    def filler(self, position: int) -> Any:
-        return self.head[position % len(self.head)]
 
 
 def plan_epoch(src: Iterator[Any], n: int, num_replicas: int, pad: bool) -> EpochPlan:
@@ -109,7 +109,7 @@ def take_strided(plan: EpochPlan, start: int, step: int) -> Iterator[Any]:
 
     One ``islice`` touches every inner item, the rest only this consumer's: about the cost of
     consuming the inner sampler. Every position taken is ``start`` modulo W, so the padded tail is
-    ``repeat(head[start % W])``.
+    ``repeat(head[(start - real) % W])``: one position at most, never this consumer's own item.
     """
     count = len(range(start, plan.total, step))
     if plan.exact:
@@ -119,7 +119,7 @@ def take_strided(plan: EpochPlan, start: int, step: int) -> Iterator[Any]:
     following = start if start >= width else start + step
     stop = plan.real - width
     body = islice(plan.rest, following - width, stop, step) if following - width < stop else iter(())
-    return islice(chain(first, body, repeat(plan.head[start % width])), count)
+    return islice(chain(first, body, repeat(plan.head[(start - plan.real) % width])), count)
 
 
 def take_shuffled(plan: EpochPlan, num_replicas: int, rank: int, generator: torch.Generator) -> Iterator[Any]:
@@ -130,22 +130,35 @@ def take_shuffled(plan: EpochPlan, num_replicas: int, rank: int, generator: torc
     rank ``r`` takes the slot equal to the number of the step's keys below key ``r``. Distinct keys
     make that a uniformly random bijection from ranks to slots, for one compare and a sum, no sort.
     Keys are drawn for ``_BLOCK_ITEMS`` items at a time (small enough to stay single-threaded).
+
+    A padded last step holds ``q`` real items and then ``head[0 .. W-q-1]``, which step 0 dealt
+    out: there every rank shifts its step-0 slot by one shift ``s != q`` drawn from the step's keys,
+    a bijection that never hands a rank the copy of its own step-0 item (at slot ``q + slot_0``).
     """
     steps = plan.total // num_replicas
+    last_real = plan.real - (steps - 1) * num_replicas  # real items in the last step
+    padded_last = not plan.exact and 0 < last_real < num_replicas
     if plan.exact:
         source: Iterator[Any] = iter(plan.head)
     else:  # the tail repeats the head from position ``real``, as take_strided does
         body = islice(plan.rest, plan.real - num_replicas)
-        source = chain(plan.head, body, islice(cycle(plan.head), plan.real % num_replicas, None))
+        source = chain(plan.head, body, cycle(plan.head))
     groups = zip(*[source] * num_replicas, strict=False)
     steps_per_block = max(1, _BLOCK_ITEMS // num_replicas)
     key_high = 1 << (62 - num_replicas.bit_length())
     slots = torch.arange(num_replicas)
     done = 0
+    first_slot = 0
     while done < steps:
         count = min(steps_per_block, steps - done)
         keys = torch.randint(0, key_high, (count, num_replicas), generator=generator) * num_replicas + slots
         columns = (keys < keys[:, rank : rank + 1]).sum(dim=1).tolist()
+        if done == 0:
+            first_slot = columns[0]
+        if padded_last and done + count == steps:
+            shift = int(keys[-1, 0]) // num_replicas % (num_replicas - 1)
+            shift += shift >= last_real
+            columns[-1] = (first_slot + shift) % num_replicas
         yield from map(getitem, groups, columns)
         done += count
 
@@ -166,6 +179,68 @@ def _forward_set_epoch(sampler: Any, epoch: int) -> None:
     elif isinstance(sampler, BatchSampler) and callable(getattr(sampler.sampler, "set_epoch", None)):
         inner: Any = sampler.sampler
         inner.set_epoch(epoch)
+
+
+def _inner_generator(sampler: Any) -> torch.Generator | None:
+    """The ``torch.Generator`` the inner order is drawn from, if it owns one (or its ``.sampler`` does)."""
+    for candidate in (sampler, getattr(sampler, "sampler", None)):
+        generator = getattr(candidate, "generator", None)
+        if isinstance(generator, torch.Generator):
+            return generator
+    return None
+
+
+def _generator_state(sampler: Any) -> str | None:
+    generator = _inner_generator(sampler)
+    if generator is None:
+        return None
+    return base64.b64encode(generator.get_state().numpy().tobytes()).decode("ascii")
+
+
+STATE_VERSION = 1
+"""Version of the ``DDPSamplerWrapper.state_dict()`` layout."""
+
+_STATE_KEYS: dict[str, tuple[type, ...]] = {
+    "version": (int,),
+    "epoch": (int,),
+    "num_replicas": (int,),
+    "rank": (int,),
+    "length": (int,),
+    "start": (int,),
+    "yielded": (int,),
+    "consumed": (int,),
+    "seed": (int,),
+    "pad": (bool,),
+    "shuffle": (bool,),
+    "generator": (str, type(None)),
+}
+
+
+@dataclass(slots=True)
+class _Cursor:
+    """Where one iterator is: its epoch laid out from global position ``start``, ``yielded`` items out."""
+
+    epoch: int
+    length: int
+    start: int
+    yielded: int
+    generator: str | None
+
+
+def _check_state(state: Any) -> Mapping[str, Any]:
+    if not isinstance(state, Mapping):
+        raise ValueError(f"DDPSamplerWrapper state must be a dict, got {type(state).__name__}")
+    for key, types in _STATE_KEYS.items():
+        value = state.get(key, ...)
+        if value is ... or not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
+            raise ValueError(f"DDPSamplerWrapper state: {key!r} is missing or not {types[0].__name__}")
+        if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+            raise ValueError(f"DDPSamplerWrapper state: {key!r} must be >= 0, got {value}")
+    if state["version"] != STATE_VERSION:
+        raise ValueError(f"DDPSamplerWrapper state version {state['version']} is not {STATE_VERSION}")
+    if state["num_replicas"] < 1:
+        raise ValueError("DDPSamplerWrapper state: 'num_replicas' must be >= 1")
+    return state
 
 
 def _resolve_world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
@@ -205,8 +280,9 @@ class DDPSamplerWrapper(Sampler[_T]):
     exactly ``len(self)`` items, so every rank takes the same number of steps:
 
     * ``pad_data_to_num_gpus=True``: ``ceil(n / W)`` items; the ``W * ceil(n / W) - n`` (< W) padded
-      positions repeat items from the start of the epoch: a padded rank repeats its own first item
-      (with fewer than W items the order is cycled).
+      positions repeat the epoch's first items, laid out as ``DistributedSampler`` pads (items, then
+      the first ones again): a padded rank gets another rank's first item, never a second copy of
+      one it already has (with fewer than W items the order is cycled).
     * ``pad_data_to_num_gpus=False``: ``n // W`` items; the last ``n % W`` items are dropped.
 
     ``len(sampler)`` is trusted: if the inner yields fewer items the missing ones are padded the
@@ -226,6 +302,16 @@ class DDPSamplerWrapper(Sampler[_T]):
     every further ``__iter__`` starts the next epoch (``e + 1``) and forwards that too, so an
     unattended loop still reshuffles. ``epoch`` is the epoch of the last (or next, after
     ``set_epoch``) iteration.
+
+    Resume: ``state_dict()`` is plain data saying how far this rank's current iterator got;
+    ``load_state_dict(state)`` on a fresh wrapper makes the next ``__iter__`` yield exactly the rest
+    of that epoch, and later epochs as if never interrupted. Every rank may load rank 0's state, also
+    at another world size (elastic): the new ranks then share the items the old ranks had not
+    reached, no item lost, repeats only from the new world size's padding. The inner order must be
+    reproducible: deterministic given ``set_epoch``, or drawn from its own ``generator`` (the state
+    carries that generator's state). The count is what the sampler handed out: exact with
+    ``num_workers=0`` and inside torchdata's ``StatefulDataLoader`` (which snapshots it per batch);
+    a plain DataLoader with workers pulls batches ahead, which a resume then skips.
 
     Ranks whose inner samplers disagree: a ``RandomSampler`` without a generator, or a sampler
     drawing from numpy's global RNG, orders the epoch differently on every rank that seeded
@@ -300,6 +386,8 @@ class DDPSamplerWrapper(Sampler[_T]):
         self._epoch = 0
         self._epoch_pending = True  # the next __iter__ uses self._epoch as it is
         self._warned = False
+        self._cursor: _Cursor | None = None  # the latest iterator's position
+        self._resume: _Cursor | None = None  # loaded by load_state_dict, taken by the next __iter__
 
     # ------------------------------------------------------------------ read-only attributes
     @property
@@ -336,11 +424,16 @@ class DDPSamplerWrapper(Sampler[_T]):
 
     # ------------------------------------------------------------------ sampler protocol
     def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration epoch ``epoch`` and forward it to the inner sampler."""
+        """Make the next iteration epoch ``epoch`` and forward it to the inner sampler.
+
+        A resume loaded by ``load_state_dict`` survives only when ``epoch`` is the saved epoch.
+        """
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
         self._epoch = epoch
         self._epoch_pending = True
+        if self._resume is not None and self._resume.epoch != epoch:
+            self._resume = None
         _forward_set_epoch(self._sampler, epoch)
 
     def __len__(self) -> int:
@@ -351,10 +444,111 @@ class DDPSamplerWrapper(Sampler[_T]):
             self._epoch += 1
             _forward_set_epoch(self._sampler, self._epoch)
         self._epoch_pending = False
-        return self._iterate(self._epoch)
+        cursor, self._resume = self._resume, None
+        if cursor is None:
+            cursor = _Cursor(self._epoch, len(self._sampler), 0, 0, _generator_state(self._sampler))
+        self._cursor = cursor
+        return self._iterate(cursor)
 
-    def _iterate(self, epoch: int) -> Iterator[_T]:
+    # ------------------------------------------------------------------ resume
+    def state_dict(self) -> dict[str, Any]:
+        """Where this rank is in the epoch, as plain data (JSON and ``torch.load(weights_only=True)``).
+
+        Keys: ``epoch``; ``num_replicas``/``rank`` of the saver; ``length`` (``len(sampler)``);
+        ``start``, the global position the current layout began at (0, or where an elastic resume
+        took over); ``yielded``, items the current iterator handed out (what the sampler gave away,
+        not what training used: a DataLoader with workers pulls ahead, except torchdata's
+        ``StatefulDataLoader``, which snapshots this state per batch); ``consumed``, the epoch's
+        global position all ranks reached together: each item a rank yields is its share of one
+        step of ``num_replicas`` consecutive positions (shuffling between GPUs only permutes a
+        step), so ranks in lockstep that each yielded ``yielded`` items have consumed positions
+        ``start .. start + yielded * num_replicas - 1`` of the inner order, and ``consumed`` is that
+        end (``length`` once the layout is used up, its padding or dropped tail included). The
+        saver's count stands for every rank's: ranks that stopped at other counts would lose or
+        repeat the difference. Then ``seed``, ``pad``, ``shuffle``; ``generator``, the inner's
+        ``torch.Generator`` state at the epoch's start (base64), so a fresh process reproduces the
+        inner order.
+        """
+        cursor = self._resume or (None if self._epoch_pending else self._cursor)
+        if cursor is None:  # nothing taken from the coming epoch yet
+            cursor = _Cursor(self._epoch, len(self._sampler), 0, 0, _generator_state(self._sampler))
+        world = self._num_replicas
+        per_rank = per_rank_count(cursor.length - cursor.start, world, self._pad)
+        if 0 < per_rank <= cursor.yielded:
+            consumed = cursor.length
+        else:
+            consumed = min(cursor.start + cursor.yielded * world, cursor.length)
+        return {
+            "version": STATE_VERSION,
+            "epoch": cursor.epoch,
+            "num_replicas": world,
+            "rank": self._rank,
+            "length": cursor.length,
+            "start": cursor.start,
+            "yielded": cursor.yielded,
+            "consumed": consumed,
+            "seed": self._seed,
+            "pad": self._pad,
+            "shuffle": self._shuffle,
+            "generator": cursor.generator,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Make the next ``__iter__`` yield the rest of the saved epoch; later epochs are unchanged.
+
+        Every rank loads the same state (rank 0's is enough). Saved at this world size, the epoch's
+        layout is rebuilt and this rank skips the ``yielded`` items it had: exactly the uninterrupted
+        stream. Saved at another world size, the inner items from ``consumed`` on are laid out as an
+        epoch of their own at this world size (padded or cut like any epoch), so together the old and
+        new ranks see every item once, plus this world size's padding. ``set_epoch`` with the saved
+        epoch, before or after this, keeps the resume; another epoch drops it. ``len()`` stays the
+        whole epoch's count. Raises ``ValueError`` for a malformed state or one saved for other data
+        or options (``len(sampler)``, ``seed``, padding, shuffling).
+        """
+        state = _check_state(state)
         n = len(self._sampler)
+        if state["length"] != n:
+            raise ValueError(
+                f"DDPSamplerWrapper state was saved for len(sampler)={state['length']}, this sampler has {n}"
+            )
+        for key, mine in (("seed", self._seed), ("pad", self._pad), ("shuffle", self._shuffle)):
+            if state[key] != mine:
+                raise ValueError(
+                    f"DDPSamplerWrapper state was saved with {key}={state[key]!r}, this one has {mine!r}"
+                )
+        saved_world, start = state["num_replicas"], state["start"]
+        if (
+            start > n
+            or state["consumed"] > n
+            or state["yielded"] > per_rank_count(n - start, saved_world, self._pad)
+        ):
+            raise ValueError("DDPSamplerWrapper state is inconsistent: its positions lie past the epoch")
+        self._epoch = state["epoch"]
+        self._epoch_pending = True
+        _forward_set_epoch(self._sampler, self._epoch)
+        if state["generator"] is not None:
+            self._restore_generator(state["generator"])
+        if saved_world == self._num_replicas:
+            cursor = _Cursor(self._epoch, n, start, state["yielded"], state["generator"])
+        else:
+            cursor = _Cursor(self._epoch, n, state["consumed"], 0, state["generator"])
+        self._resume = cursor
+
+    def _restore_generator(self, encoded: str) -> None:
+        generator = _inner_generator(self._sampler)
+        if generator is None:
+            raise ValueError(
+                "DDPSamplerWrapper state holds the inner sampler's generator state, but this inner sampler "
+                "has no torch.Generator: build it as the saved one was built"
+            )
+        try:
+            raw = bytearray(base64.b64decode(encoded, validate=True))
+            generator.set_state(torch.frombuffer(raw, dtype=torch.uint8))
+        except (binascii.Error, ValueError, RuntimeError) as exc:
+            raise ValueError(f"DDPSamplerWrapper state: bad generator state ({exc})") from None
+
+    def _iterate(self, cursor: _Cursor) -> Iterator[_T]:
+        n, epoch, start = cursor.length, cursor.epoch, cursor.start
         src: Iterator[Any] = iter(self._sampler)
         world, rank = self._num_replicas, self._rank
         if self._sync_order == "always":
@@ -368,13 +562,23 @@ class DDPSamplerWrapper(Sampler[_T]):
                     warnings.warn(_ORDER_DIFFERS, stacklevel=2)
                     self._warned = True
                 src = self._broadcast_order(chain(window, src))
-        plan = plan_epoch(src, n, world, self._pad)
+        if start:  # an elastic resume: the epoch's items from ``start`` on, laid out afresh
+            src = islice(src, start, None)
+        plan = plan_epoch(src, n - start, world, self._pad)
+        stream: Iterator[Any]
         if self._shuffle and epoch > 0:
             generator = torch.Generator()
             generator.manual_seed(epoch_seed(self._seed, epoch))
-            yield from take_shuffled(plan, world, rank, generator)
+            stream = take_shuffled(plan, world, rank, generator)
         else:
-            yield from take_strided(plan, rank, world)
+            stream = take_strided(plan, rank, world)
+        done = cursor.yielded
+        if done:  # a resume at the saved world size: the same stream, minus what was handed out
+            stream = islice(stream, done, None)
+        for item in stream:
+            done += 1
+            cursor.yielded = done
+            yield item
         _drain(plan.rest, n)
 
     def _orders_agree(self, epoch: int, n: int, window: list[Any]) -> bool:

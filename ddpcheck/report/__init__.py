@@ -1,10 +1,11 @@
-"""Reports: render a CheckResult as a terminal table, JSON, Markdown or JUnit XML, or write them.
+"""Reports: render a CheckResult as a terminal table, JSON, Markdown, JUnit XML or HTML, or write them.
 
 Reports read a :class:`~ddpcheck.result.CheckResult` and nothing else; they never recompute a check.
 """
 
 from ddpcheck.report.dispatch import FORMATS, Format, render
 from ddpcheck.report.files import ReportWriteError, write_reports
+from ddpcheck.report.html import render_html
 from ddpcheck.report.json_report import SCHEMA_VERSION, render_json, to_json_dict
 from ddpcheck.report.junit import render_junit
 from ddpcheck.report.markdown import render_markdown
@@ -16,6 +17,7 @@ __all__ = [
     "Format",
     "ReportWriteError",
     "render",
+    "render_html",
     "render_json",
     "render_junit",
     "render_markdown",

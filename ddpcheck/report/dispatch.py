@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Literal, cast, get_args
 
+from ddpcheck.report.html import render_html
 from ddpcheck.report.json_report import render_json
 from ddpcheck.report.junit import render_junit
 from ddpcheck.report.markdown import render_markdown
 from ddpcheck.report.table import render_table
 from ddpcheck.result import CheckResult
 
-Format = Literal["table", "json", "markdown", "junit"]
+Format = Literal["table", "json", "markdown", "junit", "html"]
 FORMATS: tuple[str, ...] = get_args(Format)
 
 
@@ -30,4 +31,6 @@ def render(result: CheckResult, fmt: Format) -> str:
         return render_json(result)
     if fmt == "markdown":
         return render_markdown(result)
+    if fmt == "html":
+        return render_html(result)
     return render_junit(result)

@@ -13,9 +13,11 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ddpcheck.report.dispatch import check_format, render
+from ddpcheck.report.markdown import render_markdown
+from ddpcheck.report.svg import picture_files
 from ddpcheck.result import CheckResult
 
-SUFFIXES = {"json": ".json", "markdown": ".md", "table": ".txt", "junit": ".xml"}
+SUFFIXES = {"json": ".json", "markdown": ".md", "table": ".txt", "junit": ".xml", "html": ".html"}
 
 
 class ReportWriteError(OSError):
@@ -28,12 +30,15 @@ def write_reports(
     *,
     stem: str = "ddpcheck",
     junit_path: Path | None = None,
-    formats: Iterable[str] = ("json", "markdown"),
+    formats: Iterable[str] = ("json", "markdown", "html"),
 ) -> list[Path]:
-    """Write ``<stem>.json`` / ``.md`` / ``.txt`` / ``.xml`` for ``formats`` (and JUnit at ``junit_path``).
+    """Write ``<stem>.json`` / ``.md`` / ``.txt`` / ``.xml`` / ``.html`` for ``formats`` (and JUnit at
+    ``junit_path``).
 
-    Every report is rendered before the first is written, so a rendering bug cannot leave a mixed
-    set behind. Returns the written paths in order; raises :class:`ReportWriteError` on I/O failure.
+    With Markdown, the pictures it links are written next to it as ``<stem>-ws2-samples.svg`` etc.
+    Every file is rendered before the first is written, so a rendering bug cannot leave a mixed
+    set behind. Returns the report paths in order (not the pictures); raises :class:`ReportWriteError`
+    on I/O failure.
     """
     names = [formats] if isinstance(formats, str) else list(formats)
     chosen = [check_format(fmt) for fmt in dict.fromkeys(names)]
@@ -44,10 +49,19 @@ def write_reports(
     if junit_path is not None:
         targets = [(path, fmt) for path, fmt in targets if fmt != "junit"]
         targets.append((Path(junit_path), "junit"))
-    rendered = [(path, render(result, fmt)) for path, fmt in targets]
-    for path, text in rendered:
+    rendered = [(path, _render(result, fmt, stem)) for path, fmt in targets]
+    extra = []
+    if "markdown" in chosen:
+        extra = [(report_dir / item.name, item.picture.svg) for item in picture_files(result, stem)]
+    for path, text in [*rendered, *extra]:
         write_atomic(path, text)
     return [path for path, _ in rendered]
+
+
+def _render(result: CheckResult, fmt: str, stem: str) -> str:
+    if fmt == "markdown":
+        return render_markdown(result, figure_stem=stem)
+    return render(result, check_format(fmt))
 
 
 def _error(directory: Path, exc: OSError, what: str = "") -> ReportWriteError:

@@ -11,8 +11,16 @@ Schema (``SCHEMA_VERSION = 1``); every key is always present::
       "epochs": int,
       "options": {...},              # the run's options, made JSON-safe (see below)
       "notes": [str, ...],
-      "summary": {"passed": int, "failed": int, "skipped": int, "rank_failures": int,
+      "summary": {"passed": int, "failed": int, "not_applicable": int, "allowed": int,
+                  "skipped": int, "rank_failures": int,
                   "world_sizes": [int, ...]},    # same counts as the terminal summary line
+      "causes": [{                   # each distinct cause once, in report order (numbers as shown)
+        "number": int,
+        "kind": "fail" | "rank" | "allowed",   # failed checks, rank failures, allowed failures
+        "cause": str,                # "cause not identified" when a check named none
+        "explains": str,             # "coverage, no_overlap at ws=2,3"
+        "where": [{"world_size": int, "backend": str, "what": str}]   # a check id or "rank N"
+      }],
       "runs": [{
         "world_size": int,
         "backend": str,
@@ -20,15 +28,23 @@ Schema (``SCHEMA_VERSION = 1``); every key is always present::
         "skipped": str,              # "" when it ran, else why it was not run
         "seconds": float,
         "checks": {                  # in report column order; a repeated id gets "#2", "#3" ...
-          CHECK_ID: {"status": "pass" | "fail" | "skip", "detail": str, "cause": str,
-                     "ranks": [int, ...], "epochs": [int, ...], "examples": [...], "data": {...}}
+          CHECK_ID: {"status": "pass" | "fail" | "skip" | "n/a" | "allowed", "detail": str,
+                     "cause": str, "ranks": [int, ...], "epochs": [int, ...], "examples": [...],
+                     "data": {...}}
         },
         "failures": [{"rank": int, "kind": str, "message": str, "stack": str, "progress": str}],
         "divergence": [{"metric": str, "reference": float, "naive": float, "corrected": float,
                         "naive_diff": float, "corrected_diff": float, "duplicated": int,
-                        "dropped": int, "order_only": bool, "cause": str}]
+                        "dropped": int, "order_only": bool, "cause": str}],
+        "resume": [{"world_size_from": int, "world_size_to": int, "epoch": int, "step": int,
+                    "status": str, "skipped": int, "repeated": int,
+                    "first_divergence": int | null, "note": str}]
       }]
     }
+
+``skip``: could not be judged; ``n/a``: does not apply to this loader; ``allowed``: failed, and the
+user allowed it with ``--allow`` (it does not fail the run). The pictures of the HTML report are not
+part of the JSON.
 
 JSON-safety: tuples and lists become lists, sets become lists sorted by repr, dict keys become
 strings, numpy/torch scalars and arrays their ``tolist()``, paths ``os.fspath``, anything else its
@@ -45,8 +61,8 @@ from typing import Any
 
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.record import RankFailure
-from ddpcheck.report._common import check_columns, count
-from ddpcheck.result import CheckResult, MetricRow, WorldResult
+from ddpcheck.report._common import Cause, causes, check_columns, count, explains, show_backend
+from ddpcheck.result import CheckResult, MetricRow, ResumeRow, WorldResult
 
 SCHEMA_VERSION = 1
 _MAX_DEPTH = 32  # deeper (or cyclic) structures end in their repr instead of a RecursionError
@@ -101,10 +117,13 @@ def to_json_dict(result: CheckResult) -> dict[str, Any]:
         "summary": {
             "passed": counts.passed,
             "failed": counts.failed,
+            "not_applicable": counts.not_applicable,
+            "allowed": counts.allowed,
             "skipped": counts.skipped,
             "rank_failures": counts.rank_failures,
             "world_sizes": list(counts.world_sizes),
         },
+        "causes": [_cause(cause, show_backend(result)) for cause in causes(result)],
         "runs": [_run(run, order) for run in result.runs],
     }
 
@@ -132,6 +151,33 @@ def _run(run: WorldResult, order: tuple[str, ...]) -> dict[str, Any]:
         "checks": checks,
         "failures": [_failure(f) for f in run.failures],
         "divergence": [_metric(row) for row in run.divergence],
+        "resume": [_resume(row) for row in run.resume],
+    }
+
+
+def _cause(cause: Cause, with_backend: bool) -> dict[str, Any]:
+    return {
+        "number": cause.number,
+        "kind": cause.kind,
+        "cause": cause.text,
+        "explains": explains(cause, with_backend),
+        "where": [
+            {"world_size": r.world_size, "backend": r.backend, "what": what} for r, what in cause.where
+        ],
+    }
+
+
+def _resume(row: ResumeRow) -> dict[str, Any]:
+    return {
+        "world_size_from": row.world_size_from,
+        "world_size_to": row.world_size_to,
+        "epoch": row.epoch,
+        "step": row.step,
+        "status": row.status,
+        "skipped": row.skipped,
+        "repeated": row.repeated,
+        "first_divergence": row.first_divergence,
+        "note": row.note,
     }
 
 

@@ -1,10 +1,15 @@
 """JUnit XML for CI: one testcase per (world size, check), so CI lists exactly what failed where.
 
-Layout: ``<testsuites><testsuite name=... tests failures errors skipped time>``, then per world size
-one ``<testcase classname="ddpcheck.ws{N}" name="{check_id}">`` per verdict (``<failure>`` when it
-failed, ``<skipped>`` when skipped), a ``name="world_size"`` case with ``<skipped>`` when the world
-size was not run, and a ``name="ranks"`` case with one ``<error>`` when ranks crashed, hung or were
-killed. A world size's wall time is spread evenly over its testcases, so the suite time adds up.
+The file validates against the Surefire/Jenkins ``junit-10.xsd`` that pytest tests its own output
+with. Layout: ``<testsuites name tests failures errors time>`` (that schema has no ``skipped`` there)
+around one ``<testsuite name tests failures errors skipped time>``: its properties, a
+``<system-out>`` listing each distinct cause once, then per world size one ``<testcase
+classname="ddpcheck.ws{N}" name="{check_id}">`` per verdict. A failed check has a ``<failure>``;
+``skip``, ``n/a`` and ``allowed`` have a ``<skipped type=STATUS>`` (CI shows them, none fails the
+build; an allowed one keeps its failure text). A world size that was not run is a ``world_size`` case
+with ``<skipped>``; crashed, hung or killed ranks are one ``ranks`` case with a ``<failure
+type="rank-failure">`` (the schema has no ``<error>`` element; ``type`` tells them apart). A world
+size's wall time is spread evenly over its testcases, so the suite time adds up.
 
 Built with ElementTree (which escapes ``<&>"``); characters XML 1.0 cannot hold at all (NUL, the
 ESC of ANSI colour codes in a captured stack, lone surrogates) are written as ``\\xNN`` / ``\\uNNNN``
@@ -17,7 +22,14 @@ import math
 import re
 import xml.etree.ElementTree as ET
 
-from ddpcheck.report._common import check_columns, evidence, rank_summary, show_backend
+from ddpcheck.report._common import (
+    causes,
+    check_columns,
+    evidence,
+    explains,
+    rank_summary,
+    show_backend,
+)
 from ddpcheck.result import CheckResult, WorldResult
 
 _ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
@@ -44,11 +56,19 @@ def render_junit(result: CheckResult, *, suite_name: str = "ddpcheck") -> str:
         ("exit_code", str(result.exit_code)),
     ):
         ET.SubElement(properties, "property", name=name, value=xml_text(value))
+    with_backend = show_backend(result)
+    found = causes(result)
+    if found:
+        lines = ["Causes:"]
+        for cause in found:
+            marker = " (allowed)" if cause.kind == "allowed" else ""
+            lines.append(f"[{cause.number}]{marker} {cause.text}")
+            lines.append(f"    explains: {explains(cause, with_backend)}")
+        ET.SubElement(suite, "system-out").text = xml_text("\n".join(lines))
 
     totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     seconds = 0.0
     order = check_columns(result)
-    with_backend = show_backend(result)
     for run in result.runs:
         classname = f"{suite_name}.ws{run.world_size}" + (f".{run.backend}" if with_backend else "")
         cases = _cases(run, order)
@@ -66,12 +86,13 @@ def render_junit(result: CheckResult, *, suite_name: str = "ddpcheck") -> str:
             if text:
                 element.text = xml_text(text)
     if result.notes:
-        ET.SubElement(suite, "system-out").text = xml_text("\n".join(result.notes))
+        ET.SubElement(suite, "system-out").text = xml_text("Notes:\n" + "\n".join(result.notes))
 
     counts = {key: str(value) for key, value in totals.items()}
     counts["time"] = f"{seconds:.3f}"
     suite.attrib.update(counts)
-    root = ET.Element("testsuites", {"name": xml_text(suite_name), **counts})
+    outer = {key: value for key, value in counts.items() if key != "skipped"}
+    root = ET.Element("testsuites", {"name": xml_text(suite_name), **outer})
     root.append(suite)
     ET.indent(root)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode")
@@ -91,14 +112,20 @@ def _cases(run: WorldResult, order: tuple[str, ...]) -> list[Case]:
         cases.append(("world_size", "skipped", {"message": run.skipped}, ""))
     verdicts = sorted(run.verdicts, key=lambda v: order.index(v.check) if v.check in order else len(order))
     for verdict in verdicts:
+        text = "\n".join(f"{name}: {value}" for name, value in evidence(verdict))
         if verdict.status == "fail":
-            text = "\n".join(f"{name}: {value}" for name, value in evidence(verdict))
             message = verdict.detail or f"{verdict.check} failed"
             cases.append((verdict.check, "failure", {"message": message, "type": verdict.check}, text))
         elif verdict.status == "pass":
             cases.append((verdict.check, None, {}, ""))
+        elif verdict.status == "allowed":
+            message = f"allowed by --allow {verdict.check}: {verdict.detail or 'failed'}"
+            cases.append((verdict.check, "skipped", {"message": message, "type": "allowed"}, text))
+        elif verdict.status == "n/a":
+            message = f"not applicable: {verdict.detail}" if verdict.detail else "not applicable"
+            cases.append((verdict.check, "skipped", {"message": message, "type": "n/a"}, ""))
         else:  # "skip" (an unknown status is counted as a skip everywhere)
-            cases.append((verdict.check, "skipped", {"message": verdict.detail}, ""))
+            cases.append((verdict.check, "skipped", {"message": verdict.detail, "type": "skip"}, ""))
     if run.failures:
         blocks = []
         for failure in run.failures:
@@ -109,5 +136,5 @@ def _cases(run: WorldResult, order: tuple[str, ...]) -> list[Case]:
                 lines.append(failure.stack.rstrip())
             blocks.append("\n".join(lines))
         message = rank_summary(run.failures)
-        cases.append(("ranks", "error", {"message": message, "type": "rank-failure"}, "\n\n".join(blocks)))
+        cases.append(("ranks", "failure", {"message": message, "type": "rank-failure"}, "\n\n".join(blocks)))
     return cases

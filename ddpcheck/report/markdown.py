@@ -9,28 +9,37 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Sequence
+from urllib.parse import quote
 
 from tabulate import tabulate
 
 from ddpcheck.report._common import (
     NOT_RUN,
+    RESUME_HEADERS,
+    Cause,
+    cause_number,
+    cause_title,
+    causes,
     cell_status,
     check_columns,
     divergence_cause,
     evidence,
+    explains,
     fmt_diff,
     fmt_number,
     rank_summary,
+    resume_cells,
     show_backend,
     skip_reasons,
     summary_line,
     trim_stack,
     world_label,
 )
+from ddpcheck.report.svg import picture_files
 from ddpcheck.result import CheckResult, WorldResult
 
 MD_STACK_LINES = 60  # collapsed by default, so more of the stack than in the terminal
-_CELL = {"pass": "✅ pass", "fail": "❌ **FAIL**", "skip": "⏭️ skip"}
+_CELL = {"pass": "✅ pass", "fail": "❌ **FAIL**", "skip": "⏭️ skip", "n/a": "⚪ n/a", "allowed": "⚠️ allowed"}
 _SPECIAL = re.compile(r"([\\`*_\[\]<>|~&])")
 
 
@@ -58,21 +67,41 @@ def _table(rows: list[list[str]], headers: Sequence[str]) -> str:
     return str(tabulate(rows, headers, tablefmt="github", disable_numparse=True))
 
 
-def render_markdown(result: CheckResult) -> str:
-    """Headline, grid, failed checks, rank failures with stacks, skips, divergence, notes."""
+def render_markdown(result: CheckResult, *, figure_stem: str | None = None) -> str:
+    """Headline, causes, grid, details, rank failures with stacks, skips, pictures, divergence, notes.
+
+    With ``figure_stem`` the pictures are linked as ``<figure_stem>-ws2-samples.svg`` and so on, the
+    files :func:`~ddpcheck.report.write_reports` writes next to the Markdown file.
+    """
     icon = "✅" if result.ok else "❌"
+    found = causes(result)
     blocks = [
         f"## {icon} ddpcheck {'passed' if result.ok else 'failed'}",
         md_escape(summary_line(result)),
         f"Loader {md_code(result.loader)} · ids {md_code(result.id_source)} · epochs {result.epochs}",
     ]
+    if found:
+        blocks.append(_causes(result, found))
     if result.runs:
         blocks.append(_grid(result))
     else:
         blocks.append("_No world sizes were run._")
-    blocks += [b for b in (_failed_checks(result), _rank_failures(result), _skips(result)) if b]
-    blocks += [b for b in (_divergence(result), _notes(result)) if b]
-    return "\n\n".join(blocks)
+    blocks += [b for b in (_failed_checks(result, found), _rank_failures(result)) if b]
+    blocks += [b for b in (_skips(result, "skip", "Skipped"), _skips(result, "n/a", "Not applicable")) if b]
+    if figure_stem is not None:
+        blocks.append(_pictures(result, figure_stem))
+    blocks += [b for b in (_divergence(result), _resume(result), _notes(result)) if b]
+    return "\n\n".join(b for b in blocks if b)
+
+
+def _causes(result: CheckResult, found: list[Cause]) -> str:
+    with_backend = show_backend(result)
+    items = [
+        f"- **[{c.number}]** {md_escape(cause_title(c))}  \n"
+        f"  explains: {md_escape(explains(c, with_backend))}"
+        for c in found
+    ]
+    return "\n".join(["### Causes", "", *items])
 
 
 def _status(run: WorldResult, check: str) -> str:
@@ -104,19 +133,23 @@ def _grid(result: CheckResult) -> str:
     return _table(rows, headers)
 
 
-def _failed_checks(result: CheckResult) -> str:
+def _failed_checks(result: CheckResult, found: list[Cause]) -> str:
     with_backend = show_backend(result)
     items: list[str] = []
     for run in result.runs:
         for verdict in run.verdicts:
-            if not verdict.failed:
+            if verdict.status not in ("fail", "allowed"):
                 continue
             where = md_escape(world_label(run, with_backend))
-            items.append(f"- **{where}** {md_code(verdict.check)}: {md_escape(verdict.detail or 'failed')}")
-            for name, text in evidence(verdict):
+            number = cause_number(found, verdict)
+            tag = " (allowed)" if verdict.status == "allowed" else ""
+            ref = f" (cause [{number}])" if number is not None else ""
+            detail = md_escape(verdict.detail or "failed")
+            items.append(f"- **{where}** {md_code(verdict.check)}{tag}{ref}: {detail}")
+            for name, text in evidence(verdict, cause=number is None):
                 value = md_escape(text) if name == "cause" else md_code(text)
                 items.append(f"  - {name}: {value}")
-    return "\n".join(["### Failed checks", "", *items]) if items else ""
+    return "\n".join(["### Details", "", *items]) if items else ""
 
 
 def _rank_failures(result: CheckResult) -> str:
@@ -137,12 +170,35 @@ def _rank_failures(result: CheckResult) -> str:
     return "\n".join(["### Rank failures", "", *parts]).rstrip() if parts else ""
 
 
-def _skips(result: CheckResult) -> str:
+def _skips(result: CheckResult, status: str, title: str) -> str:
     items = [
         f"- **{md_escape(where)}** {md_code(check)}: {md_escape(why)}"
-        for where, check, why in skip_reasons(result)
+        for where, check, why in skip_reasons(result, status)
     ]
-    return "\n".join(["### Skipped", "", *items]) if items else ""
+    return "\n".join([f"### {title}", "", *items]) if items else ""
+
+
+def _pictures(result: CheckResult, stem: str) -> str:
+    with_backend = show_backend(result)
+    blocks: list[str] = []
+    last: WorldResult | None = None
+    for item in picture_files(result, stem):
+        if item.run is not last:
+            blocks.append(f"**{md_escape(world_label(item.run, with_backend))}**")
+            last = item.run
+        blocks.append(f"![{md_escape(item.picture.title)}]({quote(item.name)})")
+    return "\n\n".join(["### Pictures", *blocks]) if blocks else ""
+
+
+def _resume(result: CheckResult) -> str:
+    with_backend = show_backend(result)
+    blocks: list[str] = []
+    for run in result.runs:
+        if not run.resume:
+            continue
+        rows = [[*map(md_escape, resume_cells(row)), md_escape(row.note or NOT_RUN)] for row in run.resume]
+        blocks.append(f"**{md_escape(world_label(run, with_backend))}**\n\n{_table(rows, RESUME_HEADERS)}")
+    return "\n\n".join(["### Resume", *blocks]) if blocks else ""
 
 
 def _divergence(result: CheckResult) -> str:

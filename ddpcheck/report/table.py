@@ -19,14 +19,21 @@ from tabulate import tabulate
 from ddpcheck.checks.ids import SHORT_LABELS
 from ddpcheck.report._common import (
     NOT_RUN,
+    RESUME_HEADERS,
     STATUS_WORD,
+    Cause,
+    cause_number,
+    cause_title,
+    causes,
     cell_status,
     check_columns,
     divergence_cause,
     evidence,
+    explains,
     fmt_diff,
     fmt_number,
     rank_summary,
+    resume_cells,
     show_backend,
     skip_reasons,
     summary_line,
@@ -39,7 +46,7 @@ Layout = Literal["auto", "wide", "tall"]
 Paint = Callable[[str, str], str]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_COLORS = {"pass": "32", "fail": "1;31", "skip": "33"}
+_COLORS = {"pass": "32", "fail": "1;31", "skip": "33", "n/a": "2", "allowed": "35"}
 _MIN_WRAP = 16  # narrowest a wrapped free-text column may get
 _INDENT = "    "
 
@@ -53,11 +60,16 @@ def render_table(
     if width < 40:
         raise ValueError(f"width must be at least 40 columns, not {width}")
     paint = _painter(color)
-    blocks = [_title(result), _grid(result, paint, width, layout)]
+    found = causes(result)
+    blocks = [_title(result)]
     for block in (
-        _details(result, width),
-        _skips(result, width),
+        _causes(result, found, width),
+        _grid(result, paint, width, layout),
+        _details(result, found, width),
+        _skips(result, width, "skip", "Skipped (could not be judged)"),
+        _skips(result, width, "n/a", "Not applicable"),
         _divergence(result, width),
+        _resume(result, width),
         _notes(result, width),
     ):
         if block:
@@ -158,7 +170,7 @@ def _wide_grid(result: CheckResult, checks: Sequence[str], paint: Paint, width: 
     for row, run in zip(rows, result.runs, strict=True):
         row.append(_ranks_cell(run))
     grid = _table(rows, [*headers, "ranks"], pad=False, maxcolwidths=[None] * len(headers) + [room])
-    legend = ", ".join(f"{SHORT_LABELS[c]} = {c}" for c in checks if c in SHORT_LABELS)
+    legend = ", ".join(f"{SHORT_LABELS[c]} = {c}" for c in checks if SHORT_LABELS.get(c, c) != c)
     return grid + "\n\n" + textwrap.fill(f"columns: {legend}", width=width, subsequent_indent="  ")
 
 
@@ -174,16 +186,29 @@ def _tall_grid(result: CheckResult, checks: Sequence[str], paint: Paint, width: 
     return _table(rows, headers, maxcolwidths=[None] + [column] * runs)
 
 
-def _details(result: CheckResult, width: int) -> str:
+def _causes(result: CheckResult, found: Sequence[Cause], width: int) -> str:
+    """Each distinct cause once, with the checks and world sizes it explains."""
+    with_backend = show_backend(result)
+    lines: list[str] = []
+    for cause in found:
+        lines += _wrap(f"[{cause.number}] {cause_title(cause)}", width)
+        lines += _wrap(f"-> {explains(cause, with_backend)}", width, _INDENT, _INDENT * 2)
+    return _section("Causes", lines)
+
+
+def _details(result: CheckResult, found: Sequence[Cause], width: int) -> str:
     with_backend = show_backend(result)
     lines: list[str] = []
     for run in result.runs:
         label = world_label(run, with_backend)
         for verdict in run.verdicts:
-            if not verdict.failed:
+            if verdict.status not in ("fail", "allowed"):
                 continue
-            lines += _wrap(f"[{label}] {verdict.check}: {verdict.detail or 'failed'}", width)
-            for name, text in evidence(verdict):
+            number = cause_number(found, verdict)
+            tag = "allowed, " if verdict.status == "allowed" else ""
+            ref = f" ({tag}cause {number})" if number is not None else ""
+            lines += _wrap(f"[{label}] {verdict.check}{ref}: {verdict.detail or 'failed'}", width)
+            for name, text in evidence(verdict, cause=number is None):
                 lines += _wrap(f"{name}: {text}", width, _INDENT, _INDENT * 2)
         for failure in run.failures:
             lines += _wrap(f"[{label}] rank {failure.rank} {failure.kind}: {failure.message}", width)
@@ -195,11 +220,11 @@ def _details(result: CheckResult, width: int) -> str:
     return _section("Details", lines)
 
 
-def _skips(result: CheckResult, width: int) -> str:
+def _skips(result: CheckResult, width: int, status: str, title: str) -> str:
     lines: list[str] = []
-    for where, check, why in skip_reasons(result):
+    for where, check, why in skip_reasons(result, status):
         lines += _wrap(f"[{where}] {check}: {why}", width)
-    return _section("Skipped", lines)
+    return _section(title, lines)
 
 
 def _divergence(result: CheckResult, width: int) -> str:
@@ -228,6 +253,21 @@ def _divergence(result: CheckResult, width: int) -> str:
         table = _table(rows, [*headers, "cause"], colalign=align, maxcolwidths=[*limits, room])
         blocks.append(f"{world_label(run, with_backend)}:\n{table}")
     return _section("Divergence", "\n\n".join(blocks).splitlines())
+
+
+def _resume(result: CheckResult, width: int) -> str:
+    with_backend = show_backend(result)
+    blocks: list[str] = []
+    for run in result.runs:
+        if not run.resume:
+            continue
+        rows = [resume_cells(row) for row in run.resume]
+        room = max(width - visible_width(_table(rows, RESUME_HEADERS[:-1])) - 2, _MIN_WRAP)
+        for cells, row in zip(rows, run.resume, strict=True):
+            cells.append(row.note or NOT_RUN)
+        table = _table(rows, RESUME_HEADERS, maxcolwidths=[None] * 7 + [room])
+        blocks.append(f"{world_label(run, with_backend)}:\n{table}")
+    return _section("Resume", "\n\n".join(blocks).splitlines())
 
 
 def _notes(result: CheckResult, width: int) -> str:

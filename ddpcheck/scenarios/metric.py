@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Any
 
 from ddpcheck.checks.ids import METRIC_EQUIVALENCE
 from ddpcheck.checks.verdict import skipped
-from ddpcheck.divergence import Evaluation, HookOutcome, judge_metrics, metric_rows
-from ddpcheck.launch import GroupResult, TargetRef, report_progress, run_ranks
+from ddpcheck.divergence import Evaluation, judge_metrics, metric_rows
+from ddpcheck.launch import TargetRef, report_progress, run_ranks
 from ddpcheck.loaderfile import LoaderSpec, optional_hook
 from ddpcheck.record import RankFailure, compact_ids
 from ddpcheck.recorder import (
@@ -53,10 +53,11 @@ from ddpcheck.recorder import (
     read_facts,
     set_epoch_everywhere,
 )
+from ddpcheck.scenarios.protocol import Context, Outcome, group_failures
 
 if TYPE_CHECKING:
+    from ddpcheck.options import CheckOptions
     from ddpcheck.record import LoaderFacts
-    from ddpcheck.runner import CheckOptions
 
 ID_KEY = "__ids__"
 METRIC_HOOKS = ("forward", "metric")
@@ -201,7 +202,7 @@ def collect_outputs(
     parts: dict[str, list[Any]] = {}
     ids: list[Hashable] = []
     with torch.no_grad():
-        for count, (batch, batch_ids) in enumerate(batches_with_ids(loader, ids_hook, facts), start=1):
+        for count, (batch, batch_ids, _) in enumerate(batches_with_ids(loader, ids_hook, facts), start=1):
             out = forward(batch) if forward is not None else default_outputs(batch, batch_ids, collated)
             out = check_outputs(out, len(batch_ids), count)
             if parts and set(out) != set(parts):
@@ -294,21 +295,6 @@ def evaluate_rank(spec: LoaderSpec, options: EvalOptions) -> Evaluation | None:
 # --------------------------------------------------------------------------- parent side
 
 
-def group_failures(group: GroupResult, check: str) -> tuple[RankFailure, ...]:
-    """Failed ranks of a hook check's group, named after the check."""
-    return tuple(
-        RankFailure(
-            rank=o.rank,
-            kind=o.kind,
-            message=f"{check}: {o.message}",
-            stack=o.error or o.stack,
-            progress=o.progress,
-        )
-        for o in group.outcomes
-        if not o.ok
-    )
-
-
 class MetricEquivalence:
     """Parent side: the single-process evaluation once, then one gloo group per world size."""
 
@@ -342,24 +328,28 @@ class MetricEquivalence:
         value = group.outcomes[0].value if group.outcomes and group.outcomes[0].ok else None
         return (value if isinstance(value, Evaluation) else None), failures
 
-    def world(self, world_size: int) -> HookOutcome:
+    def finish(self) -> dict[int, Outcome]:
+        return {}
+
+    def world(self, ctx: Context) -> Outcome:
+        world_size = ctx.world_size
         if self.simulate:
-            return HookOutcome(verdicts=(skipped(METRIC_EQUIVALENCE, SIMULATE_SKIP),))
+            return Outcome(verdicts=(skipped(METRIC_EQUIVALENCE, SIMULATE_SKIP),))
         failures: tuple[RankFailure, ...] = ()
         if self._reference is None and not self._reference_failed:
             self._reference, failures = self._evaluate(1)
             self._reference_failed = self._reference is None
             if self._reference is None:
-                return HookOutcome(failures=failures)
+                return Outcome(failures=failures)
         if self._reference is None:
             why = "the single-process evaluation failed (see its rank failure)"
-            return HookOutcome(verdicts=(skipped(METRIC_EQUIVALENCE, why),))
+            return Outcome(verdicts=(skipped(METRIC_EQUIVALENCE, why),))
         if world_size == 1:
             run: Evaluation | None = self._reference
         else:
             run, failures = self._evaluate(world_size)
         if run is None:
-            return HookOutcome(failures=failures)
+            return Outcome(failures=failures)
         rows = metric_rows(self._reference, run, self.tolerance)
         verdict = judge_metrics(self._reference, run, rows, self.tolerance)
-        return HookOutcome(verdicts=(verdict,), divergence=rows, failures=failures)
+        return Outcome(verdicts=(verdict,), divergence=rows, failures=failures)

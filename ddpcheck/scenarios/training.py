@@ -40,8 +40,6 @@ from typing import TYPE_CHECKING, Any
 
 from ddpcheck.checks.ids import TRAINING_EQUIVALENCE
 from ddpcheck.checks.verdict import Verdict, skipped
-from ddpcheck.divergence import HookOutcome
-from ddpcheck.evaluate import group_failures
 from ddpcheck.launch import TargetRef, report_progress, run_ranks
 from ddpcheck.loaderfile import LoaderSpec, factory_kwargs, get_factory, optional_hook
 from ddpcheck.recorder import (
@@ -52,11 +50,12 @@ from ddpcheck.recorder import (
     read_facts,
     set_epoch_everywhere,
 )
+from ddpcheck.scenarios.protocol import Context, Outcome, group_failures
 
 if TYPE_CHECKING:
     import torch
 
-    from ddpcheck.runner import CheckOptions
+    from ddpcheck.options import CheckOptions
 
 TRAIN_HOOKS = ("make_model", "loss")
 TOLERANCE = 1e-10
@@ -236,7 +235,8 @@ def train_rank(spec: LoaderSpec, options: TrainOptions) -> RankTraining:
         set_epoch_everywhere(loader, 0)
     wanted = options.steps * options.accumulation
     facts = read_facts(loader)
-    taken = list(islice(batches_with_ids(loader, optional_hook(module, "sample_ids"), facts), wanted))
+    stream = batches_with_ids(loader, optional_hook(module, "sample_ids"), facts)
+    taken = [(batch, ids) for batch, ids, _ in islice(stream, wanted)]
     available = _fewest(len(taken), world_size)
     steps = min(options.steps, available)
     accumulated_steps = min(options.steps, available // options.accumulation)
@@ -307,7 +307,8 @@ def train_reference_rank(
         if options.set_epoch:
             set_epoch_everywhere(loader, 0)
         hook = optional_hook(module, "sample_ids")
-        into.extend(islice(batches_with_ids(loader, hook, read_facts(loader)), count))
+        stream = batches_with_ids(loader, hook, read_facts(loader))
+        into.extend((batch, ids) for batch, ids, _ in islice(stream, count))
     make_model, loss_fn = module.make_model, module.loss
     results = []
     for taken in (plain, grouped):
@@ -467,19 +468,23 @@ class TrainingEquivalence:
         wanted = options.train_steps > 0 and set(TRAIN_HOOKS) <= names
         return cls(spec, options) if wanted else None
 
-    def world(self, world_size: int) -> HookOutcome:
+    def finish(self) -> dict[int, Outcome]:
+        return {}
+
+    def world(self, ctx: Context) -> Outcome:
+        world_size = ctx.world_size
         if self.simulate:
-            return HookOutcome(verdicts=(skipped(TRAINING_EQUIVALENCE, SIMULATE_SKIP),))
+            return Outcome(verdicts=(skipped(TRAINING_EQUIVALENCE, SIMULATE_SKIP),))
         target = TargetRef.of(train_rank)
         kwargs: dict[str, Any] = {"spec": self.spec, "options": self.options}
         group = run_ranks(target, world_size, timeout=self.timeout, kwargs=kwargs)
         failures = group_failures(group, TRAINING_EQUIVALENCE)
         if not group.ok:
-            return HookOutcome(failures=failures)
+            return Outcome(failures=failures)
         ranks: list[RankTraining] = group.values
         lead = ranks[0]
         if lead.skip:
-            return HookOutcome(verdicts=(skipped(TRAINING_EQUIVALENCE, lead.skip),))
+            return Outcome(verdicts=(skipped(TRAINING_EQUIVALENCE, lead.skip),))
         kwargs.update(
             global_batch=lead.batch_size * world_size,
             steps=lead.steps,
@@ -489,9 +494,9 @@ class TrainingEquivalence:
         ref_group = run_ranks(TargetRef.of(train_reference_rank), 1, timeout=self.timeout, kwargs=kwargs)
         failures = group_failures(ref_group, TRAINING_EQUIVALENCE)
         if not ref_group.ok:
-            return HookOutcome(failures=failures)
+            return Outcome(failures=failures)
         reference: ReferenceTraining = ref_group.values[0]
         if reference.skip:
-            return HookOutcome(verdicts=(skipped(TRAINING_EQUIVALENCE, reference.skip),))
+            return Outcome(verdicts=(skipped(TRAINING_EQUIVALENCE, reference.skip),))
         verdict = judge_training(ranks, reference, world_size, TOLERANCE, self.options.accumulation)
-        return HookOutcome(verdicts=(verdict,))
+        return Outcome(verdicts=(verdict,))

@@ -1,0 +1,300 @@
+"""Picture data for the HTML and Markdown reports: who saw which sample, steps per rank, reshuffling.
+
+Verdicts keep a few example ids, not the whole picture, and reports never look at traces. So the
+parent reduces the reference trace and one world size's trace to a small plain :class:`FigureData`
+once, here, and reports draw from that alone. Above ``max_bins`` samples the x axis is aggregated into
+bins (each bin says what share of its samples a rank saw), so a million-sample epoch costs kilobytes.
+
+The x axis of a sample strip is the reference epoch's distinct samples in the order the single process
+yields them: a correct DistributedSampler then draws regular stripes, and a bug breaks the pattern.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from array import array
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ddpcheck.record import EpochTrace, RankTrace, RunTrace
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    IntArray = npt.NDArray[np.int64]
+
+MAX_RANK_STRIPS = 64  # above this many ranks only the first ones get a strip (the picture says so)
+LEVELS = 255  # shares are stored as bytes: 0 = none, 255 = all of the bin, any non-zero share >= 1
+NO_RANK = -1  # owner value: no rank saw the sample
+SEVERAL = -2  # owner value: more than one rank saw the sample
+
+
+@dataclass(frozen=True)
+class EpochFigure:
+    """One epoch at one world size: a strip per shown rank over the reference epoch's samples.
+
+    ``rank_share[i][b]``, ``missing[b]`` and ``duplicated[b]`` are shares of bin ``b`` (0..255, never 0
+    when anything at all is there). The counts are exact, whatever the binning.
+    """
+
+    epoch: int
+    samples: int  # distinct samples in the reference epoch: the x axis
+    bins: int  # == samples when not aggregated
+    rank_share: tuple[bytes, ...]  # per shown rank: share of each bin that rank saw
+    missing: bytes  # share of each bin seen by no rank
+    duplicated: bytes  # share of each bin seen more than once (by two ranks, or twice by one)
+    missing_count: int
+    duplicated_count: int
+    extra_copies: int  # yields beyond the first of each sample (padding counts here)
+    foreign: tuple[int, ...]  # per rank with a trace: yields of ids the reference epoch never yields
+    yielded: tuple[int, ...]  # per rank: samples yielded
+    steps: tuple[int, ...]  # per rank: batches yielded
+    len_loader: tuple[int | None, ...]  # per rank: what len(loader) said
+    reference_steps: int  # batches of the single-process epoch
+
+    @property
+    def binned(self) -> bool:
+        return self.bins < self.samples
+
+
+@dataclass(frozen=True)
+class FigureData:
+    """Everything the pictures of one world size need; plain, picklable, a few kilobytes."""
+
+    world_size: int
+    ranks: tuple[int, ...]  # ranks with a trace, in order
+    shown_ranks: int  # the first this many of ``ranks`` have strips
+    max_bins: int
+    epochs: tuple[EpochFigure, ...] = ()
+    owner_samples: int = 0  # x axis of the assignment picture: reference epoch 0's samples
+    owner_bins: int = 0  # columns: every sample, or above max_bins a fixed random subset of them
+    owners: tuple[tuple[int, ...], ...] = ()  # per epoch, per column: the rank, NO_RANK or SEVERAL
+    changed: tuple[float | None, ...] = ()  # per epoch after the first: share of samples that moved rank
+    note: str = ""  # why a picture is missing or partial
+
+    @property
+    def binned(self) -> bool:
+        return any(e.binned for e in self.epochs) or self.owner_bins < self.owner_samples
+
+
+def figure_data(reference: RunTrace, run: RunTrace, max_bins: int = 2000) -> FigureData:
+    """The picture data of ``run`` against the single-process ``reference``. Pure; numpy-fast.
+
+    Never raises on a broken run: ranks without a trace are left out and ``note`` says so.
+    """
+    if max_bins < 1:
+        raise ValueError(f"max_bins must be at least 1, not {max_bins}")
+    ranks = tuple(sorted(run.ranks, key=lambda r: r.rank))
+    shown = min(len(ranks), MAX_RANK_STRIPS)
+    base = FigureData(run.world_size, tuple(r.rank for r in ranks), shown, max_bins)
+    notes = []
+    if run.skipped:
+        return _with_note(base, f"not run: {run.skipped}")
+    if not reference.ranks or reference.num_epochs == 0:
+        return _with_note(base, "no reference trace to compare with")
+    if not ranks:
+        return _with_note(base, "no rank returned a trace")
+    if len(ranks) < run.world_size:
+        notes.append(f"only {len(ranks)} of {run.world_size} ranks returned a trace")
+    if shown < len(ranks):
+        notes.append(f"strips for the first {shown} of {len(ranks)} ranks")
+    window = next((r.facts.steps for r in ranks if getattr(r.facts, "steps", None)), None)
+    if window:
+        notes.append(f"each rank recorded only {window} batches per epoch: the rest shows as missing")
+    epochs = min(reference.num_epochs, min(len(r.epochs) for r in ranks))
+    ref_rank = reference.ranks[0]
+    axis0 = _Axis(ref_rank.epochs[0].ids)
+    figures: list[EpochFigure] = []
+    owners0: list[IntArray] = []
+    for e in range(epochs):
+        axis = axis0 if e == 0 else _Axis(ref_rank.epochs[e].ids)
+        figure, owner = _epoch(e, axis, ranks, shown, max_bins, ref_rank.epochs[e])
+        figures.append(figure)
+        owners0.append(owner if e == 0 else _to_axis(owner, axis, axis0))
+    columns = _columns(axis0.n, max_bins)
+    return FigureData(
+        world_size=run.world_size,
+        ranks=base.ranks,
+        shown_ranks=shown,
+        max_bins=max_bins,
+        epochs=tuple(figures),
+        owner_samples=axis0.n,
+        owner_bins=min(axis0.n, max_bins),
+        owners=tuple(tuple((o if columns is None else o[columns]).tolist()) for o in owners0),
+        changed=tuple(_changed(a, b) for a, b in itertools.pairwise(owners0)),
+        note="; ".join(notes),
+    )
+
+
+def _with_note(data: FigureData, note: str) -> FigureData:
+    return FigureData(data.world_size, data.ranks, data.shown_ranks, data.max_bins, note=note)
+
+
+class _Axis:
+    """The distinct samples of a reference epoch in first-yield order, and a fast id -> position map.
+
+    Integer ids (``array('q')``, as the recorder stores them) are looked up in a direct table when
+    they span a dense range (dataset indices always do), else by binary search; other ids by a dict.
+    """
+
+    DENSE = 4  # a table up to 4 slots per sample (plus a little) beats a binary search
+
+    def __init__(self, ids: Sequence[Hashable]) -> None:
+        import numpy as np
+
+        self._dict: dict[Hashable, int] | None = None
+        self._table: IntArray | None = None
+        self._sorted: IntArray | None = None
+        self._low = 0
+        if not (isinstance(ids, array) and ids.typecode == "q"):
+            lookup: dict[Hashable, int] = {}
+            for item in ids:
+                lookup.setdefault(item, len(lookup))
+            self._dict = lookup
+            self.n = len(lookup)
+            return
+        values = np.frombuffer(ids, dtype=np.int64) if len(ids) else np.zeros(0, np.int64)
+        span = int(values.max()) - int(values.min()) + 1 if len(values) else 0
+        if len(values) and span <= self.DENSE * len(values) + 1024:
+            self._low = int(values.min())
+            table = np.full(span, -1, np.int64)
+            table[values - self._low] = np.arange(len(values), dtype=np.int64)
+            if int((table >= 0).sum()) == len(values):  # no repeats: positions are yield positions
+                self._table, self._ordered, self.n = table, values, len(values)
+                return
+        ordered_sorted, first = np.unique(values, return_index=True)
+        order = np.argsort(first, kind="stable")
+        position = np.empty(len(order), np.int64)
+        position[order] = np.arange(len(order), dtype=np.int64)
+        self._ordered, self.n = ordered_sorted[order], len(order)
+        if len(values) and span <= self.DENSE * len(values) + 1024:
+            table = np.full(span, -1, np.int64)
+            table[ordered_sorted - self._low] = position
+            self._table = table
+        else:
+            self._sorted, self._position = ordered_sorted, position
+
+    def ordered_ids(self) -> Sequence[Hashable]:
+        if self._dict is None:
+            return array("q", self._ordered.tobytes())
+        return list(self._dict)
+
+    def lookup(self, ids: Sequence[Hashable]) -> IntArray:
+        """The position of each id, -1 where the reference epoch does not hold it."""
+        import numpy as np
+
+        if not len(ids) or not self.n:
+            return np.full(len(ids), -1, np.int64)
+        if self._dict is None and isinstance(ids, array) and ids.typecode == "q":
+            values = np.frombuffer(ids, dtype=np.int64)
+            if self._table is not None:
+                offset = values - self._low
+                inside = (offset >= 0) & (offset < len(self._table))
+                out = np.full(len(values), -1, np.int64)
+                out[inside] = self._table[offset[inside]]
+                return out
+            assert self._sorted is not None
+            at = np.minimum(np.searchsorted(self._sorted, values), self.n - 1)
+            return np.where(self._sorted[at] == values, self._position[at], -1)
+        if self._dict is None:  # integer reference, non-integer ids: compare as plain ints
+            self._dict = {int(x): i for i, x in enumerate(self._ordered.tolist())}
+        table = self._dict
+        return np.fromiter((table.get(x, -1) for x in ids), np.int64, len(ids))
+
+
+def _epoch(
+    epoch: int, axis: _Axis, ranks: Sequence[RankTrace], shown: int, max_bins: int, ref: EpochTrace
+) -> tuple[EpochFigure, IntArray]:
+    """One epoch's figure, and each sample's owner (rank, NO_RANK or SEVERAL) on ``axis``."""
+    import numpy as np
+
+    n = axis.n
+    bins = min(n, max_bins)
+    starts = (np.arange(bins, dtype=np.int64) * n) // max(bins, 1)
+    sizes = np.diff(np.append(starts, n))
+    total = np.zeros(n, np.int64)
+    holders = np.zeros(n, np.int32)  # how many ranks saw each sample
+    owner = np.full(n, NO_RANK, np.int64)
+    shares: list[bytes] = []
+    foreign: list[int] = []
+    for i, rank in enumerate(ranks):
+        trace = rank.epochs[epoch]
+        where = axis.lookup(trace.ids)
+        hit = where[where >= 0]
+        foreign.append(int(len(where) - len(hit)))
+        counts = np.bincount(hit, minlength=n) if n else np.zeros(0, np.int64)
+        seen = counts > 0
+        total += counts
+        holders += seen
+        owner[hit] = rank.rank
+        if i < shown:
+            shares.append(_shares(seen, starts, sizes))
+    owner[holders == 0] = NO_RANK
+    owner[holders > 1] = SEVERAL
+    duplicated = total > 1
+    figure = EpochFigure(
+        epoch=epoch,
+        samples=n,
+        bins=bins,
+        rank_share=tuple(shares),
+        missing=_shares(total == 0, starts, sizes),
+        duplicated=_shares(duplicated, starts, sizes),
+        missing_count=int((total == 0).sum()),
+        duplicated_count=int(duplicated.sum()),
+        extra_copies=int(total.sum() - (total > 0).sum()),
+        foreign=tuple(foreign),
+        yielded=tuple(len(r.epochs[epoch].ids) for r in ranks),
+        steps=tuple(r.epochs[epoch].num_batches for r in ranks),
+        len_loader=tuple(r.epochs[epoch].len_loader for r in ranks),
+        reference_steps=ref.num_batches,
+    )
+    return figure, owner
+
+
+def _shares(flags: Any, starts: Any, sizes: Any) -> bytes:
+    """Per bin, the share of flagged samples as 0..255, rounded up so that one sample shows."""
+    import numpy as np
+
+    if not len(sizes):
+        return b""
+    counts = np.add.reduceat(flags.astype(np.int64), starts)
+    levels = np.ceil(counts * LEVELS / sizes).astype(np.uint8)
+    return bytes(levels.tobytes())
+
+
+def _to_axis(owner: IntArray, axis: _Axis, target: _Axis) -> IntArray:
+    """Owners indexed by ``axis`` positions, re-indexed by ``target`` positions (NO_RANK elsewhere)."""
+    import numpy as np
+
+    out = np.full(target.n, NO_RANK, np.int64)
+    where = target.lookup(axis.ordered_ids())
+    hit = where >= 0
+    out[where[hit]] = owner[hit]
+    return out
+
+
+def _columns(samples: int, max_bins: int) -> IntArray | None:
+    """The sample positions the assignment picture shows: all of them, or a fixed random subset.
+
+    Not bins: a bin's majority owner is a tie under a correct split (every rank owns the same share),
+    which would paint identical rows and read as "no reshuffle". Not a regular stride either: a stride
+    that is a multiple of the world size would always land on the same rank.
+    """
+    import numpy as np
+
+    if samples <= max_bins:
+        return None
+    return np.sort(np.random.default_rng(0).choice(samples, size=max_bins, replace=False))
+
+
+def _changed(before: IntArray, after: IntArray) -> float | None:
+    """The share of samples owned by one rank in both epochs whose rank differs; None if there are none."""
+    both = (before >= 0) & (after >= 0)
+    total = int(both.sum())
+    if not total:
+        return None
+    share = int(((before != after) & both).sum()) / total
+    return share if math.isfinite(share) else None

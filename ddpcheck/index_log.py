@@ -1,0 +1,137 @@
+"""Which dataset indices each batch holds, read where torch's DataLoader iterators hand them out.
+
+A map-style batch is identified by the indices its (batch) sampler produced. Reading them off the
+sampler from outside goes wrong as soon as the iterator prefetches (workers fetch ahead, and
+``iter(loader)`` already dispatches ``prefetch_factor * num_workers`` batches), delivers out of order
+(``in_order=False``), keeps workers across epochs, or fast-forwards after a restore. So the log is
+kept inside the iterator itself: every index the iterator dispatches is appended in dispatch order,
+and every batch it delivers is matched to its dispatch number (by the task index torch pairs with
+the data). Frameworks that wrap a DataLoader (Accelerate, Lightning Fabric) still iterate a real
+DataLoader underneath, so the same log sees their batches; the outer loop pops one entry per batch.
+
+Private torch API (``_BaseDataLoaderIter._next_index``/``_reset``, the multiprocessing iterator's
+``_get_data``/``_process_data``), stable since torch 1.x and mirrored by torchdata's stateful
+iterators. Patches are installed once per rank process and do nothing for loaders without a log.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable
+from typing import Any
+
+_ATTR = "_ddpcheck_index_log"
+
+
+class IndexLog:
+    """Filled by the loader's iterators: per delivered batch, (its indices or None, its worker or None)."""
+
+    def __init__(self) -> None:
+        self.ready: deque[tuple[list[Hashable] | None, int | None]] = deque()
+        self.iterators = 0
+
+    def clear(self) -> None:
+        self.ready.clear()
+
+
+def log_of(loader: Any) -> IndexLog:
+    """The loader's log, attached on first use and kept for the loader's life: a persistent-workers
+    iterator created in one epoch keeps logging in the next. Bypasses ``DataLoader.__setattr__``."""
+    install()
+    log = getattr(loader, _ATTR, None)
+    if log is None:
+        log = IndexLog()
+        object.__setattr__(loader, _ATTR, log)
+    return log
+
+
+def _indices(item: Any) -> list[Hashable] | None:
+    if item is None:
+        return None
+    if isinstance(item, int):
+        return [item]
+    if hasattr(item, "tolist"):
+        item = item.tolist()
+        if isinstance(item, int):
+            return [item]
+    try:
+        return list(item)
+    except TypeError:
+        return [item]
+
+
+_installed = False
+
+
+def install() -> None:
+    """Patch torch's base iterator once; the per-instance hooks are set up in its ``__init__``."""
+    global _installed
+    if _installed:
+        return
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    original_init = _BaseDataLoaderIter.__init__
+    original_reset = _BaseDataLoaderIter._reset
+    original_next_index = _BaseDataLoaderIter._next_index
+
+    def __init__(self: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
+        log = getattr(loader, _ATTR, None)
+        self._ddpcheck_log = log
+        if log is not None:
+            log.iterators += 1
+            self._ddpcheck_sent = []
+            self._ddpcheck_base = 0
+            self._ddpcheck_pending = {}
+            _hook_instance(self, log)
+        original_init(self, loader, *args, **kwargs)
+
+    def _reset(self: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
+        if getattr(self, "_ddpcheck_log", None) is not None:
+            self._ddpcheck_base = len(self._ddpcheck_sent)  # dispatch numbers restart at 0
+        original_reset(self, loader, *args, **kwargs)
+
+    def _next_index(self: Any) -> Any:
+        index = original_next_index(self)
+        if getattr(self, "_ddpcheck_log", None) is not None:
+            self._ddpcheck_sent.append(index)
+        return index
+
+    _BaseDataLoaderIter.__init__ = __init__  # type: ignore[method-assign]
+    _BaseDataLoaderIter._reset = _reset  # type: ignore[method-assign]
+    _BaseDataLoaderIter._next_index = _next_index  # type: ignore[method-assign]
+    _installed = True
+
+
+def _hook_instance(it: Any, log: IndexLog) -> None:
+    cls = type(it)
+    multiprocess = hasattr(cls, "_process_data")
+    if multiprocess:
+
+        def get_data() -> Any:
+            task, payload = cls._get_data(it)
+            it._ddpcheck_pending[id(payload)] = (task, payload)
+            if isinstance(payload, tuple) and len(payload) == 3:  # torchdata: (data, worker_id, state)
+                it._ddpcheck_pending[id(payload[0])] = (task, payload[0])
+            return task, payload
+
+        def process_data(data: Any, worker: Any = None, *args: Any, **kwargs: Any) -> Any:
+            entry = it._ddpcheck_pending.pop(id(data), None)
+            task = entry[0] if entry is not None else it._rcvd_idx - 1
+            position = it._ddpcheck_base + task
+            sent = it._ddpcheck_sent
+            ids = _indices(sent[position]) if 0 <= position < len(sent) else None
+            log.ready.append((ids, worker if isinstance(worker, int) else None))
+            return cls._process_data(it, data, worker, *args, **kwargs)
+
+        it._get_data = get_data
+        it._process_data = process_data
+    else:
+
+        def next_data() -> Any:
+            before = len(it._ddpcheck_sent)
+            data = cls._next_data(it)
+            sent = it._ddpcheck_sent
+            log.ready.append((_indices(sent[before]) if len(sent) > before else None, None))
+            return data
+
+        it._next_data = next_data

@@ -1,0 +1,92 @@
+"""What a ddpcheck run is asked to do: plain options, validated before anything starts.
+
+The runner and the scenarios (metric, training, resume) read them; nothing here launches or judges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddpcheck.recorder import RecordOptions
+
+BACKENDS = ("gloo", "nccl")
+
+
+class BadInput(ValueError):
+    """Options or inputs that make the run impossible; the message is one actionable line (exit 2)."""
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    world_sizes: tuple[int, ...] = (1, 2, 3, 4)
+    epochs: int = 2
+    backend: str = "gloo"
+    factory: str = "make_loader"
+    patch: bool = False
+    simulate: bool = False
+    load_data: bool = False
+    set_epoch: bool = True
+    timeout: float = 120.0
+    determinism: bool = True
+    batch_size: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    # --- metric and training equivalence (ddpcheck.evaluate, ddpcheck.training) ---
+    metrics: bool | None = None  # None: when the file defines forward or metric
+    metric_tolerance: float | None = None  # None: exact for integers, relative 1e-6 for floats
+    train_steps: int = 3  # 0: off; runs when the file defines make_model and loss
+    # --- windows, allowed failures, resume ---
+    steps: int | None = None  # per rank per epoch window; None: whole epochs
+    allow: tuple[str, ...] = ()  # check ids whose failure is reported as "allowed"
+    ids_from_data: bool = False  # set by the runner when rank-local indices cannot identify samples
+    factory_args: tuple[tuple[str, Any], ...] = ()  # --factory-arg KEY=VALUE, passed to the factory
+    preload: bool = True  # import the file's third-party modules once, before ranks are forked
+    resume: bool = True  # the mid-epoch resume check, where the loader has a state mechanism
+    elastic: bool = False  # also restore at other world sizes
+
+    def record_options(self) -> RecordOptions:
+        return RecordOptions(
+            epochs=self.epochs,
+            load_data=self.load_data,
+            set_epoch=self.set_epoch,
+            patch=self.patch,
+            batch_size=self.batch_size,
+            steps=self.steps,
+            ids_from_data=self.ids_from_data,
+            factory_args=self.factory_args,
+        )
+
+
+def validate(options: CheckOptions) -> None:
+    if not options.world_sizes:
+        raise BadInput("no world sizes given")
+    for ws in options.world_sizes:
+        if not isinstance(ws, int) or isinstance(ws, bool) or ws < 1:
+            raise BadInput(f"world sizes must be positive integers, got {ws!r}")
+    if not isinstance(options.epochs, int) or options.epochs < 1:
+        raise BadInput(f"epochs must be at least 1, got {options.epochs!r}")
+    if options.timeout <= 0:
+        raise BadInput(f"timeout must be positive, got {options.timeout!r}")
+    if options.backend not in BACKENDS:
+        raise BadInput(f"unknown backend {options.backend!r}; choose one of {', '.join(BACKENDS)}")
+    if options.backend == "nccl" and not options.simulate:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise BadInput("backend nccl needs CUDA, and this machine has no CUDA device; use --backend gloo")
+    tolerance = options.metric_tolerance
+    if tolerance is not None and not (isinstance(tolerance, (int, float)) and 0 <= tolerance < float("inf")):
+        raise BadInput(f"metric tolerance must be a non-negative number, got {tolerance!r}")
+    steps = options.train_steps
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        raise BadInput(f"train steps must be a non-negative integer (0 turns it off), got {steps!r}")
+    window = options.steps
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+        raise BadInput(f"steps must be a positive integer, got {window!r}")
+    from ddpcheck.checks.ids import ALL_CHECKS
+
+    unknown = sorted(set(options.allow) - set(ALL_CHECKS))
+    if unknown:
+        raise BadInput(
+            f"unknown check id for --allow: {', '.join(unknown)}; choose from {', '.join(ALL_CHECKS)}"
+        )

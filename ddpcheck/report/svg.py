@@ -1,0 +1,370 @@
+"""SVG pictures of one world size, drawn from :class:`~ddpcheck.figures.FigureData` alone.
+
+Three pictures, each a standalone ``<svg>`` (valid XML: the Markdown report writes them as ``.svg``
+files, the HTML report inlines them): which rank saw which sample (a strip per rank, plus rows that
+light up missing and duplicated samples), steps per rank, and the sample-to-rank assignment across
+epochs. No scripts, fonts or images: text uses the system's sans-serif font.
+
+Strips are drawn in bin units (one unit per bin, scaled to the plot width) and consecutive bins of the
+same shade merge into one sub-path, so a correct million-sample run draws in a few kilobytes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from html import escape
+
+from ddpcheck.figures import NO_RANK, SEVERAL, EpochFigure, FigureData
+from ddpcheck.report._common import show_backend, world_label
+from ddpcheck.result import CheckResult, WorldResult
+
+WIDTH = 960
+LEFT = 96  # label column
+RIGHT = 128  # count column
+PLOT = WIDTH - LEFT - RIGHT
+STRIP = 14
+MARGIN = 8  # around the drawing, so a standalone .svg file does not clip its first letters
+GAP = 4
+FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"
+MAX_STEP_ROWS = 64
+
+RANK_COLORS = (
+    "#4e79a7",
+    "#59a14f",
+    "#b07aa1",
+    "#76b7b2",
+    "#9c755f",
+    "#e377c2",
+    "#bcbd22",
+    "#17becf",
+    "#1f3b73",
+    "#8c6d31",
+)
+MISSING = "#d62728"
+DUPLICATED = "#ff7f0e"
+SEVERAL_COLOR = "#3b3b3b"
+EMPTY = "#eef0f3"
+INK = "#1f2328"
+MUTED = "#59636e"
+STEP_OK = "#4e79a7"
+STEP_ODD = "#d62728"
+# Binned shares are drawn in four shades: some (< 42 %), about half, most, (nearly) all (> 90 %).
+# The cuts sit away from 1/2, 1/3, 1/4, 2/3, 3/4 ..., the shares a W-rank split gives, so a random
+# split does not flicker between two shades from column to column (which would also bloat the SVG).
+SHADE_CUTS = (round(0.42 * 255), round(0.58 * 255), round(0.90 * 255))
+SHADES = len(SHADE_CUTS) + 1
+OPACITY = {1: "0.35", 2: "0.55", 3: "0.75"}
+
+
+def rank_color(rank: int) -> str:
+    return RANK_COLORS[rank % len(RANK_COLORS)]
+
+
+@dataclass(frozen=True)
+class Picture:
+    """One SVG picture: ``kind`` names it in file names and element classes."""
+
+    kind: str  # "samples" | "steps" | "assignment"
+    title: str
+    svg: str
+
+
+def pictures(data: FigureData) -> list[Picture]:
+    """The pictures this data supports, in report order (none when there is nothing to draw)."""
+    if not data.epochs:
+        return []
+    out = [
+        Picture("samples", f"Which rank saw which sample (world size {data.world_size})", samples_svg(data)),
+        Picture("steps", f"Steps per rank (world size {data.world_size})", steps_svg(data)),
+    ]
+    if len(data.ranks) > 1 and data.owners:
+        out.append(
+            Picture(
+                "assignment",
+                f"Sample-to-rank assignment across epochs (world size {data.world_size})",
+                assignment_svg(data),
+            )
+        )
+    return out
+
+
+def _svg(kind: str, height: int, label: str, body: Sequence[str]) -> str:
+    head = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="ddp-figure {kind}" '
+        f'viewBox="-{MARGIN} -{MARGIN} {WIDTH + 2 * MARGIN} {height + 2 * MARGIN}" '
+        f'width="{WIDTH + 2 * MARGIN}" height="{height + 2 * MARGIN}" role="img" aria-label="{_attr(label)}" '
+        f'font-family="{_attr(FONT)}" font-size="12" fill="{INK}">'
+    )
+    return "\n".join([head, f"<title>{_text(label)}</title>", *body, "</svg>"])
+
+
+def _attr(text: str) -> str:
+    return escape(_xml_safe(text), quote=True)
+
+
+def _text(text: str) -> str:
+    return escape(_xml_safe(text), quote=False)
+
+
+def _xml_safe(text: str) -> str:
+    return "".join(ch if ch in "\t\n" or (ch >= " " and ch not in "\ufffe\uffff") else "?" for ch in text)
+
+
+def _label(
+    x: float, y: float, text: str, *, anchor: str = "start", color: str = INK, bold: bool = False
+) -> str:
+    weight = ' font-weight="600"' if bold else ""
+    fill = "" if color == INK else f' fill="{color}"'
+    end = ' text-anchor="end"' if anchor == "end" else ""
+    return f'<text x="{x:g}" y="{y:g}"{end}{fill}{weight}>{_text(text)}</text>'
+
+
+def _runs(values: Sequence[int]) -> Iterator[tuple[int, int, int]]:
+    """(start, length, value) of each run of equal values."""
+    start = 0
+    for i in range(1, len(values) + 1):
+        if i == len(values) or values[i] != values[start]:
+            yield start, i - start, values[start]
+            start = i
+
+
+def _shade(level: int) -> int:
+    """A stored share (1..255) as its shade 1..SHADES; 0 (nothing) stays 0."""
+    return 0 if level <= 0 else 1 + sum(level > cut for cut in SHADE_CUTS)
+
+
+def _strip(css: str, y: float, shares: bytes, color: str, tip: str, extra: str = "") -> str:
+    """One row of bins: a pale background, then one path per shade with the bins of that shade."""
+    bins = len(shares)
+    paths: dict[int, list[str]] = {}
+    for start, length, level in _runs([_shade(b) for b in shares]):
+        if level:
+            paths.setdefault(level, []).append(f"M{start} 0h{length}v1h-{length}z")
+    scale = PLOT / max(bins, 1)
+    parts = [
+        f'<g class="{css}"{extra} transform="translate({LEFT} {y:g}) scale({scale:.6g} {STRIP})">',
+        f"<title>{_text(tip)}</title>",
+        f'<rect width="{bins}" height="1" fill="{EMPTY}"/>',
+    ]
+    for level, commands in sorted(paths.items()):
+        opacity = f' fill-opacity="{OPACITY[level]}"' if level in OPACITY else ""
+        parts.append(f'<path d="{"".join(commands)}" fill="{color}"{opacity} shape-rendering="crispEdges"/>')
+    parts.append("</g>")
+    return "".join(parts)
+
+
+def _axis_note(samples: int, bins: int) -> str:
+    if bins < samples:
+        per = samples / bins
+        return (
+            f"{samples:,} samples in {bins:,} columns of ~{per:,.0f}; shade: pale = some of a column, "
+            "darker = about half, most, all"
+        )
+    return f"{samples:,} samples, one column each, in single-process order"
+
+
+def samples_svg(data: FigureData) -> str:
+    """Per epoch: a strip per rank over the reference epoch's samples, then missing and duplicated."""
+    body: list[str] = []
+    y = 18
+    body.append(
+        _label(
+            0,
+            y,
+            "Each strip is one rank; x = the single-process epoch's samples in the order it yields them.",
+            color=MUTED,
+        )
+    )
+    if data.note:
+        y += 16
+        body.append(_label(0, y, data.note, color=MUTED))
+    for figure in data.epochs:
+        y += 30
+        body.append(_label(0, y, f"epoch {figure.epoch}", bold=True))
+        body.append(_label(LEFT, y, _axis_note(figure.samples, figure.bins), color=MUTED))
+        y += 10
+        for i, rank in enumerate(data.ranks[: data.shown_ranks]):
+            seen = figure.yielded[i] - figure.foreign[i]
+            tip = f"rank {rank}: yields {figure.yielded[i]:,} samples in epoch {figure.epoch}"
+            if figure.foreign[i]:
+                tip += f" ({figure.foreign[i]:,} not in the single-process epoch)"
+            extra = f' data-rank="{rank}" data-epoch="{figure.epoch}"'
+            body.append(_label(LEFT - 8, y + 11, f"rank {rank}", anchor="end"))
+            body.append(_strip("strip", y, figure.rank_share[i], rank_color(rank), tip, extra))
+            body.append(_label(LEFT + PLOT + 8, y + 11, f"{seen:,} samples", color=MUTED))
+            y += STRIP + GAP
+        for css, name, shares, count, color, what in (
+            ("missing", "missing", figure.missing, figure.missing_count, MISSING, "seen by no rank"),
+            (
+                "duplicated",
+                "duplicated",
+                figure.duplicated,
+                figure.duplicated_count,
+                DUPLICATED,
+                "seen twice+",
+            ),
+        ):
+            tip = f"{count:,} samples {what} in epoch {figure.epoch}"
+            body.append(_label(LEFT - 8, y + 11, name, anchor="end", color=color if count else MUTED))
+            body.append(_strip(css, y, shares, color, tip, f' data-epoch="{figure.epoch}"'))
+            body.append(
+                _label(LEFT + PLOT + 8, y + 11, f"{count:,}", color=color if count else MUTED, bold=count > 0)
+            )
+            y += STRIP + GAP
+        odd = [f"rank {r}: {n:,}" for r, n in zip(data.ranks, figure.foreign, strict=False) if n]
+        if odd:
+            y += 12
+            body.append(
+                _label(LEFT, y, "not in the single-process epoch: " + ", ".join(odd[:8]), color=MISSING)
+            )
+    return _svg("samples", y + 14, f"Which rank saw which sample, world size {data.world_size}", body)
+
+
+def steps_svg(data: FigureData) -> str:
+    """Per epoch: one bar per rank (batches it yielded); bars that differ from the most common are red."""
+    body: list[str] = []
+    most = max((max(f.steps, default=0) for f in data.epochs), default=0)
+    most = max(most, *(f.reference_steps for f in data.epochs), 1)
+    scale = PLOT / most
+    y = 18
+    body.append(
+        _label(0, y, "Batches each rank yields; DDP needs the same number on every rank.", color=MUTED)
+    )
+    for figure in data.epochs:
+        y += 30
+        common = max(set(figure.steps), key=figure.steps.count) if figure.steps else 0
+        said = sorted({n for n in figure.len_loader if n is not None})
+        facts = [f"single process: {figure.reference_steps:,} batches"]
+        if said:
+            facts.append("len(loader): " + ", ".join(f"{n:,}" for n in said))
+        body.append(_label(0, y, f"epoch {figure.epoch}", bold=True))
+        body.append(_label(LEFT, y, "; ".join(facts), color=MUTED))
+        y += 10
+        rows = list(zip(data.ranks, figure.steps, figure.len_loader, strict=False))
+        for rank, steps, length in rows[:MAX_STEP_ROWS]:
+            odd = steps != common or (length is not None and length != steps)
+            color = STEP_ODD if odd else STEP_OK
+            tip = f"rank {rank}: {steps:,} batches" + (
+                f", len(loader) = {length:,}" if length is not None else ""
+            )
+            body.append(_label(LEFT - 8, y + 11, f"rank {rank}", anchor="end"))
+            body.append(
+                f'<g class="steps-bar" data-rank="{rank}" data-epoch="{figure.epoch}" data-steps="{steps}">'
+                f"<title>{_text(tip)}</title>"
+                f'<rect x="{LEFT}" y="{y}" width="{PLOT}" height="{STRIP}" fill="{EMPTY}"/>'
+                f'<rect x="{LEFT}" y="{y}" width="{steps * scale:.1f}" height="{STRIP}" fill="{color}"/></g>'
+            )
+            if length is not None and length != steps:
+                x = LEFT + length * scale
+                body.append(
+                    f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y - 2}" y2="{y + STRIP + 2}" stroke="{INK}" '
+                    'stroke-dasharray="3 2"/>'
+                )
+            text = f"{steps:,}" + ("" if length is None or length == steps else f" (len {length:,})")
+            body.append(_label(LEFT + PLOT + 8, y + 11, text, color=STEP_ODD if odd else MUTED, bold=odd))
+            y += STRIP + GAP
+        if len(rows) > MAX_STEP_ROWS:
+            rest = [s for _, s, _ in rows[MAX_STEP_ROWS:]]
+            y += 12
+            body.append(
+                _label(
+                    LEFT,
+                    y,
+                    f"... {len(rest)} more ranks: {min(rest):,} to {max(rest):,} batches",
+                    color=MUTED,
+                )
+            )
+    return _svg("steps", y + 14, f"Steps per rank, world size {data.world_size}", body)
+
+
+def assignment_svg(data: FigureData) -> str:
+    """One row per epoch over epoch 0's samples, coloured by the rank that saw each sample.
+
+    Identical rows mean the same samples go to the same ranks every epoch: no reshuffle.
+    """
+    body: list[str] = []
+    y = 18
+    intro = "Which rank gets each sample, epoch by epoch; identical rows = no reshuffle."
+    body.append(_label(0, y, intro, color=MUTED))
+    y += 16
+    moved = "moved = share of all samples on one rank in both epochs whose rank changed since the last epoch"
+    body.append(_label(0, y, moved, color=MUTED))
+    y += 16
+    if data.owner_bins < data.owner_samples:
+        note = (
+            f"x = a fixed random {data.owner_bins:,} of epoch 0's {data.owner_samples:,} samples, "
+            "one column each, in single-process order"
+        )
+    else:
+        note = "x = epoch 0's samples; " + _axis_note(data.owner_samples, data.owner_bins)
+    body.append(_label(0, y, note, color=MUTED))
+    y += 14
+    for epoch, owners in enumerate(data.owners):
+        body.append(_label(LEFT - 8, y + 11, f"epoch {epoch}", anchor="end"))
+        body.append(_owner_row(y, epoch, owners))
+        if epoch:
+            share = data.changed[epoch - 1] if epoch - 1 < len(data.changed) else None
+            text = "moved: -" if share is None else f"moved: {share:.0%}"
+            color = MISSING if share == 0 else MUTED
+            body.append(_label(LEFT + PLOT + 8, y + 11, text, color=color, bold=share == 0))
+        y += STRIP + GAP
+    y += 14
+    x = LEFT
+    legend = [(f"rank {r}", rank_color(r)) for r in data.ranks[: min(len(data.ranks), 10)]]
+    legend += [("several ranks", SEVERAL_COLOR), ("no rank", MISSING)]
+    for name, color in legend:
+        body.append(f'<rect x="{x}" y="{y - 10}" width="10" height="10" fill="{color}"/>')
+        body.append(_label(x + 14, y, name, color=MUTED))
+        x += 24 + 7 * len(name)
+    return _svg("assignment", y + 12, f"Sample-to-rank assignment, world size {data.world_size}", body)
+
+
+def _owner_row(y: float, epoch: int, owners: Sequence[int]) -> str:
+    bins = len(owners)
+    paths: dict[int, list[str]] = {}
+    for start, length, owner in _runs(owners):
+        paths.setdefault(owner, []).append(f"M{start} 0h{length}v1h-{length}z")
+    scale = PLOT / max(bins, 1)
+    where = f"translate({LEFT} {y:g}) scale({scale:.6g} {STRIP})"
+    parts = [
+        f'<g class="owners" data-epoch="{epoch}" transform="{where}">',
+        f'<rect width="{bins}" height="1" fill="{EMPTY}"/>',
+    ]
+    for owner, commands in sorted(paths.items()):
+        color = MISSING if owner == NO_RANK else SEVERAL_COLOR if owner == SEVERAL else rank_color(owner)
+        parts.append(f'<path d="{"".join(commands)}" fill="{color}" shape-rendering="crispEdges"/>')
+    parts.append("</g>")
+    return "".join(parts)
+
+
+def epoch_summary(figure: EpochFigure) -> str:
+    """One line of numbers under a picture, for readers of the text (and screen readers)."""
+    parts = [f"{figure.samples:,} samples"]
+    parts.append(f"{figure.missing_count:,} missing")
+    parts.append(f"{figure.duplicated_count:,} duplicated ({figure.extra_copies:,} extra copies)")
+    return f"epoch {figure.epoch}: " + ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class PictureFile:
+    """A picture as a file next to the Markdown report: ``<stem>-ws2-samples.svg``."""
+
+    name: str
+    run: WorldResult
+    picture: Picture
+
+
+def picture_files(result: CheckResult, stem: str) -> list[PictureFile]:
+    """Every picture of ``result`` with the file name the Markdown report links it by."""
+    with_backend = show_backend(result)
+    out = []
+    for run in result.runs:
+        if run.figures is None:
+            continue
+        label = world_label(run, with_backend).replace("=", "")
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", label)
+        for picture in pictures(run.figures):
+            out.append(PictureFile(f"{stem}-{safe}-{picture.kind}.svg", run, picture))
+    return out

@@ -1,0 +1,81 @@
+"""The one shape of a check that needs its own rank-side runs (metric, training, resume).
+
+A scenario is built in the parent from the loader file's names and the options (nothing runs then).
+The runner calls :meth:`Scenario.world` once per world size, after the data run, and
+:meth:`Scenario.finish` once at the end (for what spans world sizes, such as elastic resume).
+Inside, a scenario launches its own ranks; what comes back from them is plain data, and its verdicts
+come from a pure judge. The runner never names a scenario: it iterates :func:`ddpcheck.scenarios.build`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from ddpcheck.checks.verdict import Verdict
+from ddpcheck.record import RankFailure, RunTrace
+from ddpcheck.result import MetricRow, ResumeRow
+
+if TYPE_CHECKING:
+    from ddpcheck.launch import GroupResult
+    from ddpcheck.loaderfile import LoaderSpec
+    from ddpcheck.options import CheckOptions
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a scenario adds to one world size's result."""
+
+    verdicts: tuple[Verdict, ...] = ()
+    divergence: tuple[MetricRow, ...] = ()
+    failures: tuple[RankFailure, ...] = ()
+    resume: tuple[ResumeRow, ...] = ()
+
+    def __add__(self, other: Outcome) -> Outcome:
+        return Outcome(
+            self.verdicts + other.verdicts,
+            self.divergence + other.divergence,
+            self.failures + other.failures,
+            self.resume + other.resume,
+        )
+
+
+@dataclass
+class Context:
+    """What the runner hands a scenario for one world size: the data run it judged (plain data)."""
+
+    world_size: int
+    run: RunTrace
+    reference: RunTrace
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+class Scenario(Protocol):
+    """A check with its own rank-side runs; see the module docstring."""
+
+    def world(self, ctx: Context) -> Outcome: ...
+
+    def finish(self) -> dict[int, Outcome]:
+        """Outcomes that need every world size (world size -> what to add to it); usually empty."""
+        ...
+
+
+class Factory(Protocol):
+    """Builds a scenario when the file and options ask for it, else returns None."""
+
+    def __call__(self, spec: LoaderSpec, options: CheckOptions, names: frozenset[str]) -> Scenario | None: ...
+
+
+def group_failures(group: GroupResult, check: str) -> tuple[RankFailure, ...]:
+    """Failed ranks of a scenario's group, named after the check."""
+    return tuple(
+        RankFailure(
+            rank=o.rank,
+            kind=o.kind,
+            message=f"{check}: {o.message}",
+            stack=o.error or o.stack,
+            progress=o.progress,
+        )
+        for o in group.outcomes
+        if not o.ok
+    )
