@@ -554,16 +554,21 @@ def _options(args: argparse.Namespace) -> Any:
 
 def _run(args: argparse.Namespace) -> int | tuple[CheckResult, bool]:
     """Run the checker; an int is an exit code with nothing to publish."""
+    from dataclasses import replace
+
     from ddpcheck.joined import JoinTarget, check_joined
+    from ddpcheck.progress import make_display
     from ddpcheck.runner import BadInput, Interrupted, check_loader
 
     options = _options(args)
     target = JoinTarget(args.rank, args.world_size, args.master_addr, args.master_port)
+    # progress on stderr: live lines on a terminal, plain ones elsewhere, nothing with --quiet
+    color = use_color(args.color, sys.stderr)
+    display = make_display(sys.stderr, quiet=args.quiet, color=color, epochs=args.epochs)
 
     def progress(message: str) -> None:
         _interrupts.checkpoint()
-        if not args.quiet:
-            print(f"ddpcheck: {message}", file=sys.stderr, flush=True)
+        display.message(f"ddpcheck: {message}")
 
     try:
         if target.explicit or _in_launch():
@@ -571,11 +576,14 @@ def _run(args: argparse.Namespace) -> int | tuple[CheckResult, bool]:
             if joined is None:  # not rank 0: rank 0 reports for everyone
                 return code
             return joined, False
-        return check_loader(args.loader, options, progress=progress), False
+        watched = replace(options, on_progress=display.update)
+        return check_loader(args.loader, watched, progress=progress), False
     except BadInput as exc:
         return _error(str(exc), exc, args.verbose)
     except Interrupted as exc:
         return exc.partial, True
+    finally:
+        display.close()  # before anything else is printed
 
 
 def _in_launch() -> bool:

@@ -61,6 +61,25 @@ def _indices(item: Any) -> list[Hashable] | None:
 
 
 _installed = False
+_catch_all: IndexLog | None = None  # while set, iterators of loaders without a log of their own log here
+
+
+class catch_all:
+    """Log the iterators of every DataLoader created meanwhile, also ones user code builds on the fly
+    (a resume hook that rebuilds the loader and starts iterating it before returning)."""
+
+    def __init__(self) -> None:
+        self.log = IndexLog()
+
+    def __enter__(self) -> IndexLog:
+        global _catch_all
+        install()
+        _catch_all = self.log
+        return self.log
+
+    def __exit__(self, *exc: object) -> None:
+        global _catch_all
+        _catch_all = None
 
 
 def install() -> None:
@@ -75,7 +94,7 @@ def install() -> None:
     original_next_index = _BaseDataLoaderIter._next_index
 
     def __init__(self: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
-        log = getattr(loader, _ATTR, None)
+        log = getattr(loader, _ATTR, None) or _catch_all
         self._ddpcheck_log = log
         if log is not None:
             log.iterators += 1

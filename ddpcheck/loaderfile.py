@@ -74,10 +74,15 @@ def precheck(spec: LoaderSpec) -> None:
         raise BadLoaderFile(f"factory name must be a Python identifier, got {spec.factory!r}")
 
 
-def load_module(spec: LoaderSpec) -> ModuleType:
-    """Import the user's file (inside a rank). Import errors become :class:`BadLoaderFile`."""
+def load_module(spec: LoaderSpec, *, fresh: bool = False) -> ModuleType:
+    """Import the user's file (inside a rank). Import errors become :class:`BadLoaderFile`.
+
+    ``fresh`` runs the module's code again, as a restarted process would (the resume check).
+    """
     path = Path(spec.path).resolve()
     name = f"ddpcheck_loader_{hashlib.blake2b(str(path).encode(), digest_size=6).hexdigest()}"
+    if fresh:
+        sys.modules.pop(name, None)
     if name in sys.modules:  # simulated ranks share one process: run module code once
         return sys.modules[name]
     try:

@@ -6,9 +6,12 @@ The runner and the scenarios (metric, training, resume) read them; nothing here 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddpcheck.recorder import RecordOptions
+
+if TYPE_CHECKING:
+    from ddpcheck.launch import ProgressCallback
 
 BACKENDS = ("gloo", "nccl")
 
@@ -43,6 +46,8 @@ class CheckOptions:
     preload: bool = True  # import the file's third-party modules once, before ranks are forked
     resume: bool = True  # the mid-epoch resume check, where the loader has a state mechanism
     elastic: bool = False  # also restore at other world sizes
+    # --- the live progress display (ddpcheck.progress): not an option of the run, never reported ---
+    on_progress: ProgressCallback | None = field(default=None, compare=False, repr=False)
 
     def record_options(self) -> RecordOptions:
         return RecordOptions(

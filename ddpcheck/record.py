@@ -30,6 +30,77 @@ def compact_ids(ids: Iterable[Hashable]) -> Sequence[Hashable]:
     return tuple(items)
 
 
+class IdBuffer:
+    """One epoch's ids as they arrive, kept compact: an ``array('q')`` while batches come as arrays.
+
+    A batch that is an ``array('q')`` holds plain ints by construction (the recorder builds one only
+    from sources known to yield them); any other batch turns the buffer into a list, and
+    :meth:`ids` then stores it with :func:`compact_ids`, exactly as a list of the same ids would be.
+    ``distinct`` is incremental: the endless-loader guard asks it at doubling lengths, and it never
+    sorts or hashes an id twice.
+    """
+
+    def __init__(self) -> None:
+        self._ints: array[int] | None = array("q")
+        self._list: list[Hashable] | None = None
+        self._seen: Any = None  # numpy bitmap over [0, len(_seen)) of ints seen so far
+        self._outside: set[int] = set()  # ints seen outside the bitmap's range
+        self._counted = 0  # ids already folded into _seen / _outside
+        self._set: set[Hashable] | None = None
+
+    def extend(self, batch: Sequence[Hashable]) -> None:
+        if self._ints is not None:
+            if type(batch) is array and batch.typecode == "q":
+                self._ints.extend(batch)
+                return
+            self._list, self._ints = list[Hashable](self._ints.tolist()), None
+        assert self._list is not None
+        self._list.extend(batch)
+
+    def __len__(self) -> int:
+        return len(self._ints) if self._ints is not None else len(self._list or ())
+
+    def distinct(self) -> int:
+        """How many distinct ids so far."""
+        if self._ints is None:
+            if self._set is None:
+                self._set = set()
+                self._counted = 0
+            assert self._list is not None
+            self._set.update(self._list[self._counted :])
+            self._counted = len(self._list)
+            return len(self._set)
+        import numpy as np
+
+        values = np.frombuffer(self._ints, dtype=np.int64)[self._counted :]
+        self._counted += len(values)
+        if len(values):
+            low, high = int(values.min()), int(values.max())
+            limit = max(4 * len(self._ints), 1 << 20)
+            if low >= 0 and high < limit:
+                if self._seen is None or high >= len(self._seen):
+                    grown = np.zeros(
+                        max(high + 1, 2 * len(self._seen) if self._seen is not None else 0), np.bool_
+                    )
+                    if self._seen is not None:
+                        grown[: len(self._seen)] = self._seen
+                    self._seen = grown
+                self._seen[values] = True
+            else:
+                self._outside.update(np.unique(values).tolist())
+        inside = int(np.count_nonzero(self._seen)) if self._seen is not None else 0
+        if self._outside and self._seen is not None:
+            in_range = sum(1 for x in self._outside if 0 <= x < len(self._seen) and self._seen[x])
+            return inside + len(self._outside) - in_range
+        return inside + len(self._outside)
+
+    def ids(self) -> Sequence[Hashable]:
+        """The epoch's ids, compact: what :func:`compact_ids` makes of the same ids in a list."""
+        if self._ints is not None:
+            return self._ints
+        return compact_ids(self._list or [])
+
+
 @dataclass(frozen=True)
 class LoaderFacts:
     """What the rank could read off the loader it was given; ``None`` where unknowable."""

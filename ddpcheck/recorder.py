@@ -30,7 +30,7 @@ from ddpcheck.loaderfile import (
     optional_hook,
     unwrap_loader,
 )
-from ddpcheck.record import EpochTrace, LoaderFacts, RankTrace, compact_ids
+from ddpcheck.record import EpochTrace, IdBuffer, LoaderFacts, RankTrace
 
 MAX_ITEMS_PER_EPOCH = 50_000_000
 
@@ -63,13 +63,15 @@ def _group_position() -> tuple[int, int]:
     return 0, 1
 
 
-def build_loader(spec: LoaderSpec, options: RecordOptions, rank: int, world_size: int) -> tuple[Any, Any]:
+def build_loader(
+    spec: LoaderSpec, options: RecordOptions, rank: int, world_size: int, *, fresh: bool = False
+) -> tuple[Any, Any]:
     """Import the file, call the factory (patching when asked); returns (what it returned, module).
 
     What the factory returns may be a framework wrapper around a DataLoader (Accelerate's
     ``DataLoaderShard``, Lightning Fabric's loader): that object is what a training loop iterates.
     """
-    module = load_module(spec)
+    module = load_module(spec, fresh=fresh)
     factory = get_factory(module, spec)
     available: dict[str, Any] = {"rank": rank, "world_size": world_size}
     if options.batch_size is not None:
@@ -169,7 +171,7 @@ class Stream:
 
     def record(self, epoch: int) -> EpochTrace:
         steps = self.options.steps
-        ids: list[Hashable] = []
+        ids = IdBuffer()
         sizes: list[int] = []
         workers: list[int | None] = []
         if steps is None:
@@ -181,9 +183,12 @@ class Stream:
             iterator = self._iterator
             limit = steps
         guard = _EndlessGuard(self.facts.dataset_len, steps is not None)
-        count = 0
+        count = total = 0
         while limit is None or count < limit:
-            report_progress(f"epoch {epoch}, batch {count + 1}")
+            report_progress(
+                f"epoch {epoch}, batch {count + 1}"
+                + (f"/{n}" if (n := limit or _len_or_none(self.outer)) else "")
+            )
             try:
                 batch_ids, worker = next(iterator)
             except StopIteration:
@@ -197,14 +202,17 @@ class Stream:
                     break
             count += 1
             ids.extend(batch_ids)
-            sizes.append(len(batch_ids))
+            size = len(batch_ids)
+            sizes.append(size)
             workers.append(worker)
-            guard.check(ids)
+            total += size
+            if total >= guard.due:  # the guard has nothing to say before then
+                guard.check(ids)
         len_loader = None if steps is not None else _len_or_none(self.outer)
         known_workers = all(w is not None for w in workers) and bool(workers)
         return EpochTrace(
             epoch=epoch,
-            ids=compact_ids(ids),
+            ids=ids.ids(),
             batch_sizes=sizes,
             len_loader=len_loader,
             worker_ids=[w for w in workers if w is not None] if known_workers else None,
@@ -218,8 +226,18 @@ class _EndlessGuard:
         self.dataset_len = dataset_len
         self.windowed = windowed
         self.next_probe = ENDLESS_PROBE
+        self.due = 0  # the length below which :meth:`check` cannot raise or probe
+        self._update_due()
 
-    def check(self, ids: list[Hashable]) -> None:
+    def _update_due(self) -> None:
+        due = MAX_ITEMS_PER_EPOCH + 1
+        if not self.windowed:
+            due = min(due, self.next_probe)
+            if self.dataset_len is not None:
+                due = min(due, ENDLESS_FACTOR * self.dataset_len + ENDLESS_PROBE + 1)
+        self.due = due
+
+    def check(self, ids: IdBuffer) -> None:
         n = len(ids)
         if self.windowed:
             _guard_size(n)
@@ -231,7 +249,8 @@ class _EndlessGuard:
             )
         if n >= self.next_probe:
             self.next_probe = n * 2
-            distinct = len(set(ids))
+            self._update_due()
+            distinct = ids.distinct()
             if n > ENDLESS_FACTOR * distinct:
                 raise BadLoaderFile(
                     f"the loader looks endless: one epoch passed {n:,} samples but only {distinct:,} "
@@ -245,7 +264,28 @@ ENDLESS_PROBE = 20_000
 
 
 def _sampler_batches(loader: Any) -> Iterator[tuple[list[Hashable], int | None]]:
+    """The (batch) sampler's items as index batches.
+
+    torch's own samplers (exactly these classes, under torch's own ``BatchSampler``) yield plain
+    ints by construction (``range``, ``tolist()``), so their batches become ``array('q')`` in one C
+    pass; anything else goes through :func:`_as_indices`, item by item.
+    """
+    from array import array
+
+    from torch.utils.data import (
+        BatchSampler,
+        DistributedSampler,
+        RandomSampler,
+        SequentialSampler,
+        WeightedRandomSampler,
+    )
+
+    plain = (SequentialSampler, RandomSampler, DistributedSampler, WeightedRandomSampler)
     source = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
+    if type(source) is BatchSampler and type(source.sampler) in plain:
+        for item in source:
+            yield cast("list[Hashable]", array("q", item)), None
+        return
     for item in source:
         yield cast("list[Hashable]", _as_indices(item)), None
 
@@ -413,13 +453,13 @@ def _as_indices(item: Any) -> list[int]:
 def record_indices(loader: Any, epoch: int) -> EpochTrace:
     """The index stream of the loader's (batch) sampler: who sees what, without loading data."""
     len_loader = _len_or_none(loader)
-    ids: list[Hashable] = []
+    ids = IdBuffer()
     sizes: list[int] = []
     for batch, _ in _sampler_batches(loader):
         ids.extend(batch)
         sizes.append(len(batch))
         _guard_size(len(ids))
-    return EpochTrace(epoch=epoch, ids=compact_ids(ids), batch_sizes=sizes, len_loader=len_loader)
+    return EpochTrace(epoch=epoch, ids=ids.ids(), batch_sizes=sizes, len_loader=len_loader)
 
 
 def _guard_size(n: int) -> None:

@@ -195,6 +195,7 @@ def _run(spec: LoaderSpec, options: CheckOptions, world_size: int) -> RunTrace:
             backend=options.backend,
             timeout=options.timeout,
             kwargs=kwargs,
+            on_progress=options.on_progress,
         )
     return to_run_trace(group, set_epoch=options.set_epoch)
 
@@ -263,7 +264,7 @@ def _notes(reference: RunTrace, world_sizes: tuple[int, ...]) -> list[str]:
 
 
 def _jsonable_options(options: CheckOptions) -> dict[str, Any]:
-    out = {k: v for k, v in options.__dict__.items() if k not in ("extra", "factory_args")}
+    out = {k: v for k, v in options.__dict__.items() if k not in ("extra", "factory_args", "on_progress")}
     out["world_sizes"] = list(options.world_sizes)
     if options.factory_args:
         out["factory_args"] = dict(options.factory_args)

@@ -476,10 +476,11 @@ def test_rank_dependent_dataset_length_explains_shuffled_shards() -> None:
     ranks = tuple(replace(rt, facts=replace(rt.facts, dataset_len=n + rt.rank)) for rt in trace.ranks)
     verdict = check("no_overlap", ref, replace(trace, ranks=ranks))
     assert verdict.failed
-    assert verdict.cause == (
+    assert verdict.cause.startswith(
         "the loader's length depends on the rank: "
-        "the dataset has 61 samples on rank 1 but 60 in a single process"
+        "the dataset has 61 samples on rank 1 but 60 in a single process; "
     )
+    assert "local to the rank" in verdict.cause and "sample_ids(batch) hook" in verdict.cause  # index ids
     assert verdict.ranks == (1, 2)
 
 

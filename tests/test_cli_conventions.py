@@ -213,11 +213,24 @@ def test_bad_factory_args_are_usage_errors(tmp_path: Path, bad: str) -> None:
     _one_line_error(_cli(str(GOOD), "--report-dir", str(tmp_path), "--factory-arg", bad), "--factory-arg")
 
 
-def test_factory_args_reach_the_report_options(tmp_path: Path) -> None:
-    proc = _cli(str(GOOD), "--world-sizes", "1", "--report-dir", str(tmp_path), "--quiet", "--format", "json",
-                "--factory-arg", "seed=7", *FAST)  # fmt: skip
+def test_factory_args_reach_the_factory_and_the_report_options(tmp_path: Path) -> None:
+    loader = tmp_path / "loader.py"
+    loader.write_text(
+        "from torch.utils.data import DataLoader, DistributedSampler\n"
+        "def make_loader(rank, world_size, n=8, seed=0):\n"
+        "    assert (n, seed) == (12, 7), (n, seed)\n"
+        "    data = list(range(n))\n"
+        "    sampler = DistributedSampler(data, world_size, rank, seed=seed)\n"
+        "    return DataLoader(data, batch_size=2, sampler=sampler)\n"
+    )
+    proc = _cli(str(loader), "--world-sizes", "1,2", "--report-dir", str(tmp_path), "--quiet", "--format",
+                "json", "--factory-arg", "seed=7", "--factory-arg", "n=12", *FAST)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["options"]["factory_args"] == {"seed": 7}
+    report = json.loads(proc.stdout)
+    assert report["options"]["factory_args"] == {"seed": 7, "n": 12}
+    refused = _cli(str(GOOD), "--world-sizes", "1", "--report-dir", str(tmp_path), "--quiet",
+                   "--factory-arg", "nope=1", *FAST)  # fmt: skip
+    assert refused.returncode == 2 and "takes no parameter 'nope'" in refused.stderr, refused.stderr
 
 
 # --- 4. GitHub annotations ---

@@ -13,6 +13,14 @@ from dataclasses import dataclass
 from functools import cached_property
 from itertools import chain
 
+from ddpcheck.checks.arrays import (
+    EpochCounts,
+    as_int64,
+    epoch_counts,
+    same_id_set,
+    same_ints,
+    same_reference_ids,
+)
 from ddpcheck.record import EpochTrace, LoaderFacts, RunTrace
 
 Item = Hashable
@@ -35,6 +43,9 @@ def items_of(trace: EpochTrace, batch_level: bool) -> Sequence[Item]:
 
 def same_sequence(a: Sequence[Hashable], b: Sequence[Hashable]) -> bool:
     """Equal contents; an ``array`` never equals a tuple, so mixed types are compared as lists."""
+    same = same_ints(a, b)  # array('q') ids: compared by numpy, not element by element
+    if same is not None:
+        return same
     if type(a) is type(b):
         return a == b
     return len(a) == len(b) and list(a) == list(b)
@@ -125,9 +136,57 @@ class EpochView:
         """Multiplicities when the reference repeats an item; ``None`` when every count is 1."""
         if self._same is not None:
             return self._same.ref_counts
-        if len(self.ref_set) == len(self.ref_items):
+        if self.ref_distinct == len(self.ref_items):
             return None
         return Counter(self.ref_items)
+
+    @cached_property
+    def _counts(self) -> EpochCounts | None:
+        """The passing path's counts from numpy, when every epoch's ids are ``array('q')`` ids.
+
+        ``None`` otherwise (batches as items, ids that are not ints): then sets answer everything.
+        The evidence of a failure (which items, on which ranks) always comes from sets.
+        """
+        if self.batch_level:
+            return None
+        ref = as_int64(self.ref_trace.ids)
+        ranks = [as_int64(t.ids) for t in self.rank_traces]
+        if ref is None or any(r is None for r in ranks):
+            return None
+        return epoch_counts(ref, [r for r in ranks if r is not None])
+
+    @cached_property
+    def ref_distinct(self) -> int:
+        """How many distinct items the reference epoch holds."""
+        counts = self._counts
+        return counts.ref_distinct if counts is not None else len(self.ref_set)
+
+    @cached_property
+    def ddp_distinct(self) -> int:
+        """How many distinct items the ranks hold together."""
+        counts = self._counts
+        return counts.ddp_distinct if counts is not None else len(self.ddp_set)
+
+    @cached_property
+    def extras_count(self) -> int:
+        """How many distinct items some rank sees and the reference never yields."""
+        counts = self._counts
+        return counts.extras if counts is not None else len(self.extras)
+
+    def same_ref_items(self, other: EpochView) -> bool:
+        """This epoch's reference holds the same distinct items as ``other``'s."""
+        mine, theirs = self._counts, other._counts
+        if mine is not None and theirs is not None:
+            return same_reference_ids(mine, theirs)
+        return self.ref_set == other.ref_set
+
+    def same_rank_items(self, other: EpochView, rank: int) -> bool:
+        """``rank`` holds the same distinct items in this epoch as in ``other``."""
+        if not self.batch_level and not other.batch_level:
+            mine, theirs = as_int64(self.rank_traces[rank].ids), as_int64(other.rank_traces[rank].ids)
+            if mine is not None and theirs is not None:
+                return same_id_set(mine, theirs)
+        return self.rank_set(rank) == other.rank_set(rank)
 
     def allowed(self, item: Item) -> int:
         """How many copies of ``item`` the epoch may hold (the reference's count, at least 1)."""
@@ -165,6 +224,9 @@ class EpochView:
 
     def within(self, rank: int) -> int:
         """Copies a rank holds of items it already holds (its own repeats)."""
+        counts = self._counts
+        if counts is not None:
+            return counts.within[rank]
         if self._union[1][rank] == 0:
             return 0
         return len(self.rank_items[rank]) - len(self.rank_set(rank))
@@ -197,7 +259,7 @@ class EpochView:
         """Reference items no rank sees (as a multiset when the reference repeats items)."""
         counts = self.ref_counts
         if counts is None:  # |ref - ddp| from the extras, which the checks need anyway: one set pass fewer
-            return len(self.ref_set) - (len(self.ddp_set) - len(self.extras))
+            return self.ref_distinct - (self.ddp_distinct - self.extras_count)
         seen = self.ddp_counts
         return sum(max(0, c - seen.get(x, 0)) for x, c in counts.items())
 
@@ -220,12 +282,16 @@ class EpochView:
     def excess(self) -> int:
         """Copies beyond what the reference holds, summed over items (padding plus any overlap)."""
         if self.ref_counts is None:
-            return self.total - len(self.ddp_set)
+            return self.total - self.ddp_distinct
         return sum(max(0, c - self.allowed(x)) for x, c in self.ddp_counts.items())
 
     @cached_property
     def cross_excess(self) -> int:
         """Extra ranks per item: an item on 3 ranks that the reference yields once counts 2."""
+        if (
+            self.ref_counts is None and self._counts is not None
+        ):  # every rank's distinct items, less the union
+            return sum(self.distinct(r) for r in range(len(self.rank_items))) - self.ddp_distinct
         if self.ref_counts is None:  # a rank's shortfall is its own repeats plus items earlier ranks had
             return sum(short - self.within(r) for r, short in enumerate(self._union[1]))
         return sum(max(0, c - self.allowed(x)) for x, c in self.rank_multiplicity.items())
@@ -328,7 +394,7 @@ class Context:
             return True
         head = views[0]
         for v in views[1:]:
-            if len(v.ref_items) != len(head.ref_items) or v.ref_set != head.ref_set:
+            if len(v.ref_items) != len(head.ref_items) or not v.same_ref_items(head):
                 return False
             if (v.ref_counts is None) != (head.ref_counts is None) or v.ref_counts != head.ref_counts:
                 return False

@@ -32,6 +32,8 @@ def _could_be_index(ctx: Context, item: Hashable) -> bool:
 
 def _extras(ctx: Context, view: EpochView) -> set[Item]:
     """Items no rank should see; a resampling reference is judged against all its epochs together."""
+    if not view.extras_count:  # counted without building the set: the passing path
+        return set()
     extra = view.extras
     if extra and not ctx.stable:
         extra = {x for x in extra - ctx.ref_union if not _could_be_index(ctx, x)}

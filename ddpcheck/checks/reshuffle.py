@@ -73,7 +73,7 @@ def check_reshuffle(
     unclear: list[str] = []
     for e in pairs:
         before, after = ctx.view(e), ctx.view(e + 1)
-        n = max(len(before.ref_set), 1)
+        n = max(before.ref_distinct, 1)
         sizes = [len(items) for items in after.rank_items]
         judged = [r for r in range(w) if sizes[r] >= 2]
         repeated = [r for r in judged if same_sequence(before.rank_items[r], after.rank_items[r])]
@@ -110,7 +110,7 @@ def check_reshuffle(
             unclear.append(
                 f"epoch {e + 1} repeats epoch {e} on {ranks_text(repeated)}, {_chance_text(log_p)} by chance"
             )
-        frozen = w > 1 and judged and all(before.rank_set(r) == after.rank_set(r) for r in range(w))
+        frozen = w > 1 and judged and all(before.same_rank_items(after, r) for r in range(w))
         shards = [after.distinct(r) for r in range(w)] if frozen else []
         if frozen and sum(shards) < n + w:  # a partition (padding aside); shared items are no_overlap's
             log_p = -_log_partitions(_trim(shards, n))

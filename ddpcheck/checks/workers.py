@@ -93,7 +93,7 @@ def check_worker_sharding(
     same_in_reference = False
     for view in ctx.views():
         ref_ids = view.ref_trace.ids
-        ref_distinct = len(set(ref_ids)) if view.batch_level else len(view.ref_set)
+        ref_distinct = len(set(ref_ids)) if view.batch_level else view.ref_distinct
         allowed = None if ref_distinct == len(ref_ids) else Counter(ref_ids)
         for r, trace in enumerate(view.rank_traces):
             if view.sample_within(r) == 0:

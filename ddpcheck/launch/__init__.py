@@ -1,7 +1,15 @@
 """Process groups: start ranks, rendezvous on loopback, deadlines, collect results, leave nothing behind."""
 
-from ddpcheck.launch.group import GroupResult, RankOutcome, default_start_method, run_ranks
+from ddpcheck.launch.group import GroupResult, ProgressCallback, RankOutcome, default_start_method, run_ranks
 from ddpcheck.launch.rank import report_progress
 from ddpcheck.launch.target import TargetRef
 
-__all__ = ["GroupResult", "RankOutcome", "TargetRef", "default_start_method", "report_progress", "run_ranks"]
+__all__ = [
+    "GroupResult",
+    "ProgressCallback",
+    "RankOutcome",
+    "TargetRef",
+    "default_start_method",
+    "report_progress",
+    "run_ranks",
+]

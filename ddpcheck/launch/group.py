@@ -51,11 +51,16 @@ from ddpcheck.launch.target import TargetRef
 JOIN_ALLOWANCE_S = 60.0  # on top of ``timeout``, for ranks to start and join the group
 _JOIN_POLL_S = 0.02
 _STACK_WAIT_S = 2.0  # at most; usually the dumps land in milliseconds
+PROGRESS_EVERY_S = 0.2  # how often ``on_progress`` hears every rank's position while ranks run
 _OUTPUT_TAIL = 20_000  # bytes of a rank's output kept (its end); the rest is never read
 _STACK_TAIL = 200_000
 # What a rank's own communication layer says when a peer went away (gloo's transport errors).
 _COMM_ERROR_HINTS = ("gloo/transport", "connection closed by peer", "connection reset by peer")
 _COMM_ERROR_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError")
+
+ProgressCallback = Callable[[list[str], float, bool], None]
+"""``on_progress(positions, elapsed_s, finished)``: every rank's published position (``report_progress``;
+"" before a rank says anything), seconds since the group started, and whether the group is over."""
 
 
 @dataclass
@@ -145,6 +150,7 @@ def run_ranks(
     grace: float = 1.0,
     env: dict[str, str] | None = None,
     init_group: bool = True,
+    on_progress: ProgressCallback | None = None,
 ) -> GroupResult:
     """Run ``target(**kwargs)`` in every rank of a fresh ``world_size`` group; return each rank's outcome.
 
@@ -152,6 +158,11 @@ def run_ranks(
     ``timeout + JOIN_ALLOWANCE_S`` (see :class:`Deadline`). When a rank fails, the others get
     ``grace`` seconds to finish before they are stopped and marked ``secondary``. A hung rank is
     reported with its dumped stack and last progress. Nothing started here survives the call.
+
+    ``on_progress``, when given, is called from this thread at most every :data:`PROGRESS_EVERY_S`
+    while ranks run (``finished=False``), and once more when the group is over (``finished=True``,
+    whatever became of the ranks). It must return quickly. An exception it raises ends the group as
+    Ctrl-C would: every rank is stopped, and the exception propagates.
     """
     if world_size < 1:
         raise ValueError(f"world size must be a positive integer, got {world_size}")
@@ -215,9 +226,11 @@ def run_ranks(
                 master_listen_fd=listen_fd,
             )
         ready.set()
-        outcomes = _collect(procs, conns, progress, workdir, Deadline(started, timeout), grace)
+        outcomes = _collect(procs, conns, progress, workdir, Deadline(started, timeout), grace, on_progress)
         result = GroupResult(world_size, backend, outcomes, time.monotonic() - started)
         result.diagnosis = _diagnose(result)
+        if on_progress is not None:
+            on_progress([o.progress for o in outcomes], result.seconds, True)
         return result
     finally:
         _stop_all(procs)
@@ -258,7 +271,13 @@ def _all_joined(progress: Any, outcomes: list[RankOutcome]) -> bool:
 
 
 def _collect(
-    procs: list[Any], conns: list[Any], progress: Any, workdir: str, deadline: Deadline, grace: float
+    procs: list[Any],
+    conns: list[Any],
+    progress: Any,
+    workdir: str,
+    deadline: Deadline,
+    grace: float,
+    on_progress: ProgressCallback | None = None,
 ) -> list[RankOutcome]:
     """Read results and exits until every rank is done, the deadline passes, or grace after a failure.
 
@@ -270,6 +289,7 @@ def _collect(
     readers = {r: FrameReader(conn.fileno()) for r, conn in enumerate(conns)}
     watches = {r: ExitWatch(proc.pid) for r, proc in enumerate(procs)}
     first_failure: float | None = None
+    next_report = time.monotonic() + PROGRESS_EVERY_S
     try:
         while readers or watches:
             now = time.monotonic()
@@ -277,7 +297,13 @@ def _collect(
                 deadline.joined_at = now
             if now >= deadline.at or (first_failure is not None and now - first_failure >= grace):
                 break
+            if on_progress is not None and now >= next_report:
+                on_progress([read_progress(progress, r) for r in range(world)], now - deadline.started, False)
+                now = time.monotonic()
+                next_report = now + PROGRESS_EVERY_S
             limit = deadline.at - now
+            if on_progress is not None:
+                limit = min(limit, next_report - now)
             if first_failure is not None:
                 limit = min(limit, grace - (now - first_failure))
             if deadline.joined_at is None:

@@ -1,0 +1,159 @@
+"""The resume and elastic_resume checks: real ranks, real loaders, real restarts (fixtures/resume/).
+
+Each fixture's truth is stated in its docstring and follows from how the loader saves its state;
+``test_judge_*`` pin the pure judge on hand-made streams.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
+from ddpcheck.options import CheckOptions
+from ddpcheck.result import CheckResult
+from ddpcheck.runner import check_loader
+from ddpcheck.scenarios.resume import RankResume, Stop, StopResult, judge_elastic, judge_resume, stop_points
+
+RESUME_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "resume"
+FIXTURES = RESUME_FIXTURES.parent
+
+
+def _check(name: str, world_sizes: tuple[int, ...] = (1, 2), **kw: object) -> CheckResult:
+    options = CheckOptions(world_sizes=world_sizes, epochs=2, timeout=120, determinism=False, **kw)  # type: ignore[arg-type]
+    return check_loader(str(RESUME_FIXTURES / name), options)
+
+
+def _status(result: CheckResult, check: str) -> dict[int, str]:
+    return {r.world_size: next(v.status for v in r.verdicts if v.check == check) for r in result.runs}
+
+
+def _verdict(result: CheckResult, ws: int, check: str):  # type: ignore[no-untyped-def]
+    run = next(r for r in result.runs if r.world_size == ws)
+    return next(v for v in run.verdicts if v.check == check)
+
+
+def test_wrapper_state_resumes_exactly_and_elastically() -> None:
+    result = _check("good_wrapper_state.py", (1, 2, 3), elastic=True)
+    assert not any(r.failures for r in result.runs)
+    assert _status(result, RESUME) == {1: "pass", 2: "pass", 3: "pass"}
+    assert _status(result, ELASTIC_RESUME) == {1: "pass", 2: "pass", 3: "pass"}
+    rows = [row for r in result.runs for row in r.resume]
+    stops = {(row.epoch, row.step) for row in rows if row.world_size_from == row.world_size_to == 2}
+    assert {e for e, _ in stops} == {0, 1} and len(stops) == 6  # first, middle, last step of 2 epochs
+    pairs = {
+        (row.world_size_from, row.world_size_to) for row in rows if row.world_size_from != row.world_size_to
+    }
+    assert pairs == {(a, b) for a in (1, 2, 3) for b in (1, 2, 3) if a != b}  # both directions
+    assert result.exit_code == 0
+
+
+def test_step_count_hook_is_right_at_the_same_world_size_and_not_elastic() -> None:
+    result = _check("good_skip_hook.py", (1, 2, 4), elastic=True)
+    assert _status(result, RESUME) == {1: "pass", 2: "pass", 4: "pass"}
+    assert set(_status(result, ELASTIC_RESUME).values()) == {"fail"}
+    verdict = _verdict(result, 2, ELASTIC_RESUME)
+    assert verdict.detail.startswith("not elastic: ") and (
+        "loses" in verdict.detail or "repeats" in verdict.detail
+    )
+    assert "not elastic" in verdict.cause
+
+
+@pytest.mark.parametrize(
+    ("name", "epoch", "cause"),
+    [
+        ("bug_skip_resets_epoch.py", 1, "replays epoch 0's order"),
+        ("bug_replays_epoch0.py", 1, "replays epoch 0's order"),
+        ("bug_generator_saved_after_draw.py", 0, "saved after the epoch's permutation was drawn"),
+    ],
+)
+def test_buggy_resumes_fail_with_the_stop_point_and_the_damage(name: str, epoch: int, cause: str) -> None:
+    result = _check(name, (1, 2))
+    assert _status(result, RESUME) == {1: "fail", 2: "fail"}
+    verdict = _verdict(result, 2, RESUME)
+    assert verdict.epochs == (epoch,)
+    assert f"stopped at epoch {epoch} step " in verdict.detail and "diverges at step" in verdict.detail
+    assert "skipped" in verdict.detail and "repeated" in verdict.detail
+    assert cause in verdict.cause
+    failing = [row for r in result.runs for row in r.resume if row.status == "fail"]
+    assert failing and all(row.skipped + row.repeated > 0 for row in failing)
+    assert result.exit_code == 1
+
+
+def test_a_loader_without_state_gets_n_a_with_how_to_enable() -> None:
+    options = CheckOptions(world_sizes=(1, 2), epochs=2, timeout=60, determinism=False)
+    result = check_loader(str(FIXTURES / "good_distributed_sampler.py"), options)
+    assert _status(result, RESUME) == {1: "n/a", 2: "n/a"}
+    assert "resume_loader(loader, epoch, step, samples_seen)" in _verdict(result, 2, RESUME).detail
+    assert result.exit_code == 0
+
+
+def test_no_resume_turns_it_off() -> None:
+    result = _check("bug_replays_epoch0.py", (1,), resume=False)
+    assert all(v.check != RESUME for r in result.runs for v in r.verdicts)
+
+
+def test_torchdata_stateful_loader_with_workers_resumes() -> None:
+    pytest.importorskip("torchdata", reason="torchdata comes with the 'integrations' extra")
+    options = CheckOptions(
+        world_sizes=(1, 2), epochs=2, timeout=120, determinism=False, factory="make_loader_workers"
+    )
+    result = check_loader(str(FIXTURES / "frameworks" / "torchdata_stateful.py"), options)
+    assert _status(result, RESUME) == {1: "pass", 2: "pass"}
+    assert all("via loader" in row.note for r in result.runs for row in r.resume)
+
+
+# --- the pure parts ---------------------------------------------------------------------------
+
+
+def test_stop_points_are_first_middle_last_of_two_epochs() -> None:
+    stops = stop_points([5, 5], epochs=2, elastic=True)
+    assert [(s.epoch, s.step) for s in stops] == [(0, 1), (0, 3), (0, 5), (1, 1), (1, 3), (1, 5)]
+    assert [s for s in stops if s.next_epoch] == [s for s in stops if s.elastic]
+    assert [(s.epoch, s.step) for s in stops if s.elastic] == [(0, 3), (1, 3)]
+    assert [(s.epoch, s.step) for s in stop_points([1], epochs=1, elastic=False)] == [(0, 1)]
+
+
+def _rank(rank: int, epochs: list[list[list[int]]], resumed: list[StopResult]) -> RankResume:
+    return RankResume(
+        rank,
+        "sampler",
+        tuple(tuple(tuple(b) for b in e) for e in epochs),
+        tuple(resumed),
+    )
+
+
+def test_judge_resume_passes_the_exact_rest_and_counts_the_damage() -> None:
+    epochs = [[[0, 1], [2, 3], [4, 5]], [[5, 3], [1, 0], [4, 2]], [[2, 4], [0, 1], [3, 5]]]
+    stop = Stop(1, 1, next_epoch=True)
+    good = StopResult(stop, rest=((1, 0), (4, 2)), next_epoch=((2, 4), (0, 1), (3, 5)))
+    verdict, rows = judge_resume(1, [_rank(0, epochs, [good])])
+    assert verdict.status == "pass" and rows[0].status == "pass"
+    replayed = StopResult(stop, rest=((2, 3), (4, 5)), next_epoch=((2, 4), (0, 1), (3, 5)))  # epoch 0's rest
+    verdict, rows = judge_resume(1, [_rank(0, epochs, [replayed])])
+    assert verdict.failed and rows[0].first_divergence == 2
+    assert (rows[0].skipped, rows[0].repeated) == (2, 2)  # 1 and 0 lost; 3 and 5 seen twice in epoch 1
+    assert "replays epoch 0" in verdict.cause
+    changed_next = StopResult(stop, rest=((1, 0), (4, 2)), next_epoch=((0, 1), (2, 4), (3, 5)))
+    verdict, _ = judge_resume(1, [_rank(0, epochs, [changed_next])])
+    assert verdict.failed and "changes the next epoch" in verdict.detail
+
+
+def test_judge_elastic_counts_lost_and_repeated_against_padding() -> None:
+    old = [
+        _rank(0, [[[0, 1], [2, 3]]], []),
+        _rank(1, [[[4, 5], [6, 7]]], []),
+    ]
+    stop = Stop(0, 1)
+    exact = judge_elastic(old, 1, stop, [((2, 3), (6, 7))], pad_room=0)
+    assert exact.status == "pass"
+    lossy = judge_elastic(old, 1, stop, [((2, 3),)], pad_room=0)
+    assert (
+        lossy.status == "fail" and lossy.skipped == 2 and "2 -> 1" in lossy.note and "loses 2" in lossy.note
+    )
+    repeats = judge_elastic(old, 1, stop, [((0, 2, 3), (6, 7))], pad_room=0)
+    assert repeats.status == "fail" and repeats.repeated == 1
+    assert judge_elastic(old, 1, stop, [((0, 2, 3), (6, 7))], pad_room=1).status == "pass"
+    crashed = judge_elastic(old, 1, stop, ["StopIteration: "], pad_room=0)
+    assert crashed.status == "fail" and "restoring raised StopIteration" in crashed.note
