@@ -1,0 +1,189 @@
+"""What makes large runs cheap, guarded by behaviour (never by timing).
+
+Ids stay ``array('q')`` from the rank's sampler to the checks; the checks count with numpy instead
+of Python sets, and give exactly the verdicts the set arithmetic gives; the endless-loader guard
+counts distinct ids incrementally.
+"""
+
+from __future__ import annotations
+
+import pickle
+from array import array
+from collections.abc import Hashable
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, TensorDataset
+
+from ddpcheck.checks import run_checks
+from ddpcheck.checks.arrays import epoch_counts, same_id_set
+from ddpcheck.checks.context import Context
+from ddpcheck.record import EpochTrace, IdBuffer, RankTrace, RunTrace, compact_ids
+from ddpcheck.recorder import _sampler_batches, record_indices
+from tests.trace_builders import reference, run
+
+ids_lists = st.lists(st.integers(-5, 40), max_size=30)
+sparse_ids = st.lists(st.one_of(st.integers(-5, 40), st.integers(-(2**62), 2**62)), max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ref=st.one_of(ids_lists, sparse_ids), ranks=st.lists(st.one_of(ids_lists, sparse_ids), max_size=5))
+def test_array_counts_equal_set_arithmetic(ref: list[int], ranks: list[list[int]]) -> None:
+    counts = epoch_counts(np.array(ref, np.int64), [np.array(r, np.int64) for r in ranks])
+    union = set().union(*map(set, ranks))
+    assert counts.ref_distinct == len(set(ref))
+    assert counts.ddp_distinct == len(union)
+    assert counts.extras == len(union - set(ref))
+    assert counts.within == tuple(len(r) - len(set(r)) for r in ranks)
+    assert counts.ref_ids().tolist() == sorted(set(ref))
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=st.one_of(ids_lists, sparse_ids), b=st.one_of(ids_lists, sparse_ids))
+def test_same_id_set_is_set_equality(a: list[int], b: list[int]) -> None:
+    assert same_id_set(np.array(a, np.int64), np.array(b, np.int64)) == (set(a) == set(b))
+    assert same_id_set(np.array(a, np.int64), np.array(list(reversed(a)) + a[:2], np.int64))
+
+
+def _as_tuples(trace: RunTrace) -> RunTrace:
+    """The same run with ids in tuples: the checks then take their set-based path."""
+
+    def epoch(e: EpochTrace) -> EpochTrace:
+        return replace(e, ids=tuple(e.ids))
+
+    ranks = tuple(replace(r, epochs=tuple(epoch(e) for e in r.epochs)) for r in trace.ranks)
+    return replace(trace, ranks=ranks)
+
+
+def _split(order: list[int], world: int, pad: bool) -> list[list[int]]:
+    if pad:
+        total = -(-len(order) // world) * world
+        order = order + (order * world)[: total - len(order)]
+    else:
+        order = order[: len(order) // world * world]
+    return [order[r::world] for r in range(world)]
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[RunTrace, RunTrace, RunTrace]:
+    n = draw(st.integers(1, 40))
+    world = draw(st.integers(1, 5))
+    epochs = draw(st.integers(1, 3))
+    pad = draw(st.booleans())
+    offset = draw(st.sampled_from([0, 7, -3, 2**40]))
+    seeds = [draw(st.integers(0, 3)) for _ in range(epochs)]
+    resample = draw(st.booleans())
+    orders = []
+    for s in seeds:
+        rng = np.random.default_rng(s)
+        order = rng.integers(0, n, n).tolist() if resample else rng.permutation(n).tolist()
+        orders.append([x + offset for x in order])
+    ref = reference(orders, dataset_len=n, padding=pad)
+    per_rank: list[list[list[int]]] = [[] for _ in range(world)]
+    for order in orders:
+        for r, ids in enumerate(_split(order, world, pad)):
+            per_rank[r].append(ids)
+    bug = draw(st.sampled_from(["none", "overlap", "drop", "foreign", "repeat", "frozen"]))
+    for r in range(world):
+        for e in range(epochs):
+            ids = per_rank[r][e]
+            if bug == "overlap" and r and per_rank[0][e]:
+                ids[: len(ids) // 2] = per_rank[0][e][: len(ids) // 2]
+            elif bug == "drop" and ids and r == world - 1:
+                del ids[-draw(st.integers(1, len(ids))) :]
+            elif bug == "foreign" and r == 0:
+                ids.append(10**6 + draw(st.integers(0, 3)))
+            elif bug == "repeat" and ids and r == 0:
+                ids.append(ids[0])
+            elif bug == "frozen" and e:
+                per_rank[r][e] = list(reversed(per_rank[r][0]))
+    trace = run(per_rank, padding=pad)
+    rerun = run([[list(reversed(ids)) for ids in epochs_] for epochs_ in per_rank], padding=pad)
+    return ref, trace, draw(st.sampled_from([trace, rerun]))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=scenarios())
+def test_array_verdicts_equal_set_verdicts(case: tuple[RunTrace, RunTrace, RunTrace]) -> None:
+    ref, trace, rerun = case
+    assert isinstance(trace.ranks[0].epochs[0].ids, array)
+    fast = run_checks(ref, trace, rerun)
+    slow = run_checks(_as_tuples(ref), _as_tuples(trace), _as_tuples(rerun))
+    assert fast == slow
+
+
+def test_passing_path_builds_no_python_sets() -> None:
+    order = list(range(1000))
+    ref = reference([order, order[::-1]], dataset_len=1000, padding=True)
+    trace = run([[order[0::2], order[::-1][0::2]], [order[1::2], order[::-1][1::2]]], padding=True)
+    ctx = Context(ref, trace, trace)
+    verdicts = run_checks(ref, trace, trace)
+    assert not [v for v in verdicts if v.failed]
+    run_checks(ref, trace, trace)
+    for view in ctx.views():
+        view.missing_count, view.excess, view.cross_excess  # noqa: B018
+        assert "ref_set" not in view.__dict__ and "_union" not in view.__dict__
+        assert "extras" not in view.__dict__
+
+
+@settings(max_examples=200, deadline=None)
+@given(batches=st.lists(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=6), max_size=12))
+def test_id_buffer_counts_and_stores_like_a_list(batches: list[list[int]]) -> None:
+    buffer, plain = IdBuffer(), IdBuffer()
+    seen: list[Hashable] = []
+    for batch in batches:
+        buffer.extend(array("q", batch))
+        plain.extend(batch)
+        seen.extend(batch)
+        assert len(buffer) == len(seen) and buffer.distinct() == len(set(seen))
+        assert plain.distinct() == len(set(seen))
+    assert buffer.ids() == compact_ids(seen) and plain.ids() == compact_ids(seen)
+    assert type(buffer.ids()) is array
+
+
+def test_id_buffer_falls_back_to_the_list_path() -> None:
+    buffer = IdBuffer()
+    buffer.extend(array("q", [1, 2]))
+    buffer.extend(["a", 2])
+    assert buffer.ids() == (1, 2, "a", 2) and buffer.distinct() == 3
+
+
+def _loader(n: int, world: int, rank: int, **kwargs: object) -> DataLoader:
+    data = TensorDataset(torch.arange(n))
+    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=3)
+    return DataLoader(data, batch_size=7, sampler=sampler, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("make", ["distributed", "random", "custom"])
+def test_sampler_batches_are_compact_and_equal_the_itemwise_path(make: str) -> None:
+    data = TensorDataset(torch.arange(50))
+
+    class Mine(BatchSampler):
+        pass
+
+    if make == "distributed":
+        loader = _loader(50, 3, 1)
+    elif make == "random":
+        loader = DataLoader(
+            data, batch_size=4, sampler=RandomSampler(data, generator=torch.Generator().manual_seed(1))
+        )
+    else:
+        loader = DataLoader(data, batch_sampler=Mine(RandomSampler(data), 5, False))
+    loader.sampler.set_epoch(1) if hasattr(loader.sampler, "set_epoch") else None
+    got = [b for b, _ in _sampler_batches(loader)]
+    if make != "custom":
+        assert all(type(b) is array for b in got)
+    trace = record_indices(loader, 0)
+    assert type(trace.ids) is array and trace.ids.typecode == "q"
+    assert list(trace.batch_sizes) == [len(b) for b in got]
+
+
+def test_traces_stay_arrays_through_the_pipe() -> None:
+    trace = record_indices(_loader(1000, 2, 0), 0)
+    rank = RankTrace(0, (trace,))
+    back = pickle.loads(pickle.dumps(rank, protocol=pickle.HIGHEST_PROTOCOL))
+    assert type(back.epochs[0].ids) is array and back.epochs[0].ids == trace.ids
