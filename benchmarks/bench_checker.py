@@ -1,9 +1,10 @@
 """ddpcheck's wall time against a plain ``torch.multiprocessing.spawn`` script, in the same run.
 
-Target (issue 3): world sizes 1,2,3,4,8 x 2 epochs on a 100,000-sample loader at most a quarter of
-the spawn script's wall time and under 3 s on 2 cores; ``--simulate`` at world size 1024 on
-1,000,000 samples under 10 s. Both sides are timed as whole commands (interpreter start and torch
-import included), the way a user meets them.
+Target (issue 13, tightening issue 3): world sizes 1,2,3,4,8 x 2 epochs on a 100,000-sample loader
+at most 0.10x the spawn script's wall time and under 2.5 s on 2 cores; ``--simulate`` at world size
+1024 on 1,000,000 samples under 10 s. Every number depends on the machine being otherwise idle: the
+script prints the load average so a busy run can be told apart. Both sides are timed as whole
+commands (interpreter start and torch import included), the way a user meets them.
 
     python benchmarks/bench_checker.py [--world-sizes 1,2,3,4,8] [--repeats 3]
 """
@@ -86,10 +87,16 @@ def main() -> None:
             once_cmd = [*sim_cmd, "--no-determinism"]
             sim_once = statistics.median(timed(once_cmd, env) for _ in range(args.repeats))
     ours_s, base_s = statistics.median(ours), statistics.median(base)
-    print(f"world sizes {args.world_sizes}, {args.epochs} epochs, 100,000 samples, {os.cpu_count()} cores")
+    load = os.getloadavg()[0]
+    print(
+        f"world sizes {args.world_sizes}, {args.epochs} epochs, 100,000 samples, {os.cpu_count()} cores, "
+        f"load average {load:.1f}"
+    )
     print(f"  ddpcheck (whole command, median of {len(ours)}):       {ours_s:7.2f} s")
     print(f"  torch.multiprocessing.spawn script (median of {len(base)}): {base_s:7.2f} s")
-    print(f"  ratio ddpcheck / spawn script: {ours_s / base_s:.3f}  (target <= 0.25; absolute target < 3 s)")
+    print(
+        f"  ratio ddpcheck / spawn script: {ours_s / base_s:.3f}  (target <= 0.10; absolute target < 2.5 s)"
+    )
     if sim_time is not None and sim_once is not None:
         print(f"  --simulate world size 1024, 1,000,000 samples: {sim_time:.2f} s  (target < 10 s)")
         print(f"    the same without the determinism rerun: {sim_once:.2f} s")

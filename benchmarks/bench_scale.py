@@ -113,6 +113,61 @@ def measure(cmd: list[str], env: dict[str, str], ok_codes: tuple[int, ...] = (0,
     return result
 
 
+CHECKS_SCRIPT = r"""
+import resource, sys, time
+import numpy as np
+from array import array
+from dataclasses import replace
+from ddpcheck.checks import run_checks
+from ddpcheck.record import EpochTrace, LoaderFacts, RankTrace, RunTrace
+
+mode, n, world = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+facts = LoaderFacts(dataset_len=n, batch_size=64, drop_last=False, sampler="DistributedSampler",
+                    batch_sampler="BatchSampler", padding=True, has_set_epoch=True)
+
+def trace(ids):
+    ids = array("q", ids.astype(np.int64).tobytes())
+    sizes = [64] * (len(ids) // 64) + ([len(ids) % 64] if len(ids) % 64 else [])
+    return EpochTrace(0, ids if mode == "arrays" else tuple(ids), sizes, len(sizes))
+
+orders = [np.random.default_rng(e).permutation(n) for e in range(2)]
+def run(w):
+    ranks = []
+    for r in range(w):
+        epochs = []
+        for e, order in enumerate(orders):
+            total = -(-n // w) * w
+            padded = np.concatenate([order, order[: total - n]])
+            epochs.append(replace(trace(padded[r::w]), epoch=e))
+        ranks.append(RankTrace(r, tuple(epochs), facts))
+    return RunTrace(w, "gloo", tuple(ranks))
+reference, ddp = run(1), run(world)
+started = time.perf_counter()
+verdicts = run_checks(reference, ddp, ddp)
+took = time.perf_counter() - started
+assert not [v for v in verdicts if v.failed], verdicts
+print(took, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+def checks_only(n: int, world: int) -> None:
+    """The checks alone on synthetic DistributedSampler traces: numpy counting against Python sets."""
+    out = {}
+    for mode in ("arrays", "sets"):
+        proc = subprocess.run(
+            [sys.executable, "-c", CHECKS_SCRIPT, mode, str(n), str(world)], capture_output=True, text=True
+        )
+        if proc.returncode != 0:
+            raise SystemExit(proc.stderr[-2000:])
+        seconds, rss = proc.stdout.split()
+        out[mode] = (float(seconds), int(rss))
+    (a, ra), (b, rb) = out["arrays"], out["sets"]
+    print(
+        f"checks alone, {n:,} samples, world size {world}, 2 epochs, run + rerun: ids as arrays (numpy) "
+        f"{a:.2f} s, peak {gib(ra)} GiB; the same ids in tuples (Python sets) {b:.2f} s, peak {gib(rb)} GiB"
+    )
+
+
 def gib(n: float) -> str:
     return f"{n / GIB:.2f}"
 
@@ -122,7 +177,11 @@ def main() -> None:
     parser.add_argument("--sizes", default="100000,1000000,10000000")
     parser.add_argument("--world-sizes", default="1,2,4,8")
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--checks-only", type=int, metavar="N", help="time the checks alone on N samples")
     args = parser.parse_args()
+    if args.checks_only:
+        checks_only(args.checks_only, max(int(w) for w in args.world_sizes.split(",")))
+        return
     sizes = [int(s) for s in args.sizes.split(",")]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -145,13 +204,17 @@ def main() -> None:
                 flush=True,
             )
     print()
-    print(f"world sizes {args.world_sizes}, {args.epochs} epochs, DistributedSampler, {os.cpu_count()} cores")
+    print(
+        f"world sizes {args.world_sizes}, {args.epochs} epochs, DistributedSampler, {os.cpu_count()} cores, "
+        f"load average {os.getloadavg()[0]:.1f} (ratios are only comparable on an otherwise idle machine)"
+    )
     print("| samples | ddpcheck | loader-only | ratio | peak RSS, any ddpcheck process | of which parent |")
     print("|---|---|---|---|---|---|")
     for n, ours, base in rows:
         print(
             f"| {n:,} | {ours['seconds']:.1f} s | {base['seconds']:.1f} s | "
-            f"{ours['seconds'] / base['seconds']:.2f}x | {gib(ours['max_rss'])} GiB | {gib(ours['parent_rss'])} GiB |"
+            f"{ours['seconds'] / base['seconds']:.2f}x | {gib(ours['max_rss'])} GiB | "
+            f"{gib(ours['parent_rss'])} GiB |"
         )
     n, ours, base = rows[-1]
     ratio = ours["seconds"] / base["seconds"]

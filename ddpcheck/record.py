@@ -119,6 +119,7 @@ class LoaderFacts:
     in_order: bool = True  # False: DataLoader(in_order=False) with workers, batch order may vary by run
     recorded: str = "sampler"  # "sampler": the (batch) sampler's index stream; "loader": real iteration
     steps: int | None = None  # windows of this many batches per rank instead of whole epochs
+    resumable: str = ""  # where the data state lives, for the resume check ("" none; see recorder)
 
 
 @dataclass(frozen=True)

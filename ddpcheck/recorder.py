@@ -91,6 +91,37 @@ def build_loader(
     return loader, module
 
 
+RESUME_HOOK = "resume_loader"
+
+
+def has_state(obj: Any) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+def resume_mechanism(outer: Any, resume_hook: Any) -> str:
+    """Where the data state lives, in the documented order (the resume check); "" when nowhere.
+
+    "loader" (the loader or its framework wrapper, e.g. torchdata's ``StatefulDataLoader``),
+    "batch_sampler", "sampler", "batch_sampler.sampler", or "hook" (the file's ``resume_loader``).
+    """
+    from torch.utils.data import DataLoader
+
+    loader = unwrap_loader(outer)
+    for obj in (outer, loader):
+        if has_state(obj) and type(obj) is not DataLoader:
+            return "loader"
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    parts = (
+        ("batch_sampler", batch_sampler),
+        ("sampler", getattr(loader, "sampler", None)),
+        ("batch_sampler.sampler", getattr(batch_sampler, "sampler", None)),
+    )
+    for name, part in parts:
+        if part is not None and has_state(part):
+            return name
+    return "hook" if resume_hook is not None else ""
+
+
 def sampler_only_is_exact(outer: Any, loader: Any) -> bool:
     """True when the (batch) sampler's index stream is exactly what the training loop receives.
 
@@ -126,7 +157,12 @@ def record_rank(spec: LoaderSpec, options: RecordOptions) -> RankRecording:
         and not options.ids_from_data
         and sampler_only_is_exact(outer, loader)
     )
-    facts = replace(facts, recorded="sampler" if by_sampler else "loader", steps=options.steps)
+    facts = replace(
+        facts,
+        recorded="sampler" if by_sampler else "loader",
+        steps=options.steps,
+        resumable=resume_mechanism(outer, optional_hook(module, RESUME_HOOK)),
+    )
     stream = Stream(outer, loader, hook, facts, options, by_sampler)
     epochs = [stream.record(epoch) for epoch in range(options.epochs)]
     return RankRecording(RankTrace(rank=rank, epochs=tuple(epochs), facts=facts), stream.info.source)

@@ -758,12 +758,18 @@ def test_xdist_three_runs_in_a_row(pytester: pytest.Pytester, monkeypatch: pytes
         )
         result.assert_outcomes(passed=7)
         assert before == [] and leftovers(tag) == []
-        assert sorted(p.name for p in reports.iterdir()) == [
+        written = sorted(p.name for p in reports.iterdir())
+        assert [name for name in written if not name.endswith(".svg")] == [
             "test_passing.py__test_assert.json",
             "test_passing.py__test_assert.md",
             "test_passing.py__test_check.json",
             "test_passing.py__test_check.md",
         ]
+        # the Markdown reports' pictures, one set per test and world size, named after the test
+        svgs = [name for name in written if name.endswith(".svg")]
+        assert svgs and all(
+            name.startswith(("test_passing.py__test_assert", "test_passing.py__test_check")) for name in svgs
+        )
         assert_valid_junit(junit)  # xdist's controller writes the file: our properties are the suite's
         cases = junit_cases(junit)
         assert cases["test_check"].properties["ddpcheck.result"] == "pass"

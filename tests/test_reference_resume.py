@@ -514,3 +514,33 @@ def test_resume_under_a_real_group_streams_without_a_broadcast() -> None:
     result = run_ranks(_resume_in_group, world_size=2, kwargs={"n": 41, "k": 9}, timeout=60)
     result.raise_for_failures()
     assert result.values == [{"resumed": True, "following": True, "warnings": []}] * 2
+
+
+def test_a_loader_generator_shared_with_its_random_sampler_resumes_exactly() -> None:
+    """``DataLoader(shuffle=True, generator=g)`` gives g to its RandomSampler *and* draws a base seed
+    from it in ``iter(loader)``, after ``load_state_dict``: the saved generator state must be put back
+    when the wrapper starts iterating, not when the state is loaded."""
+
+    def build() -> DataLoader:
+        data = list(range(97))
+        plain = DataLoader(data, batch_size=6, shuffle=True, generator=torch.Generator().manual_seed(11))
+        return patch_dataloader_to_ddp(plain, num_replicas=2, rank=1)
+
+    loader = build()
+    uninterrupted, saved = [], {}
+    for epoch in range(2):
+        loader.sampler.set_epoch(epoch)
+        batches = []
+        for step, batch in enumerate(loader, 1):
+            batches.append(batch.tolist())
+            if step == 3:
+                buffer = io.BytesIO()
+                torch.save(loader.sampler.state_dict(), buffer)
+                saved[epoch] = buffer.getvalue()
+        uninterrupted.append(batches)
+    for epoch in range(2):
+        torch.manual_seed(epoch + 1000)  # a restarted process: other global RNG state
+        fresh = build()
+        fresh.sampler.load_state_dict(torch.load(io.BytesIO(saved[epoch]), weights_only=True))
+        fresh.sampler.set_epoch(epoch)
+        assert [b.tolist() for b in fresh] == uninterrupted[epoch][3:]

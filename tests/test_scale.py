@@ -7,6 +7,7 @@ counts distinct ids incrementally.
 
 from __future__ import annotations
 
+import itertools
 import pickle
 from array import array
 from collections.abc import Hashable
@@ -187,3 +188,41 @@ def test_traces_stay_arrays_through_the_pipe() -> None:
     rank = RankTrace(0, (trace,))
     back = pickle.loads(pickle.dumps(rank, protocol=pickle.HIGHEST_PROTOCOL))
     assert type(back.epochs[0].ids) is array and back.epochs[0].ids == trace.ids
+
+
+def _whoami(hang_at: int = -1) -> tuple[int, int]:
+    import os
+    import time
+
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    if rank == hang_at:
+        time.sleep(600)
+    return rank, os.getpid()
+
+
+def test_simulated_ranks_share_out_over_cores_in_rank_order() -> None:
+    from ddpcheck.launch.simulate import SPLIT_MIN_RANKS, _parts, simulate_ranks
+
+    world = SPLIT_MIN_RANKS + 6
+    parts = _parts(world)
+    assert parts[0][0] == 0 and parts[-1][1] == world
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(parts))
+    assert _parts(SPLIT_MIN_RANKS - 1) == [(0, SPLIT_MIN_RANKS - 1)]
+    result = simulate_ranks(_whoami, world, capture=False)
+    assert [o.value[0] for o in result.outcomes] == list(range(world))
+    assert len({o.value[1] for o in result.outcomes}) == len(parts)
+
+
+def test_a_hung_simulated_rank_stops_only_its_own_part() -> None:
+    from ddpcheck.launch.simulate import _parts, simulate_ranks
+
+    world = 64
+    parts = _parts(world)
+    result = simulate_ranks(_whoami, world, kwargs={"hang_at": 3}, timeout=1.0, capture=False)
+    kinds = [o.kind for o in result.outcomes]
+    first_stop = parts[0][1]
+    assert kinds[:3] == ["ok"] * 3 and kinds[3] == "hang"
+    assert set(kinds[4:first_stop]) <= {"secondary"}
+    assert set(kinds[first_stop:]) <= {"ok"}

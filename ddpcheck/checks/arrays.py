@@ -41,8 +41,20 @@ def same_ints(a: Sequence[Any], b: Sequence[Any]) -> bool | None:
     return len(x) == len(y) and bool(np.array_equal(x, y))
 
 
-def _dense(span: int, total: int) -> bool:
-    return span <= 2 * total + DENSE_SLACK
+def _dense(span: int, total: int, per_id: int = 2) -> bool:
+    """A table of ``span`` entries is worth it for ``total`` ids (``per_id`` entries each, at most)."""
+    return span <= per_id * total + DENSE_SLACK
+
+
+def _distinct_sorted(a: IntArray) -> IntArray:
+    """``np.unique`` by sorting (numpy's hash-based unique is far slower on large shuffled ints)."""
+    ordered = np.sort(a)
+    if len(ordered) < 2:
+        return ordered
+    keep = np.empty(len(ordered), np.bool_)
+    keep[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
+    return ordered[keep]
 
 
 @dataclass(frozen=True)
@@ -102,7 +114,7 @@ def epoch_counts(reference: IntArray, ranks: Sequence[IntArray]) -> EpochCounts:
     if repeated.any():  # only ids seen twice can be a rank's own repeats: few, whatever the epoch
         for r, codes_r in enumerate(rank_codes):
             held = codes_r[repeated[codes_r]]
-            within[r] = len(held) - len(np.unique(held))
+            within[r] = len(held) - len(_distinct_sorted(held))
     return EpochCounts(
         lo=lo,
         values=values,
@@ -131,8 +143,8 @@ def same_id_set(a: IntArray, b: IntArray) -> bool:
         return not len(a) and not len(b)
     lo = min(int(a.min()), int(b.min()))
     hi = max(int(a.max()), int(b.max()))
-    if not _dense(hi - lo + 1, len(a) + len(b)):
-        return bool(np.array_equal(np.unique(a), np.unique(b)))
+    if not _dense(hi - lo + 1, len(a) + len(b), per_id=32):  # one byte per entry: a generous table
+        return bool(np.array_equal(_distinct_sorted(a), _distinct_sorted(b)))
     x = np.zeros(hi - lo + 1, np.bool_)
     y = np.zeros(hi - lo + 1, np.bool_)
     x[a - lo if lo else a] = True

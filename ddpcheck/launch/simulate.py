@@ -24,8 +24,10 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch.distributed as dist
@@ -104,6 +106,31 @@ def collectives_forbidden() -> Iterator[None]:
             setattr(module, name, original)
 
 
+SPLIT_MIN_RANKS = 64  # from this world size on, the ranks are shared out over the machine's cores
+MAX_PARTS = 4
+
+
+def _parts(world_size: int) -> list[tuple[int, int]]:
+    """Contiguous rank ranges, one per child: one below ``SPLIT_MIN_RANKS``, else one per core (at most 4)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    count = min(max(cores, 1), MAX_PARTS) if world_size >= SPLIT_MIN_RANKS else 1
+    bounds = [world_size * i // count for i in range(count + 1)]
+    return [(bounds[i], bounds[i + 1]) for i in range(count)]
+
+
+@dataclass
+class _Part:
+    """One child process and the ranks ``first .. stop - 1`` it simulates."""
+
+    first: int
+    stop: int
+    workdir: str
+    progress: Any
+    read_fd: int = -1
+    proc: Any = None
+    collected: _Collected | None = None
+
+
 def simulate_ranks(
     target: Callable[..., Any],
     world_size: int,
@@ -112,10 +139,12 @@ def simulate_ranks(
     timeout: float = 120.0,
     capture: bool = True,
 ) -> GroupResult:
-    """Run ``target(**kwargs)`` once per rank in one forked child; raises NeedsCollectives if it needs peers.
+    """Run ``target(**kwargs)`` once per rank in forked children; raises NeedsCollectives if it needs peers.
 
-    Each simulated rank must finish within ``timeout`` seconds of the previous one; the first hung
-    rank is reported as ``hang`` with its stack and progress, the ranks after it as ``secondary``.
+    Below ``SPLIT_MIN_RANKS`` ranks one child runs them all in order; from there on the ranks are cut
+    into contiguous ranges, one child per core, which run side by side. Within a child, each
+    simulated rank must finish within ``timeout`` seconds of the previous one; the first hung rank is
+    reported as ``hang`` with its stack and progress, the ranks after it in that child as ``secondary``.
     """
     if world_size < 1:
         raise ValueError(f"world size must be a positive integer, got {world_size}")
@@ -124,48 +153,78 @@ def simulate_ranks(
     ctx: Any = mp.get_context("fork")
     started = time.monotonic()
     workdir = tempfile.mkdtemp(prefix="ddpcheck-sim-")
-    janitor = Janitor(workdir)  # removes workdir and the child's group should this process be SIGKILLed
-    progress = ctx.Array("c", PROGRESS_BYTES, lock=False)
-    read_fd, write_fd = os.pipe()
+    janitor = Janitor(workdir)  # removes workdir and the children's groups should this process be SIGKILLed
+    ranges = _parts(world_size)
+    parts: list[_Part] = []
+    for first, stop in ranges:
+        sub = workdir if len(ranges) == 1 else os.path.join(workdir, f"p{first}")
+        os.makedirs(sub, exist_ok=True)
+        parts.append(_Part(first, stop, sub, ctx.Array("c", PROGRESS_BYTES, lock=False)))
     reaper = Reaper()
     reaper.start()
-    proc = ctx.Process(
-        target=_child_main,
-        args=(
-            target,
-            world_size,
-            dict(kwargs or {}),
-            write_fd,
-            (read_fd, janitor.fd),
-            progress,
-            workdir,
-            capture,
-            os.getpid(),
-        ),
-        name="ddpcheck-simulated-ranks",
-    )
     try:
-        proc.start()
-        janitor.watch(proc.pid)
-        os.close(write_fd)
-        write_fd = -1
-        collected = _Collected(world_size)
-        _collect(proc, FrameReader(read_fd), collected, timeout)
-        if collected.needs:
-            raise NeedsCollectives(collected.needs)
-        outcomes = _outcomes(collected, proc, progress, workdir, capture)
+        for part in parts:
+            part.read_fd, write_fd = os.pipe()
+            try:
+                part.proc = ctx.Process(
+                    target=_child_main,
+                    args=(
+                        target,
+                        world_size,
+                        dict(kwargs or {}),
+                        write_fd,
+                        (*(p.read_fd for p in parts if p.read_fd >= 0), janitor.fd),
+                        part.progress,
+                        part.workdir,
+                        capture,
+                        os.getpid(),
+                        (part.first, part.stop),
+                    ),
+                    name="ddpcheck-simulated-ranks",
+                )
+                part.proc.start()
+                janitor.watch(part.proc.pid)
+            finally:
+                os.close(write_fd)
+        threads = [
+            threading.Thread(target=_collect_part, args=(part, timeout), daemon=True) for part in parts
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for part in parts:
+            assert part.collected is not None
+            if part.collected.needs:
+                raise NeedsCollectives(part.collected.needs)
+        outcomes: list[RankOutcome] = []
+        for part in parts:
+            assert part.collected is not None
+            outcomes += _outcomes(part.collected, part.proc, part.progress, part.workdir, capture, part.first)
         return GroupResult(world_size, "simulated", outcomes, time.monotonic() - started)
     finally:
-        if proc.pid is not None:
-            kill_group(proc.pid)
-            proc.join(timeout=5)
-        reaper.sweep({proc.pid} if proc.pid is not None else set())
+        for part in parts:
+            if part.proc is not None and part.proc.pid is not None:
+                kill_group(part.proc.pid)
+        for part in parts:
+            if part.proc is not None and part.proc.pid is not None:
+                part.proc.join(timeout=5)
+        reaper.sweep({p.proc.pid for p in parts if p.proc is not None and p.proc.pid is not None})
         reaper.stop()
-        for fd in (read_fd, write_fd):
-            if fd >= 0:
-                os.close(fd)
+        for part in parts:
+            if part.read_fd >= 0:
+                os.close(part.read_fd)
         shutil.rmtree(workdir, ignore_errors=True)
         janitor.close()
+
+
+def _collect_part(part: _Part, timeout: float) -> None:
+    collected = _Collected(part.stop - part.first)
+    try:
+        _collect(part.proc, FrameReader(part.read_fd), collected, timeout)
+    except BaseException as exc:  # the thread's failure must not pass for a clean ending
+        collected.fatal = rank_side._error_message(exc)
+    part.collected = collected
 
 
 class _Collected:
@@ -217,12 +276,13 @@ def _collect(proc: Any, reader: FrameReader, collected: _Collected, timeout: flo
 
 
 def _outcomes(
-    collected: _Collected, proc: Any, progress: Any, workdir: str, capture: bool
+    collected: _Collected, proc: Any, progress: Any, workdir: str, capture: bool, first: int = 0
 ) -> list[RankOutcome]:
+    """Outcomes of the ranks ``first ..`` one child ran, in rank order."""
     out_path = os.path.join(workdir, "ranks.out")
     outcomes: list[RankOutcome] = []
     last_end = 0
-    for rank, (status, payload, begin, end) in enumerate(collected.results):
+    for rank, (status, payload, begin, end) in enumerate(collected.results, start=first):
         last_end = end
         if status == "ok":
             outcomes.append(RankOutcome(rank=rank, kind="ok", value=payload))
@@ -240,7 +300,7 @@ def _outcomes(
         outcomes.append(outcome)
     if len(outcomes) == collected.world_size:
         return outcomes
-    current = RankOutcome(rank=len(outcomes), progress=read_progress(progress, 0))
+    current = RankOutcome(rank=first + len(outcomes), progress=read_progress(progress, 0))
     if collected.timed_out:
         current.kind, current.message = "hang", "no result before the deadline (--simulate)"
         if process_state(proc.pid) == "T":
@@ -271,7 +331,7 @@ def _outcomes(
         size = os.path.getsize(out_path) if os.path.exists(out_path) else 0
         current.output = read_span_tail(out_path, last_end, size, _OUTPUT_TAIL)
     outcomes.append(current)
-    for rank in range(current.rank + 1, collected.world_size):
+    for rank in range(current.rank + 1, first + collected.world_size):
         outcomes.append(
             RankOutcome(
                 rank=rank, kind="secondary", message=f"not run: simulated rank {current.rank} did not finish"
@@ -303,8 +363,9 @@ def _child_main(
     workdir: str,
     capture: bool,
     parent_pid: int,
+    ranks: tuple[int, int] | None = None,
 ) -> None:
-    """The simulated group's process: every rank in order, one framed message per rank, then exit."""
+    """One simulated group's process: its ranks in order, one framed message per rank, then exit."""
     make_killable(parent_pid, parent_fds)
     force_loopback()
     private_tmp(workdir)
@@ -325,7 +386,7 @@ def _child_main(
     port_holder = bind_loopback()  # MASTER_PORT names a loopback port that is ours, not a stranger's
     port = port_holder.getsockname()[1]
     try:
-        _run_all(target, world_size, kwargs, fd, workdir, port, capture)
+        _run_all(target, world_size, kwargs, fd, workdir, port, capture, ranks or (0, world_size))
         write_frame(fd, ("done",))
     except BaseException as exc:  # ddpcheck's own failure around the ranks, not a rank's
         with contextlib.suppress(BaseException):
@@ -344,12 +405,13 @@ def _run_all(
     workdir: str,
     port: int,
     capture: bool,
+    ranks: tuple[int, int],
 ) -> None:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     run_id = f"ddpcheck-sim-{os.getpid()}"
     with collectives_forbidden(), shared_permutations():
-        for rank in range(world_size):
+        for rank in range(*ranks):
             begin = _position(capture)
             os.environ.update(torchrun_env(rank, world_size, port, run_id, workdir))
             refresh_rank_state()

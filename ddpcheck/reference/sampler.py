@@ -447,6 +447,10 @@ class DDPSamplerWrapper(Sampler[_T]):
         cursor, self._resume = self._resume, None
         if cursor is None:
             cursor = _Cursor(self._epoch, len(self._sampler), 0, 0, _generator_state(self._sampler))
+        elif cursor.generator is not None:
+            # Again, now: a DataLoader built with ``generator=`` shares it with its RandomSampler and
+            # draws a base seed from it in ``iter(loader)``, after load_state_dict and before this.
+            self._restore_generator(cursor.generator)
         self._cursor = cursor
         return self._iterate(cursor)
 

@@ -28,6 +28,8 @@ from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
 from ddpcheck.checks.verdict import Verdict, not_applicable, passed, skipped
 from ddpcheck.launch import GroupResult, TargetRef, report_progress, run_ranks
 from ddpcheck.loaderfile import LoaderSpec, optional_hook, unwrap_loader
+from ddpcheck.recorder import RESUME_HOOK as HOOK
+from ddpcheck.recorder import has_state, resume_mechanism
 from ddpcheck.result import ResumeRow
 from ddpcheck.scenarios.protocol import Context, Outcome, group_failures
 
@@ -35,7 +37,6 @@ if TYPE_CHECKING:
     from ddpcheck.options import CheckOptions
     from ddpcheck.recorder import RecordOptions
 
-HOOK = "resume_loader"
 HOW_TO_ENABLE = (
     "the loader has no state to resume from: give the loader, its sampler or its batch sampler "
     "state_dict()/load_state_dict() (torchdata's StatefulDataLoader, ddpcheck's DDPSamplerWrapper), or "
@@ -98,37 +99,13 @@ def _group_position() -> tuple[int, int]:
     return 0, 1
 
 
-def _has_state(obj: Any) -> bool:
-    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
-
-
 def _holder(outer: Any, mechanism: str) -> Any:
     loader = unwrap_loader(outer)
     if mechanism == "loader":
-        return outer if _has_state(outer) else loader
+        return outer if has_state(outer) else loader
     if mechanism == "batch_sampler.sampler":
         return loader.batch_sampler.sampler
     return getattr(loader, mechanism)
-
-
-def find_mechanism(outer: Any, resume_hook: Any) -> str:
-    """Where the data state lives, in the documented order; "" when nowhere."""
-    from torch.utils.data import DataLoader
-
-    loader = unwrap_loader(outer)
-    for obj in (outer, loader):
-        if _has_state(obj) and type(obj) is not DataLoader:
-            return "loader"
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    parts = (
-        ("batch_sampler", batch_sampler),
-        ("sampler", getattr(loader, "sampler", None)),
-        ("batch_sampler.sampler", getattr(batch_sampler, "sampler", None)),
-    )
-    for name, part in parts:
-        if part is not None and _has_state(part):
-            return name
-    return "hook" if resume_hook is not None else ""
 
 
 def _save(state: Any) -> bytes:
@@ -246,7 +223,7 @@ def resume_rank(spec: LoaderSpec, options: RecordOptions, stops: tuple[Stop, ...
     rank, world_size = _group_position()
     report_progress("resume: building the loader")
     outer, module = build_loader(spec, options, rank, world_size)
-    mechanism = find_mechanism(outer, optional_hook(module, HOOK))
+    mechanism = resume_mechanism(outer, optional_hook(module, HOOK))
     if not mechanism:
         return RankResume(rank, "")
     hook = optional_hook(module, "sample_ids")
@@ -545,12 +522,14 @@ class ResumeCheck:
 
     def world(self, ctx: Context) -> Outcome:
         ws = ctx.world_size
+        if not ctx.run.ranks:
+            return Outcome()
+        if not ctx.run.ranks[0].facts.resumable:  # read off the loader in the data run: nothing to launch
+            return Outcome(verdicts=(not_applicable(RESUME, HOW_TO_ENABLE),))
         if self.options.simulate:
             return Outcome(verdicts=(skipped(RESUME, "resume is checked with real ranks, not --simulate"),))
         if self.options.steps is not None:
             return Outcome(verdicts=(skipped(RESUME, "resume is not checked in --steps windows"),))
-        if not ctx.run.ranks:
-            return Outcome()
         counts = [
             min(len(r.epochs[e].batch_sizes) for r in ctx.run.ranks)
             for e in range(len(ctx.run.ranks[0].epochs))
