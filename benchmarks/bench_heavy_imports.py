@@ -36,7 +36,7 @@ def run_variant(variant: str, world_sizes: tuple[int, ...], epochs: int) -> dict
     from ddpcheck.preload import preload_imports
     from ddpcheck.runner import CheckOptions, check_loader
 
-    options = CheckOptions(world_sizes=world_sizes, epochs=epochs)
+    options = CheckOptions(world_sizes=world_sizes, epochs=epochs, preload=variant != "lightning-plain")
     started = time.perf_counter()
     if variant == "lightning-import":
         import lightning  # noqa: F401

@@ -12,7 +12,8 @@ timed as whole commands (interpreter start and torch import included).
 Peak memory: each command runs under a small wrapper that waits for it and reads
 ``getrusage(RUSAGE_CHILDREN).ru_maxrss``, the largest peak RSS of any process of the command
 (parent and every forked rank alike, as each is reaped); the parent's own peak comes from polling
-its ``VmHWM``.
+its ``VmHWM``. CPU seconds (user + system, every process) are printed too: on a machine other jobs
+share, they compare the two sides where wall time cannot.
 
     python benchmarks/bench_scale.py [--sizes 100000,1000000,10000000] [--world-sizes 1,2,4,8]
 """
@@ -97,9 +98,10 @@ thread.start()
 _, err = proc.communicate()
 elapsed = time.perf_counter() - started
 thread.join()
-peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-print(json.dumps({"rc": proc.returncode, "seconds": elapsed, "max_rss": peak, "parent_rss": hwm[0],
-                  "stderr": err.decode(errors="replace")[-2000:]}))
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+peak, cpu = usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
+print(json.dumps({"rc": proc.returncode, "seconds": elapsed, "cpu": cpu, "max_rss": peak,
+                  "parent_rss": hwm[0], "stderr": err.decode(errors="replace")[-2000:]}))
 """
 
 
@@ -200,7 +202,8 @@ def main() -> None:
             print(
                 f"{n:>12,} samples: ddpcheck {ours['seconds']:6.2f} s, peak {gib(ours['max_rss'])} GiB "
                 f"(parent {gib(ours['parent_rss'])}); loader-only {base['seconds']:6.2f} s, "
-                f"peak {gib(base['max_rss'])} GiB; ratio {ours['seconds'] / base['seconds']:.2f}x",
+                f"peak {gib(base['max_rss'])} GiB; ratio {ours['seconds'] / base['seconds']:.2f}x "
+                f"(CPU {ours['cpu']:.1f} s / {base['cpu']:.1f} s = {ours['cpu'] / base['cpu']:.2f}x)",
                 flush=True,
             )
     print()
@@ -208,12 +211,16 @@ def main() -> None:
         f"world sizes {args.world_sizes}, {args.epochs} epochs, DistributedSampler, {os.cpu_count()} cores, "
         f"load average {os.getloadavg()[0]:.1f} (ratios are only comparable on an otherwise idle machine)"
     )
-    print("| samples | ddpcheck | loader-only | ratio | peak RSS, any ddpcheck process | of which parent |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| samples | ddpcheck | loader-only | ratio | CPU ratio | peak RSS, any ddpcheck process "
+        "| of which parent |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for n, ours, base in rows:
         print(
             f"| {n:,} | {ours['seconds']:.1f} s | {base['seconds']:.1f} s | "
-            f"{ours['seconds'] / base['seconds']:.2f}x | {gib(ours['max_rss'])} GiB | "
+            f"{ours['seconds'] / base['seconds']:.2f}x | {ours['cpu'] / base['cpu']:.2f}x | "
+            f"{gib(ours['max_rss'])} GiB | "
             f"{gib(ours['parent_rss'])} GiB |"
         )
     n, ours, base = rows[-1]

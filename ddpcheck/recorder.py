@@ -98,6 +98,21 @@ def has_state(obj: Any) -> bool:
     return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
+def _usable_state(obj: Any) -> bool:
+    """``state_dict``/``load_state_dict`` exist and ``state_dict()`` works on the fresh object.
+
+    Accelerate's ``DataLoaderShard`` has both methods whatever its configuration, and they raise
+    unless it was built with ``use_stateful_dataloader=True``: such a loader has no state to resume.
+    """
+    if not has_state(obj):
+        return False
+    try:
+        obj.state_dict()
+    except Exception:
+        return False
+    return True
+
+
 def resume_mechanism(outer: Any, resume_hook: Any) -> str:
     """Where the data state lives, in the documented order (the resume check); "" when nowhere.
 
@@ -108,7 +123,7 @@ def resume_mechanism(outer: Any, resume_hook: Any) -> str:
 
     loader = unwrap_loader(outer)
     for obj in (outer, loader):
-        if has_state(obj) and type(obj) is not DataLoader:
+        if type(obj) is not DataLoader and _usable_state(obj):
             return "loader"
     batch_sampler = getattr(loader, "batch_sampler", None)
     parts = (
@@ -117,7 +132,7 @@ def resume_mechanism(outer: Any, resume_hook: Any) -> str:
         ("batch_sampler.sampler", getattr(batch_sampler, "sampler", None)),
     )
     for name, part in parts:
-        if part is not None and has_state(part):
+        if part is not None and _usable_state(part):
             return name
     return "hook" if resume_hook is not None else ""
 
@@ -157,6 +172,8 @@ def record_rank(spec: LoaderSpec, options: RecordOptions) -> RankRecording:
         and not options.ids_from_data
         and sampler_only_is_exact(outer, loader)
     )
+    if not by_sampler:
+        log_of(loader)  # before the resume probe: a state_dict() call may already build the iterator
     facts = replace(
         facts,
         recorded="sampler" if by_sampler else "loader",
@@ -220,11 +237,10 @@ class Stream:
             limit = steps
         guard = _EndlessGuard(self.facts.dataset_len, steps is not None)
         count = total = 0
+        n = limit or _len_or_none(self.outer)  # once per epoch: len(loader) walks the samplers' __len__
+        of = f"/{n}" if n else ""
         while limit is None or count < limit:
-            report_progress(
-                f"epoch {epoch}, batch {count + 1}"
-                + (f"/{n}" if (n := limit or _len_or_none(self.outer)) else "")
-            )
+            report_progress(f"epoch {epoch}, batch {count + 1}{of}")
             try:
                 batch_ids, worker = next(iterator)
             except StopIteration:

@@ -29,7 +29,7 @@ from ddpcheck.checks.verdict import Verdict, not_applicable, passed, skipped
 from ddpcheck.launch import GroupResult, TargetRef, report_progress, run_ranks
 from ddpcheck.loaderfile import LoaderSpec, optional_hook, unwrap_loader
 from ddpcheck.recorder import RESUME_HOOK as HOOK
-from ddpcheck.recorder import has_state, resume_mechanism
+from ddpcheck.recorder import has_state
 from ddpcheck.result import ResumeRow
 from ddpcheck.scenarios.protocol import Context, Outcome, group_failures
 
@@ -216,16 +216,19 @@ def _finish(
     return StopResult(stop, rest, following, error=note)
 
 
-def resume_rank(spec: LoaderSpec, options: RecordOptions, stops: tuple[Stop, ...], epochs: int) -> RankResume:
-    """In a rank: the uninterrupted stream with states saved at ``stops``, then each stop resumed."""
+def resume_rank(
+    spec: LoaderSpec, options: RecordOptions, stops: tuple[Stop, ...], epochs: int, mechanism: str
+) -> RankResume:
+    """In a rank: the uninterrupted stream with states saved at ``stops``, then each stop resumed.
+
+    ``mechanism`` is what the data run found (``LoaderFacts.resumable``): probing again here could
+    start the loader's iterator before its first ``set_epoch``.
+    """
     from ddpcheck.recorder import build_loader, read_facts, set_epoch_everywhere
 
     rank, world_size = _group_position()
     report_progress("resume: building the loader")
     outer, module = build_loader(spec, options, rank, world_size)
-    mechanism = resume_mechanism(outer, optional_hook(module, HOOK))
-    if not mechanism:
-        return RankResume(rank, "")
     hook = optional_hook(module, "sample_ids")
     facts = read_facts(unwrap_loader(outer))
     wanted = {(s.epoch, s.step): s for s in stops}
@@ -241,7 +244,12 @@ def resume_rank(spec: LoaderSpec, options: RecordOptions, stops: tuple[Stop, ...
             if stop is not None:
                 seen[stop] = len(batches)
                 if mechanism != "hook":
-                    states[stop] = _save(_holder(outer, mechanism).state_dict())
+                    try:
+                        states[stop] = _save(_holder(outer, mechanism).state_dict())
+                    except Exception as exc:  # the loader's resume is broken: a verdict, not a crash
+                        failure = f"saving the state failed: {type(exc).__name__}: {exc}".splitlines()[0]
+                        broken = StopResult(stop, error=f"restoring failed: {failure}")
+                        return RankResume(rank, mechanism, (), (broken,))
         uninterrupted.append(tuple(batches))
     resumed = []
     for stop in stops:
@@ -536,9 +544,15 @@ class ResumeCheck:
         ]
         stops = stop_points(counts, self.options.epochs, self.options.elastic)
         epochs = max((s.epoch for s in stops), default=0) + 2
-        group = self._launch(
-            resume_rank, ws, {"spec": self.spec, "options": self.record, "stops": stops, "epochs": epochs}
-        )
+        mechanism = ctx.run.ranks[0].facts.resumable
+        kwargs = {
+            "spec": self.spec,
+            "options": self.record,
+            "stops": stops,
+            "epochs": epochs,
+            "mechanism": mechanism,
+        }
+        group = self._launch(resume_rank, ws, kwargs)
         failures = group_failures(group, RESUME)
         if failures:
             return Outcome(failures=failures)
