@@ -30,6 +30,9 @@ def compact_ids(ids: Iterable[Hashable]) -> Sequence[Hashable]:
     return tuple(items)
 
 
+BITMAP_IDS = 1 << 26  # ids below this are counted in a bitmap (64 MB at most) whatever the epoch's length
+
+
 class IdBuffer:
     """One epoch's ids as they arrive, kept compact: an ``array('q')`` while batches come as arrays.
 
@@ -44,7 +47,7 @@ class IdBuffer:
         self._ints: array[int] | None = array("q")
         self._list: list[Hashable] | None = None
         self._seen: Any = None  # numpy bitmap over [0, len(_seen)) of ints seen so far
-        self._outside: set[int] = set()  # ints seen outside the bitmap's range
+        self._outside: Any = None  # sorted distinct ints seen outside the bitmap's range (numpy)
         self._counted = 0  # ids already folded into _seen / _outside
         self._set: set[Hashable] | None = None
 
@@ -74,25 +77,32 @@ class IdBuffer:
 
         values = np.frombuffer(self._ints, dtype=np.int64)[self._counted :]
         self._counted += len(values)
-        if len(values):
-            low, high = int(values.min()), int(values.max())
-            limit = max(4 * len(self._ints), 1 << 20)
-            if low >= 0 and high < limit:
-                if self._seen is None or high >= len(self._seen):
-                    grown = np.zeros(
-                        max(high + 1, 2 * len(self._seen) if self._seen is not None else 0), np.bool_
-                    )
-                    if self._seen is not None:
-                        grown[: len(self._seen)] = self._seen
-                    self._seen = grown
-                self._seen[values] = True
-            else:
-                self._outside.update(np.unique(values).tolist())
+        limit = max(8 * len(self._ints), BITMAP_IDS)  # a bitmap of at most this many bytes
+        fits = (values >= 0) & (values < limit)
+        inside_values = values[fits]
+        if len(inside_values):
+            high = int(inside_values.max())
+            if self._seen is None or high >= len(self._seen):
+                size = max(high + 1, 2 * len(self._seen) if self._seen is not None else 0)
+                grown = np.zeros(min(size, limit), np.bool_)
+                if self._seen is not None:
+                    grown[: len(self._seen)] = self._seen
+                self._seen = grown
+            self._seen[inside_values] = True
+        if len(inside_values) < len(values):  # sorted distinct ids outside the bitmap, merged
+            held = [] if self._outside is None else [self._outside]
+            outside = np.concatenate([*held, values[~fits]])
+            outside.sort()
+            if len(outside) > 1:
+                outside = outside[np.concatenate([[True], outside[1:] != outside[:-1]])]
+            self._outside = outside
         inside = int(np.count_nonzero(self._seen)) if self._seen is not None else 0
-        if self._outside and self._seen is not None:
-            in_range = sum(1 for x in self._outside if 0 <= x < len(self._seen) and self._seen[x])
-            return inside + len(self._outside) - in_range
-        return inside + len(self._outside)
+        o = self._outside
+        if o is None:
+            return inside
+        if self._seen is not None:  # a bitmap that grew may hold some of them
+            return inside + len(o) - int(np.count_nonzero(self._seen[o[(o >= 0) & (o < len(self._seen))]]))
+        return inside + len(o)
 
     def ids(self) -> Sequence[Hashable]:
         """The epoch's ids, compact: what :func:`compact_ids` makes of the same ids in a list."""

@@ -81,6 +81,21 @@ def test_buggy_resumes_fail_with_the_stop_point_and_the_damage(name: str, epoch:
     assert result.exit_code == 1
 
 
+def test_sampler_state_with_workers_fails_and_says_they_fetched_ahead() -> None:
+    result = _check("bug_sampler_state_with_workers.py", (1, 2))
+    assert _status(result, RESUME) == {1: "fail", 2: "fail"}
+    verdict = _verdict(result, 2, RESUME)
+    assert "workers had fetched 4 more batches" in verdict.cause  # 2 workers x prefetch_factor 2
+    assert "StatefulDataLoader" in verdict.cause
+
+
+def test_patched_loader_inside_a_stateful_dataloader_with_workers_resumes() -> None:
+    pytest.importorskip("torchdata", reason="torchdata comes with the 'integrations' extra")
+    result = _check("good_stateful_patched.py", (1, 2))
+    assert _status(result, RESUME) == {1: "pass", 2: "pass"}
+    assert result.exit_code == 0
+
+
 def test_a_loader_without_state_gets_n_a_with_how_to_enable() -> None:
     options = CheckOptions(world_sizes=(1, 2), epochs=2, timeout=60, determinism=False)
     result = check_loader(str(FIXTURES / "good_distributed_sampler.py"), options)

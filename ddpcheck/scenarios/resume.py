@@ -76,6 +76,7 @@ class RankResume:
     resumed: tuple[StopResult, ...] = ()
     states: tuple[tuple[Stop, bytes], ...] = ()  # rank 0, elastic stops only
     note: str = ""
+    workers: int = 0  # DataLoader worker processes (they fetch ahead of the loop)
 
 
 @dataclass(frozen=True)
@@ -263,7 +264,8 @@ def resume_rank(
             result = StopResult(stop, error=f"restoring failed: {type(exc).__name__}: {exc}")
         resumed.append(result)
     keep = tuple((s, b) for s, b in states.items() if s.elastic) if rank == 0 else ()
-    return RankResume(rank, mechanism, tuple(uninterrupted), tuple(resumed), keep)
+    workers = int(getattr(unwrap_loader(outer), "num_workers", 0) or 0)
+    return RankResume(rank, mechanism, tuple(uninterrupted), tuple(resumed), keep, workers=workers)
 
 
 def _stream(outer: Any, hook: Any, facts: Any, options: RecordOptions) -> Iterable[tuple[Hashable, ...]]:
@@ -335,6 +337,14 @@ class _StopJudgement:
 
 def _cause(rank: RankResume, stop: Stop, got: Batches) -> str:
     flat = _flat(got)
+    expected = rank.uninterrupted[stop.epoch][stop.step :]
+    ahead = len(expected) - len(got)
+    if rank.workers and rank.mechanism != "loader" and ahead > 0 and list(got) == list(expected[ahead:]):
+        return (
+            f"the {rank.mechanism}'s state runs ahead of training: DataLoader workers had fetched {ahead} "
+            "more batches when it was saved; save the state through the loader (torchdata's "
+            "StatefulDataLoader) or use num_workers=0"
+        )
     for epoch, batches in enumerate(rank.uninterrupted):
         if epoch != stop.epoch and flat and flat == _flat(batches[stop.step :]):
             if epoch < stop.epoch:
