@@ -185,7 +185,7 @@ def _run(spec: LoaderSpec, options: CheckOptions, world_size: int) -> RunTrace:
         from ddpcheck.launch.simulate import NeedsCollectives, simulate_ranks
 
         try:
-            group = simulate_ranks(record_rank, world_size, kwargs=kwargs)
+            group = simulate_ranks(record_rank, world_size, kwargs=kwargs, timeout=options.timeout)
         except NeedsCollectives as exc:
             raise BadInput(str(exc)) from None
     else:

@@ -178,6 +178,19 @@ def test_a_simulated_rank_that_loops_forever_ends_at_its_deadline_with_a_stack()
     assert not children_of(os.getpid()) - before
 
 
+@pytest.mark.slow
+def test_the_command_lines_timeout_bounds_a_simulated_rank_that_spins(tmp_path: Path) -> None:
+    """``--timeout`` reaches simulated ranks too (it once stayed at the 120 s default there)."""
+    proc, tag = _cli(
+        "endless.py", "--simulate", "--world-sizes", "1", "--timeout", "2", tmp=tmp_path, timeout=90
+    )
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "ddpcheck.json").read_text())
+    (failure,) = report["runs"][0]["failures"]
+    assert failure["kind"] == "hang" and "make_loader" in failure["stack"]
+    assert not _tagged(tag)
+
+
 def test_a_non_daemon_thread_left_by_a_simulated_factory_does_not_hold_ddpcheck(tmp_path: Path) -> None:
     try:
         proc, _ = _cli("nondaemon_thread.py", "--simulate", "--world-sizes", "2", tmp=tmp_path, timeout=90)
