@@ -28,9 +28,10 @@ _PR_GET_CHILD_SUBREAPER = 37
 def write_frame(fd: int, obj: Any) -> None:
     """Send one message: an 8-byte length, then the plain pickle (blocking is fine on the child side)."""
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    view = memoryview(_HEADER.pack(len(data)) + data)
-    while view:
-        view = view[os.write(fd, view) :]
+    for part in (_HEADER.pack(len(data)), data):  # no header + data copy: results can be 100s of MB
+        view = memoryview(part)
+        while view:
+            view = view[os.write(fd, view) :]
 
 
 class FrameReader:
@@ -63,12 +64,15 @@ class FrameReader:
             (size,) = _HEADER.unpack_from(self.buffer)
             if len(self.buffer) < _HEADER.size + size:
                 break
-            raw = bytes(self.buffer[_HEADER.size : _HEADER.size + size])
+            with memoryview(self.buffer) as whole:  # unpickle in place, without a copy of the frame
+                raw = whole[_HEADER.size : _HEADER.size + size]
+                try:
+                    messages.append(pickle.loads(raw))
+                except Exception as exc:  # a value that does not unpickle here
+                    messages.append(("unreadable", f"result could not be read: {exc}"))
+                finally:
+                    raw.release()
             del self.buffer[: _HEADER.size + size]
-            try:
-                messages.append(pickle.loads(raw))
-            except Exception as exc:  # a value that does not unpickle here
-                messages.append(("unreadable", f"result could not be read: {exc}"))
         return messages
 
     @property

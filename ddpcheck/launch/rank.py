@@ -35,6 +35,7 @@ _PR_SET_PDEATHSIG = 1
 JOINING = "joining the process group"
 
 _progress_buffer: Any = None
+_progress_view: memoryview | None = None  # the same shared bytes; ctypes slicing costs ~10 us a call
 _progress_rank = 0
 
 
@@ -114,7 +115,10 @@ def report_progress(text: str) -> None:
         return
     raw = text.encode("utf-8", "replace")[: PROGRESS_BYTES - 1]
     start = _progress_rank * PROGRESS_BYTES
-    _progress_buffer[start : start + PROGRESS_BYTES] = raw.ljust(PROGRESS_BYTES, b"\0")
+    global _progress_view
+    if _progress_view is None or _progress_view.obj is not _progress_buffer:
+        _progress_view = memoryview(_progress_buffer).cast("B")
+    _progress_view[start : start + PROGRESS_BYTES] = raw.ljust(PROGRESS_BYTES, b"\0")
 
 
 def read_progress(buffer: Any, rank: int) -> str:
