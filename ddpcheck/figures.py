@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-    IntArray = npt.NDArray[np.int64]
+    IntArray = npt.NDArray[np.signedinteger[Any]]  # int32 where it fits (memory at 10M samples), else int64
 
 MAX_RANK_STRIPS = 64  # above this many ranks only the first ones get a strip (the picture says so)
 LEVELS = 255  # shares are stored as bytes: 0 = none, 255 = all of the bin, any non-zero share >= 1
@@ -160,7 +160,7 @@ class _Axis:
         span = int(values.max()) - int(values.min()) + 1 if len(values) else 0
         if len(values) and span <= self.DENSE * len(values) + 1024:
             self._low = int(values.min())
-            table = np.full(span, -1, np.int64)
+            table = np.full(span, -1, np.int32)  # positions fit: half the memory
             table[values - self._low] = np.arange(len(values), dtype=np.int64)
             if int((table >= 0).sum()) == len(values):  # no repeats: positions are yield positions
                 self._table, self._ordered, self.n = table, values, len(values)
@@ -171,7 +171,7 @@ class _Axis:
         position[order] = np.arange(len(order), dtype=np.int64)
         self._ordered, self.n = ordered_sorted[order], len(order)
         if len(values) and span <= self.DENSE * len(values) + 1024:
-            table = np.full(span, -1, np.int64)
+            table = np.full(span, -1, np.int32)
             table[ordered_sorted - self._low] = position
             self._table = table
         else:
@@ -215,21 +215,27 @@ def _epoch(
     bins = min(n, max_bins)
     starts = (np.arange(bins, dtype=np.int64) * n) // max(bins, 1)
     sizes = np.diff(np.append(starts, n))
-    total = np.zeros(n, np.int64)
+    # 32-bit counts and 1-byte flags: at 10,000,000 samples these arrays are the parent's largest
+    total = np.zeros(n, np.int32)
     holders = np.zeros(n, np.int32)  # how many ranks saw each sample
-    owner = np.full(n, NO_RANK, np.int64)
+    owner = np.full(n, NO_RANK, np.int32)
     shares: list[bytes] = []
     foreign: list[int] = []
     for i, rank in enumerate(ranks):
         trace = rank.epochs[epoch]
         where = axis.lookup(trace.ids)
         hit = where[where >= 0]
-        foreign.append(int(len(where) - len(hit)))
-        counts = np.bincount(hit, minlength=n) if n else np.zeros(0, np.int64)
-        seen = counts > 0
-        total += counts
+        del where
+        foreign.append(int(len(trace.ids) - len(hit)))
+        seen = np.zeros(n, np.bool_)
+        seen[hit] = True
+        if int(np.count_nonzero(seen)) == len(hit):  # no sample twice on this rank: flags are counts
+            total += seen
+        else:
+            total += np.bincount(hit, minlength=n).astype(np.int32)
         holders += seen
         owner[hit] = rank.rank
+        del hit
         if i < shown:
             shares.append(_shares(seen, starts, sizes))
     owner[holders == 0] = NO_RANK
