@@ -75,6 +75,7 @@ CASES = [
     _case("good_iterable_sharded.py"),
     _case("good_eval_no_shuffle.py"),
     _case("good_drop_last.py"),
+    _case("good_repeat_augmentation.py"),  # the reference repeats each sample 3 times, by design
     # The same plain loader without --patch: every rank sees everything.
     _case(
         "good_plain_for_patch.py",
@@ -372,3 +373,14 @@ def test_fault_exits_3_with_report(name: str, tmp_path: Path) -> None:
     assert first["progress"], "the failed rank's last position is missing"
     checks = runs[fault.world_size]["checks"]
     assert {c["status"] for c in checks.values()} == {"skip"}, "a broken run has no trace to judge"
+
+
+def test_repeated_sampling_passes_with_words_that_stay_true() -> None:
+    """At W=3 every selected sample reaches all three ranks: no pass text may claim otherwise."""
+    result = _run(Case("good_repeat_augmentation.py"), world_sizes=(1, 3))
+    assert result.exit_code == 0
+    at3 = {v.check: v for v in result.runs[1].verdicts}
+    assert "seen by two ranks" not in at3[NO_OVERLAP].detail
+    assert "up to 3 times per epoch" in at3[NO_OVERLAP].detail and "up to 3 ranks" in at3[NO_OVERLAP].detail
+    assert "yields a sample twice" not in at3[WORKER_SHARDING].detail
+    assert "16 distinct" in at3[COVERAGE].detail and "16 distinct" in at3[SINGLE_PROCESS_EQUIVALENCE].detail

@@ -387,6 +387,28 @@ class Context:
         return [self.view(e) for e in range(self.num_epochs)]
 
     @cached_property
+    def ref_repeats(self) -> int:
+        """The most copies of one item any reference epoch holds (1: it repeats nothing).
+
+        Repeated augmentation (timm's ``RepeatAugSampler``) repeats samples on purpose; pass texts
+        must then not claim that no sample reaches two ranks.
+        """
+        most = 1
+        for view in self.views():
+            counts = view.ref_counts
+            if counts:
+                most = max(most, max(counts.values()))
+        return most
+
+    def repeats_note(self) -> str:
+        """``""``, or a clause saying the single-process loader itself repeats items."""
+        k = self.ref_repeats
+        if k <= 1:
+            return ""
+        noun = self.noun
+        return f"the single-process loader itself yields {noun} up to {k} times per epoch (repeated sampling)"
+
+    @cached_property
     def stable(self) -> bool:
         """True when the reference yields the same items (as a multiset) in every epoch."""
         views = self.views()

@@ -57,9 +57,11 @@ def check_coverage(
         n = len(ctx.view(0).ref_items)
         resampled = any(g.counted_only for g in gaps)
         counted = " (counts only: the reference resamples every epoch)" if resampled else ""
+        distinct = len(ctx.view(0).ref_set)
+        size = f"{n} per epoch" if distinct == n else f"{n} per epoch, {distinct} distinct"
         return passed(
             COVERAGE,
-            f"every epoch's {noun} reach some rank ({n} per epoch, at most {worst} dropped, "
+            f"every epoch's {noun} reach some rank ({size}, at most {worst} dropped, "
             f"{gaps[0].allowed} allowed){counted}",
         )
     g = bad[0]

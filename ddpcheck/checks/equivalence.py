@@ -94,9 +94,11 @@ def check_single_process_equivalence(
             {"missing": g.missing, "allowed": g.allowed, "items": n, "epochs_failing": len(short)},
         )
     n = len(views[0].ref_items)
+    distinct = len(views[0].ref_set)
+    size = f"{n} {noun}" if distinct == n else f"{n} {noun}: {distinct} distinct, each as often as there"
     dropped = max(g.missing for g in gaps)
     return passed(
         CHECK,
-        f"the ranks together see the single-process epoch ({n} {noun}, at most {dropped} dropped, "
+        f"the ranks together see the single-process epoch ({size}, at most {dropped} dropped, "
         f"nothing extra) in all {len(views)} epochs",
     )

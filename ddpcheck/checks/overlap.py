@@ -44,6 +44,14 @@ def check_no_overlap(
         pad = max(v.cross_excess for v in views)
         allowed = max(ctx.allowance(v).duplicates for v in views)
         if pad == 0:
+            repeats = ctx.repeats_note()
+            if repeats:
+                spread = max((max(v.rank_multiplicity.values(), default=1) for v in views), default=1)
+                return passed(
+                    NO_OVERLAP,
+                    f"{repeats}; ranks hold no more copies than that (a {singular(noun)} reaches up to "
+                    f"{count_text(spread, 'ranks')}) in any of {len(views)} epochs",
+                )
             return passed(
                 NO_OVERLAP, f"no {singular(noun)} is seen by two ranks in any of {len(views)} epochs"
             )

@@ -107,13 +107,16 @@ def check_worker_sharding(
             if rep is not None:
                 found.append(rep)
     if not found:
-        if ctx.facts.num_workers == 0:
-            return not_applicable(
-                WORKER_SHARDING, "no DataLoader workers (and no rank yields a sample twice within an epoch)"
-            )
-        return passed(
-            WORKER_SHARDING, f"no rank yields a sample twice within an epoch ({ctx.num_epochs} epochs)"
+        repeats = ctx.repeats_note()
+        within = (
+            f"no rank repeats a sample more often than the single-process loader does (up to "
+            f"{ctx.ref_repeats} times per epoch: repeated sampling)"
+            if repeats
+            else "no rank yields a sample twice within an epoch"
         )
+        if ctx.facts.num_workers == 0:
+            return not_applicable(WORKER_SHARDING, f"no DataLoader workers (and {within})")
+        return passed(WORKER_SHARDING, f"{within} ({ctx.num_epochs} epochs)")
     per_epoch = Counter[int]()
     for rep in found:
         per_epoch[rep.epoch] += rep.copies
