@@ -60,7 +60,7 @@ from ddpcheck.launch.rank import (
 from ddpcheck.launch.shared_work import shared_permutations
 from ddpcheck.preload import refresh_rank_state
 
-_START_ALLOWANCE_S = 30.0  # on top of the first rank's timeout: fork, and a loaded machine
+_START_ALLOWANCE_S = 10.0  # on top of the first simulated rank's timeout: the fork, on a loaded machine
 _STACK_WAIT_S = 2.0
 _OUTPUT_TAIL = 20_000
 _STACK_TAIL = 200_000
