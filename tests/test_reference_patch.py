@@ -469,7 +469,9 @@ def _map_loader_in_group(n: int, with_generator: bool) -> dict[str, Any]:
             patched.generator is generator,
             type(patched.sampler).__name__,
         ],
-        "warnings": [str(w.message) for w in caught],
+        # the wrapper's own warnings; not Python 3.12's "multi-threaded ... fork()" DeprecationWarning,
+        # which DataLoader workers forked from any DDP rank raise (gloo runs threads in every rank)
+        "warnings": [str(w.message) for w in caught if not issubclass(w.category, DeprecationWarning)],
     }
 
 

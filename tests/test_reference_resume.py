@@ -22,7 +22,11 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
-from torchdata.stateful_dataloader import StatefulDataLoader
+
+try:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+except ImportError:  # torchdata comes with the 'integrations' extra; the plain-DataLoader cases still run
+    StatefulDataLoader = None
 
 from ddpcheck.launch import run_ranks
 from ddpcheck.reference.patch import ShardedBatchSampler, patch_dataloader_to_ddp
@@ -320,6 +324,8 @@ def the_wrapper(loader: DataLoader) -> DDPSamplerWrapper[Any]:
 
 def build(shape: str, runner: str, world: int, rank: int, global_seed: int) -> DataLoader:
     cls, workers = RUNNERS[runner]
+    if cls is None:
+        pytest.skip("torchdata is not installed: it comes with the 'integrations' extra")
     torch.manual_seed(global_seed)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="patch_dataloader_to_ddp")  # the class must be kept
