@@ -32,12 +32,13 @@ _EXPORTS = {
     "move_to_device": "ddpcheck.reference.model",
     "assert_ddp_safe": "ddpcheck.pytest_support",
     "check_loader": "ddpcheck.runner",
-    "CheckOptions": "ddpcheck.runner",
+    "CheckOptions": "ddpcheck.options",
 }
 
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
+    from ddpcheck.options import CheckOptions
     from ddpcheck.pytest_support import assert_ddp_safe
     from ddpcheck.reference.dist import (
         connect,
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
     )
     from ddpcheck.reference.sampler import DDPSamplerWrapper
     from ddpcheck.reference.sync import mp_sync, mp_sync_dict, sync_dicts_ddp
-    from ddpcheck.runner import CheckOptions, check_loader
+    from ddpcheck.runner import check_loader
 
 
 def __getattr__(name: str) -> Any:

@@ -41,6 +41,12 @@ def skipped(check: str, why: str) -> Verdict:
     return Verdict(check, "skip", why)
 
 
+def failed(
+    check: str, detail: str, *, cause: str = "", ranks: tuple[int, ...] = (), epochs: tuple[int, ...] = ()
+) -> Verdict:
+    return Verdict(check, "fail", detail, cause, ranks, epochs)
+
+
 def not_applicable(check: str, why: str) -> Verdict:
     return Verdict(check, "n/a", why)
 

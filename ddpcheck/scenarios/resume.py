@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddpcheck.checks._format import count_text
 from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
-from ddpcheck.checks.verdict import Verdict, not_applicable, passed, skipped
+from ddpcheck.checks.verdict import Verdict, failed, not_applicable, passed, skipped
 from ddpcheck.launch import GroupResult, TargetRef, report_progress, run_ranks
 from ddpcheck.loaderfile import LoaderSpec, optional_hook, unwrap_loader
 from ddpcheck.recorder import RESUME_HOOK as HOOK
@@ -300,12 +300,6 @@ def elastic_rank(spec: LoaderSpec, options: RecordOptions, restore: Restore, mec
 
 
 # ----------------------------------------------------------------------------- pure judges
-
-
-def failed(
-    check: str, detail: str, *, cause: str = "", ranks: tuple[int, ...] = (), epochs: tuple[int, ...] = ()
-) -> Verdict:
-    return Verdict(check, "fail", detail, cause, ranks, epochs)
 
 
 def _flat(batches: Iterable[Sequence[Hashable]]) -> list[Hashable]:
