@@ -172,3 +172,12 @@ def test_judge_elastic_counts_lost_and_repeated_against_padding() -> None:
     assert judge_elastic(old, 1, stop, [((0, 2, 3), (6, 7))], pad_room=1).status == "pass"
     crashed = judge_elastic(old, 1, stop, ["StopIteration: "], pad_room=0)
     assert crashed.status == "fail" and "restoring raised StopIteration" in crashed.note
+
+
+def test_judge_resume_takes_out_of_order_batches_as_a_multiset() -> None:
+    epochs = [[[0, 1], [2, 3], [4, 5]], [[5, 3], [1, 0], [4, 2]]]
+    shuffled = StopResult(Stop(0, 1), rest=((4, 5), (2, 3)))  # the two remaining batches, swapped
+    in_order = RankResume(0, "loader", tuple(tuple(tuple(b) for b in e) for e in epochs), (shuffled,))
+    assert judge_resume(1, [in_order])[0].failed
+    free = RankResume(0, "loader", in_order.uninterrupted, (shuffled,), in_order=False)
+    assert judge_resume(1, [free])[0].status == "pass"

@@ -77,6 +77,7 @@ class RankResume:
     states: tuple[tuple[Stop, bytes], ...] = ()  # rank 0, elastic stops only
     note: str = ""
     workers: int = 0  # DataLoader worker processes (they fetch ahead of the loop)
+    in_order: bool = True  # False: DataLoader(in_order=False) with workers, batches may come in any order
 
 
 @dataclass(frozen=True)
@@ -265,7 +266,9 @@ def resume_rank(
         resumed.append(result)
     keep = tuple((s, b) for s, b in states.items() if s.elastic) if rank == 0 else ()
     workers = int(getattr(unwrap_loader(outer), "num_workers", 0) or 0)
-    return RankResume(rank, mechanism, tuple(uninterrupted), tuple(resumed), keep, workers=workers)
+    return RankResume(
+        rank, mechanism, tuple(uninterrupted), tuple(resumed), keep, workers=workers, in_order=facts.in_order
+    )
 
 
 def _stream(outer: Any, hook: Any, facts: Any, options: RecordOptions) -> Iterable[tuple[Hashable, ...]]:
@@ -306,7 +309,12 @@ def _flat(batches: Iterable[Sequence[Hashable]]) -> list[Hashable]:
     return [i for b in batches for i in b]
 
 
-def _first_difference(expected: Batches, got: Batches) -> int | None:
+def _first_difference(expected: Batches, got: Batches, in_order: bool = True) -> int | None:
+    """The first batch where ``got`` leaves ``expected`` (None: never). Out-of-order loaders compare
+    their batches as a multiset: with ``in_order=False`` any order is the loader's contract."""
+    if not in_order:
+        key = lambda batch: sorted(map(repr, batch))  # noqa: E731
+        return None if sorted(map(key, expected)) == sorted(map(key, got)) else 0
     for j, (a, b) in enumerate(zip(expected, got, strict=False)):
         if sorted(map(repr, a)) != sorted(map(repr, b)):
             return j
@@ -321,7 +329,6 @@ class _StopJudgement:
     first_divergence: int | None = None
     cause: str = ""
     ranks: list[int] = field(default_factory=list)
-    next_changed: bool = False
     error: str = ""
 
     @property
@@ -376,10 +383,11 @@ def judge_resume(world_size: int, ranks: Sequence[RankResume]) -> tuple[Verdict,
             got = result.rest
             missing = Counter(_flat(expected)) - Counter(_flat(got))
             extra = Counter(_flat(got)) - Counter(_flat(expected))
-            differs = _first_difference(expected, got)
+            differs = _first_difference(expected, got, rank.in_order)
             next_changed = False
             if result.next_epoch is not None and result.stop.epoch + 1 < len(rank.uninterrupted):
-                next_changed = _flat(result.next_epoch) != _flat(rank.uninterrupted[result.stop.epoch + 1])
+                following = rank.uninterrupted[result.stop.epoch + 1]
+                next_changed = _first_difference(following, result.next_epoch, rank.in_order) is not None
             if differs is not None or next_changed:
                 j.ranks.append(rank.rank)
                 j.skipped += sum(missing.values())
@@ -389,7 +397,6 @@ def judge_resume(world_size: int, ranks: Sequence[RankResume]) -> tuple[Verdict,
                     j.first_divergence = step if j.first_divergence is None else min(j.first_divergence, step)
                     j.cause = j.cause or _cause(rank, result.stop, got)
                 else:
-                    j.next_changed = True
                     j.cause = j.cause or "the epoch after the restored one differs from the uninterrupted run"
     rows = tuple(
         ResumeRow(
