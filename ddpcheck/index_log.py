@@ -42,7 +42,23 @@ def log_of(loader: Any) -> IndexLog:
     if log is None:
         log = IndexLog()
         object.__setattr__(loader, _ATTR, log)
+    _drop_unlogged_initial_iterator(loader)
     return log
+
+
+def _drop_unlogged_initial_iterator(loader: Any) -> None:
+    """torchdata's ``StatefulDataLoader.state_dict()`` on a loader not yet iterated builds the iterator
+    that the first ``iter()`` then reuses (Accelerate's stateful ``prepare`` calls it). Built before
+    the log, that iterator never logs; nothing has been taken from it, so the next ``iter()`` may as
+    well build a fresh, logged one."""
+    iterator = getattr(loader, "_iterator", None)
+    if (
+        iterator is not None
+        and getattr(loader, "_initial_iter_for_state_dict", False)
+        and getattr(iterator, "_ddpcheck_log", None) is None
+    ):
+        object.__setattr__(loader, "_iterator", None)
+        object.__setattr__(loader, "_initial_iter_for_state_dict", False)
 
 
 def _indices(item: Any) -> list[Hashable] | None:

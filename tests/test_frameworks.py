@@ -26,6 +26,7 @@ from ddpcheck.checks.ids import (
     NO_OVERLAP,
     PADDING_BOUND,
     RESHUFFLE,
+    RESUME,
     SINGLE_PROCESS_EQUIVALENCE,
     WORKER_SHARDING,
 )
@@ -106,6 +107,17 @@ CASES = [
         must_fail={2: frozenset({COVERAGE})},
         may_fail={2: frozenset({SINGLE_PROCESS_EQUIVALENCE})},
         truth="DistributedSampler then BatchSamplerShard: each rank 16 of 64, 32 samples reach no rank",
+    ),
+    Case(
+        "accelerate-stateful",
+        "accelerate_stateful.py",
+        "accelerate",
+        exit_code=1,
+        must_fail=_at((1, 2), RESUME),
+        must_pass=frozenset({COVERAGE, NO_OVERLAP, EQUAL_STEPS, DETERMINISM}),
+        truth="a partition with a real state_dict that does not resume exactly (reproduced without "
+        "ddpcheck, see the fixture): epoch 1 restarts in another order, and a state saved after the last "
+        "step marks the epoch finished",
     ),
     # --- Lightning ------------------------------------------------------------------------------
     Case(

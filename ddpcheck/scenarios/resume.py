@@ -346,6 +346,13 @@ def _cause(rank: RankResume, stop: Stop, got: Batches) -> str:
             "more batches when it was saved; save the state through the loader (torchdata's "
             "StatefulDataLoader) or use num_workers=0"
         )
+    whole = _flat(rank.uninterrupted[stop.epoch])
+    if not expected and flat and Counter(flat) == Counter(whole):
+        return (
+            "stopped after the epoch's last step, the saved state marks the epoch as finished, so a job "
+            "restored into that epoch runs all of it again (a loader that fetches a batch ahead ends its "
+            "inner iterator before the last batch is handed out)"
+        )
     for epoch, batches in enumerate(rank.uninterrupted):
         if epoch != stop.epoch and flat and flat == _flat(batches[stop.step :]):
             if epoch < stop.epoch:
