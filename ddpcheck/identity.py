@@ -16,8 +16,45 @@ from ddpcheck.loaderfile import BadLoaderFile
 ID_FIELDS = ("id", "idx", "index")
 
 
+_PLAIN = (int, str, bytes, float, bool, type(None))
+CANONICAL_NOTE = (
+    "user-class ids travel as plain data: dataclasses and named tuples as tuples, others as repr()"
+)
+
+
+def canonical_id(value: Any) -> Hashable:
+    """``value`` in a plain form that needs no user module to unpickle, equal exactly when the ids are.
+
+    Ranks send ids to the parent, which never imports the loader file: an instance of a class defined
+    there could not be read back. Dataclasses become ``(class name, *fields)``, named tuples and
+    tuples their items, enums ``Class.NAME``; anything else its ``repr()`` (content-based for most
+    value types; identity-based objects compare by identity anyway).
+    """
+    import dataclasses
+    import enum
+
+    if type(value) in _PLAIN:
+        return value  # type: ignore[no-any-return]
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__qualname__}.{value.name}"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = (canonical_id(getattr(value, f.name)) for f in dataclasses.fields(value))
+        return (type(value).__qualname__, *fields)
+    if isinstance(value, tuple):
+        return tuple(canonical_id(v) for v in value)
+    if isinstance(value, frozenset):
+        return frozenset(canonical_id(v) for v in value)
+    for plain in (bool, int, float, str, bytes):  # subclasses (IntEnum aside): their plain value
+        if isinstance(value, plain):
+            return plain(value)  # type: ignore[call-overload,arg-type]
+    return repr(value)
+
+
 def plain_id(value: Any) -> Hashable:
-    """A cheap, comparable id: tensors/numpy scalars become Python scalars; unhashable is an error."""
+    """A cheap, comparable id: tensors/numpy scalars become Python scalars; unhashable is an error;
+    instances of user classes take their canonical plain form (:func:`canonical_id`)."""
+    if type(value) is int or type(value) is str:
+        return value  # type: ignore[no-any-return]
     if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
         value = value.item()
     elif hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
@@ -31,7 +68,7 @@ def plain_id(value: Any) -> Hashable:
             f"sample ids must be hashable, got {type(value).__name__} "
             "(return ints or strings from sample_ids)"
         ) from None
-    return value  # type: ignore[no-any-return]
+    return canonical_id(value)
 
 
 def _freeze(value: Any) -> Any:
@@ -126,7 +163,10 @@ def make_id_extractor(
     ``collated`` False means the loader yields single samples (``batch_size=None``).
     """
     if hook is not None:
-        return "hook", lambda batch: [plain_id(i) for i in _as_list(hook(batch))]
+        raw = _as_list(hook(first_batch))
+        user_class = any(type(i) not in _PLAIN and not hasattr(i, "item") for i in raw)
+        source = f"hook ({CANONICAL_NOTE})" if user_class else "hook"
+        return source, lambda batch: [plain_id(i) for i in _as_list(hook(batch))]
     field = id_field(first_batch)
     if field is not None:
         return f"field:{field}", lambda batch: [plain_id(i) for i in _as_list(batch[field])]

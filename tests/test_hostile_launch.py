@@ -432,3 +432,37 @@ def test_a_worker_crash_is_headed_by_the_workers_exception_and_the_users_line() 
     assert f"{__file__}:{line} in __getitem__" in outcome.message
     assert "DataLoader worker process 0" in outcome.message
     assert "Caught ValueError in DataLoader worker process 0." in outcome.error  # torch's text is kept
+
+
+def test_ids_of_a_class_defined_in_the_loader_file_travel_in_plain_form(tmp_path: Path) -> None:
+    """The parent never imports the loader file, so ranks send user-class ids in a canonical plain form."""
+    proc, tag = _cli("user_class_ids.py", "--world-sizes", "1,2", "--quiet", tmp=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "ddpcheck.json").read_text())
+    assert report["id_source"].startswith("hook (user-class ids travel as plain data")
+    assert all(not run["failures"] for run in report["runs"])
+    assert not _tagged(tag)
+
+
+def test_canonical_ids_keep_equality_without_the_users_module() -> None:
+    import enum
+    from collections import namedtuple
+    from dataclasses import dataclass
+
+    from ddpcheck.identity import plain_id
+
+    @dataclass(frozen=True)
+    class Key:
+        shard: str
+        row: int
+
+    class Split(enum.Enum):
+        TRAIN = 1
+
+    pair = namedtuple("pair", "a b")
+    name = Key.__qualname__
+    assert plain_id(Key("a", 1)) == plain_id(Key("a", 1)) == (name, "a", 1)
+    assert plain_id(Key("a", 1)) != plain_id(Key("a", 2))
+    assert plain_id(Split.TRAIN) == f"{Split.__qualname__}.TRAIN"
+    assert plain_id(pair(1, Key("b", 2))) == (1, (name, "b", 2))
+    assert plain_id(7) == 7 and plain_id("x") == "x"
