@@ -211,6 +211,9 @@ def test_find_locates_a_rank_dependent_seed() -> None:
         assert_sampler_ok(distributed(found, seed_offset_per_rank=1), found)
     assert info.value.config == found
     assert "likely cause" in str(info.value)
+    # the diagnosis must be true of the shrunk example, whose bug is a per-rank seed
+    assert "drops the tail" not in str(info.value)
+    assert "seed" in str(info.value) and "depends on the rank" in str(info.value)
 
 
 def test_given_test_fails_for_a_rank_dependent_seed() -> None:

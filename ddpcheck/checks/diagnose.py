@@ -18,6 +18,11 @@ from ddpcheck.checks.context import Context, EpochView, Item
 IGNORES_RANK = "the sampler ignores the rank (no DistributedSampler, or num_replicas/rank not passed)"
 SAME_STREAM = f"every rank sees the same stream: {IGNORES_RANK}"
 RANK_SEED = "ranks draw different permutations: the sampler's seed (or random state) depends on the rank"
+SAME_SHARE = (
+    "every rank sees the same stream, though each yields only its share of the epoch: the ranks take "
+    "the same positions (the same rank passed on every rank) or, in a tiny epoch, their own orders "
+    "happen to agree (a seed that depends on the rank)"
+)
 WHOLE_EPOCH = (
     f"every rank sees the whole epoch, each in its own order: {IGNORES_RANK}, "
     f"and the shuffle is not seeded the same on every rank"
@@ -113,7 +118,8 @@ def overlap_cause(ctx: Context, view: EpochView) -> tuple[str, tuple[int, ...]]:
     same = identical_streams(view)
     if same:
         if len(same) == w:
-            return SAME_STREAM, tuple(same)
+            shares = all(len(items) < len(view.ref_items) for items in view.rank_items)
+            return (SAME_SHARE if shares else SAME_STREAM), tuple(same)
         return f"{ranks_text(same)} see the same stream: {IGNORES_RANK}", tuple(same)
     why, odd = length_by_rank(ctx)
     if why:
