@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from ddpcheck.checks import run_checks
-from ddpcheck.checks.verdict import allow
+from ddpcheck.checks.verdict import Verdict, allow
 from ddpcheck.divergence import defined_names
 from ddpcheck.figures import figure_data
 from ddpcheck.launch import GroupResult, TargetRef, run_ranks
@@ -130,8 +130,7 @@ def _check_world(
         extra += scenario.world(ScenarioContext(ws, run, reference))
     verdicts += extra.verdicts
     failures += extra.failures
-    if options.allow:
-        verdicts = [allow(v) if v.check in options.allow else v for v in verdicts]
+    verdicts = _allowed(verdicts, options.allow)
     result = WorldResult(
         world_size=ws,
         backend=run.backend,
@@ -158,11 +157,15 @@ def _rank_local_indices(reference: RunTrace, run: RunTrace) -> bool:
     return any(r.facts.dataset_len not in (None, facts.dataset_len) for r in run.ranks)
 
 
+def _allowed(verdicts: Sequence[Verdict], allowed: Sequence[str]) -> list[Verdict]:
+    """``--allow CHECK``: that check's failure is reported as ``allowed``."""
+    return [allow(v) if v.check in allowed else v for v in verdicts]
+
+
 def _with_outcome(result: WorldResult, outcome: Outcome, allowed: Sequence[str]) -> WorldResult:
-    verdicts = result.verdicts + tuple(allow(v) if v.check in allowed else v for v in outcome.verdicts)
     return replace(
         result,
-        verdicts=verdicts,
+        verdicts=result.verdicts + tuple(_allowed(outcome.verdicts, allowed)),
         failures=result.failures + outcome.failures,
         divergence=result.divergence + outcome.divergence,
         resume=result.resume + outcome.resume,

@@ -20,7 +20,7 @@ import inspect
 import io
 from collections import Counter
 from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ddpcheck.checks._format import count_text
@@ -29,7 +29,7 @@ from ddpcheck.checks.verdict import Verdict, failed, not_applicable, passed, ski
 from ddpcheck.launch import GroupResult, TargetRef, report_progress, run_ranks
 from ddpcheck.loaderfile import LoaderSpec, optional_hook, unwrap_loader
 from ddpcheck.recorder import RESUME_HOOK as HOOK
-from ddpcheck.recorder import has_state
+from ddpcheck.recorder import _group_position, has_state
 from ddpcheck.result import ResumeRow
 from ddpcheck.scenarios.protocol import Context, Outcome, group_failures
 
@@ -75,7 +75,6 @@ class RankResume:
     uninterrupted: tuple[Batches, ...] = ()
     resumed: tuple[StopResult, ...] = ()
     states: tuple[tuple[Stop, bytes], ...] = ()  # rank 0, elastic stops only
-    note: str = ""
     workers: int = 0  # DataLoader worker processes (they fetch ahead of the loop)
     in_order: bool = True  # False: DataLoader(in_order=False) with workers, batches may come in any order
 
@@ -85,20 +84,11 @@ class Restore:
     """What an elastic rank starts from: old rank 0's saved state, or the old counters for the hook."""
 
     stop: Stop
-    old_world_size: int
     state: bytes = b""
     samples_seen: int = 0
 
 
 # ----------------------------------------------------------------------------- rank side
-
-
-def _group_position() -> tuple[int, int]:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 def _holder(outer: Any, mechanism: str) -> Any:
@@ -291,7 +281,7 @@ def elastic_rank(spec: LoaderSpec, options: RecordOptions, restore: Restore, mec
             spec,
             options,
             mechanism,
-            Stop(stop.epoch, stop.step),
+            replace(stop, next_epoch=False),  # the old ranks' next epoch says nothing here
             restore.state,
             restore.samples_seen,
             rank,
@@ -594,7 +584,7 @@ class ResumeCheck:
                     if new_ws == old_ws:
                         continue
                     seen = sum(len(b) for r in ranks for b in r.uninterrupted[stop.epoch][: stop.step])
-                    restore = Restore(stop, old_ws, states.get(stop, b""), seen)
+                    restore = Restore(stop, states.get(stop, b""), seen)
                     group = self._launch(
                         elastic_rank,
                         new_ws,
