@@ -15,7 +15,7 @@ from ddpcheck.checks import run_checks
 from ddpcheck.checks.verdict import Verdict, allow
 from ddpcheck.divergence import defined_names
 from ddpcheck.figures import figure_data
-from ddpcheck.launch import GroupResult, TargetRef, run_ranks
+from ddpcheck.launch import GroupCall, GroupResult, TargetRef, run_groups
 from ddpcheck.loaderfile import BadLoaderFile, LoaderSpec, precheck
 from ddpcheck.options import BadInput, CheckOptions, validate
 from ddpcheck.record import RankFailure, RunTrace
@@ -74,12 +74,17 @@ def check_loader(
         say(f"reference run (1 process) of {path}")
         # The reference is always the correct loop (set_epoch called); with --no-set-epoch only the
         # runs skip it, so reshuffle fails exactly when the order depends on that call.
-        reference = _run(spec, replace(options, set_epoch=True), 1)
+        reruns: dict[int, RunTrace] = {}  # determinism reruns already recorded beside another run
+        if options.determinism and options.set_epoch and 1 in world_sizes:
+            # world size 1's run is the reference itself; its rerun uses the second core meanwhile
+            reference, reruns[1] = _runs(spec, [(replace(options, set_epoch=True), 1)] * 2)
+        else:
+            reference = _run(spec, replace(options, set_epoch=True), 1)
         _raise_if_bad_input(reference)
         notes.extend(_notes(reference, world_sizes))
         scenarios = build_scenarios(spec, options, defined_names(spec.path))
         for ws in world_sizes:
-            runs.append(_check_world(spec, options, reference, ws, say, scenarios))
+            runs.append(_check_world(spec, options, reference, ws, say, scenarios, reruns.pop(ws, None)))
         for scenario in scenarios:  # what spans world sizes (elastic resume)
             for ws, outcome in scenario.finish().items():
                 runs[:] = [
@@ -98,6 +103,7 @@ def _check_world(
     ws: int,
     say: Progress,
     scenarios: Sequence[Scenario] = (),
+    rerun: RunTrace | None = None,
 ) -> WorldResult:
     started = time.monotonic()
     skip = _skip_reason(options, ws)
@@ -105,23 +111,37 @@ def _check_world(
         say(f"world size {ws}: skipped ({skip})")
         return WorldResult(ws, options.backend, skipped=skip)
     say(f"world size {ws}: running {ws} {'simulated ' if options.simulate else ''}ranks")
+    # The run, its determinism rerun and (for --steps windows) the reference window are recorded side
+    # by side: independent groups, so the second core does one while the first does another.
+    jobs: list[tuple[CheckOptions, int]] = []
+    windowed = options.steps is not None and ws > 1
     if options.steps is not None and ws > 1:
         # windows: the reference runs the same global number of samples as the W ranks together
         say(f"world size {ws}: reference window of {options.steps * ws} steps (1 process)")
-        reference = _run(spec, replace(options, set_epoch=True, steps=options.steps * ws), 1)
-    run = reference if ws == 1 and options.set_epoch else _run(spec, options, ws)
+        jobs.append((replace(options, set_epoch=True, steps=options.steps * ws), 1))
+    if not (ws == 1 and options.set_epoch):
+        jobs.append((options, ws))
+    if options.determinism and rerun is None:
+        jobs.append((options, ws))
+    traces = _runs(spec, jobs)
+    if windowed:
+        reference = traces.pop(0)
+    run = reference if ws == 1 and options.set_epoch else traces.pop(0)
+    if options.determinism and rerun is None:
+        rerun = traces.pop(0)
     if _rank_local_indices(reference, run):
         # Each rank indexes its own dataset from 0 (datasets' split_dataset_by_node): indices cannot be
         # compared across ranks. The batches' id field can; without one, the checks say why they fail.
         by_data = replace(options, ids_from_data=True)
-        alt_reference = _run(spec, replace(by_data, set_epoch=True), 1)
-        alt_run = _run(spec, by_data, ws)
+        alt_jobs = [(replace(by_data, set_epoch=True), 1), (by_data, ws)]
+        alt_reference, alt_run, *alt_rerun = _runs(spec, alt_jobs + alt_jobs[1:] * (rerun is not None))
         if alt_run.ok and alt_reference.ok and alt_run.id_source.startswith("field:"):
             say(
                 f"world size {ws}: rank-local indices; samples identified by the batches' {alt_run.id_source}"
             )
-            reference, run, options = alt_reference, alt_run, by_data
-    rerun = _run(spec, options, ws) if options.determinism and run.ok else None
+            reference, run, rerun, options = alt_reference, alt_run, next(iter(alt_rerun), None), by_data
+    if not (options.determinism and run.ok):
+        rerun = None  # a failed run is judged alone: its rerun would only repeat the failure
     verdicts = run_checks(reference, run, rerun)
     failures = run.failures + (rerun.failures if rerun else ())
     # --- checks with their own rank-side runs (ddpcheck.scenarios): metric, training, resume ---
@@ -183,23 +203,40 @@ def _skip_reason(options: CheckOptions, world_size: int) -> str:
 
 
 def _run(spec: LoaderSpec, options: CheckOptions, world_size: int) -> RunTrace:
-    kwargs = {"spec": spec, "options": options.record_options()}
-    if options.simulate:
-        from ddpcheck.launch.simulate import NeedsCollectives, simulate_ranks
+    return _runs(spec, [(options, world_size)])[0]
 
-        try:
-            group = simulate_ranks(record_rank, world_size, kwargs=kwargs, timeout=options.timeout)
-        except NeedsCollectives as exc:
-            raise BadInput(str(exc)) from None
-    else:
-        group = run_ranks(
+
+def _runs(spec: LoaderSpec, jobs: Sequence[tuple[CheckOptions, int]]) -> list[RunTrace]:
+    """Record each (options, world size) job; real ranks of several jobs run side by side.
+
+    Only the first job reports live progress (one display, one group's positions)."""
+    if not jobs:
+        return []
+    if jobs[0][0].simulate:
+        return [_simulate(spec, options, world_size) for options, world_size in jobs]
+    calls = [
+        GroupCall(
             TargetRef.of(record_rank),
             world_size,
             backend=options.backend,
             timeout=options.timeout,
-            kwargs=kwargs,
-            on_progress=options.on_progress,
+            kwargs={"spec": spec, "options": options.record_options()},
+            on_progress=options.on_progress if i == 0 else None,
         )
+        for i, (options, world_size) in enumerate(jobs)
+    ]
+    groups = run_groups(calls)
+    return [to_run_trace(g, set_epoch=opts.set_epoch) for g, (opts, _) in zip(groups, jobs, strict=True)]
+
+
+def _simulate(spec: LoaderSpec, options: CheckOptions, world_size: int) -> RunTrace:
+    from ddpcheck.launch.simulate import NeedsCollectives, simulate_ranks
+
+    kwargs = {"spec": spec, "options": options.record_options()}
+    try:
+        group = simulate_ranks(record_rank, world_size, kwargs=kwargs, timeout=options.timeout)
+    except NeedsCollectives as exc:
+        raise BadInput(str(exc)) from None
     return to_run_trace(group, set_epoch=options.set_epoch)
 
 

@@ -1,15 +1,25 @@
 """Process groups: start ranks, rendezvous on loopback, deadlines, collect results, leave nothing behind."""
 
-from ddpcheck.launch.group import GroupResult, ProgressCallback, RankOutcome, default_start_method, run_ranks
+from ddpcheck.launch.group import (
+    GroupCall,
+    GroupResult,
+    ProgressCallback,
+    RankOutcome,
+    default_start_method,
+    run_groups,
+    run_ranks,
+)
 from ddpcheck.launch.rank import report_progress
 from ddpcheck.launch.target import TargetRef
 
 __all__ = [
+    "GroupCall",
     "GroupResult",
     "ProgressCallback",
     "RankOutcome",
     "TargetRef",
     "default_start_method",
     "report_progress",
+    "run_groups",
     "run_ranks",
 ]

@@ -17,7 +17,8 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import wait
@@ -164,85 +165,196 @@ def run_ranks(
     whatever became of the ranks). It must return quickly. An exception it raises ends the group as
     Ctrl-C would: every rank is stopped, and the exception propagates.
     """
-    if world_size < 1:
-        raise ValueError(f"world size must be a positive integer, got {world_size}")
-    method = start_method or default_start_method(backend)
-    if method != "fork" and not isinstance(target, TargetRef):
-        target = TargetRef.of(target)
-    ctx: Any = mp.get_context(method)
-    workdir = tempfile.mkdtemp(prefix="ddpcheck-")
-    janitor = Janitor(workdir)  # first: it must inherit none of the group's descriptors
-    progress = ctx.Array("c", PROGRESS_BYTES * world_size, lock=False)
-    ready = ctx.Event()
-    sock = bind_loopback()
-    port = sock.getsockname()[1]
-    listen_fd = sock.detach()  # the store owns it from here (and closes it); we close it only without one
-    started = time.monotonic()
-    procs: list[Any] = []
-    conns: list[Any] = []
-    store = None
+    call = GroupCall(
+        target, world_size, backend=backend, timeout=timeout, kwargs=kwargs, start_method=start_method,
+        capture=capture, grace=grace, env=env, init_group=init_group, on_progress=on_progress,
+    )  # fmt: skip
+    return run_groups([call])[0]
+
+
+@dataclass
+class GroupCall:
+    """One group's arguments, as :func:`run_ranks` takes them."""
+
+    target: Callable[..., Any] | TargetRef
+    world_size: int
+    backend: str = "gloo"
+    timeout: float = 60.0
+    kwargs: dict[str, Any] | None = None
+    start_method: str | None = None
+    capture: bool = True
+    grace: float = 1.0
+    env: dict[str, str] | None = None
+    init_group: bool = True
+    on_progress: ProgressCallback | None = None
+
+
+def run_groups(calls: Sequence[GroupCall]) -> list[GroupResult]:
+    """Independent groups side by side (a determinism rerun beside its run uses the second core).
+
+    Every rank of every group is forked before any store's server thread or collecting thread
+    starts: forking while one runs can copy a held native lock into a rank, which then deadlocks in
+    its own store client. The first group is collected in this thread (its ``on_progress`` runs
+    here; Ctrl-C lands here), the others in threads that end before this returns. Each group keeps
+    its own deadlines, as if it ran alone.
+    """
+    for call in calls:
+        if call.world_size < 1:
+            raise ValueError(f"world size must be a positive integer, got {call.world_size}")
+    groups: list[_Group] = []
     reaper = Reaper()
     reaper.start()
     try:
-        for rank in range(world_size):
-            spec = RankSpec(
-                rank=rank,
-                world_size=world_size,
-                backend=backend,
-                port=port,
-                timeout_s=timeout + JOIN_ALLOWANCE_S + 30.0,  # the parent's deadline fires first
-                target=target,
-                kwargs=dict(kwargs or {}),
-                workdir=workdir,
-                capture=capture,
-                listen_fd=listen_fd if method == "fork" else -1,
-                parent_pid=os.getpid(),
-                env=dict(env or {}),
-                init_group=init_group,
-                forked=method == "fork",
-                run_id=f"ddpcheck-{os.getpid()}-{port}",
-                close_fds=(janitor.fd,),
-            )
-            reader, writer = ctx.Pipe(duplex=False)
-            proc = ctx.Process(
-                target=rank_main, args=(spec, writer, progress, ready), name=f"ddpcheck-rank{rank}"
-            )
-            proc.start()
-            janitor.watch(proc.pid)
-            writer.close()
-            procs.append(proc)
-            conns.append(reader)
-        # The store's server thread starts only after every rank is forked: forking while it runs can
-        # copy a held native lock into a rank, which then deadlocks in its own store client. Ranks wait
-        # for ``ready`` before connecting, so no client meets a socket that has no server behind it.
-        if init_group:
-            store = dist.TCPStore(
+        for call in calls:
+            # a later group's ranks must not hold an earlier group's listening socket or janitor pipe
+            groups.append(_Group.start(call, close_fds=tuple(fd for g in groups for fd in g.private_fds)))
+        for group in groups:
+            group.open()
+        if len(groups) == 1:
+            return [groups[0].collect()]
+        with ThreadPoolExecutor(len(groups) - 1, thread_name_prefix="ddpcheck-collect") as pool:
+            others = [pool.submit(group.collect) for group in groups[1:]]
+            try:
+                first = groups[0].collect()
+            except BaseException:
+                for group in groups:  # the other collectors see their ranks exit and return
+                    group.stop()
+                raise
+            return [first, *(future.result() for future in others)]
+    finally:
+        for group in groups:
+            group.stop()
+        reaper.sweep({pid for group in groups for pid in group.pids})
+        reaper.stop()
+        for group in groups:
+            group.close()
+
+
+@dataclass
+class _Group:
+    """One started group: its ranks are forked; :meth:`open` lets them join, :meth:`collect` waits."""
+
+    call: GroupCall
+    procs: list[Any]
+    conns: list[Any]
+    progress: Any
+    ready: Any
+    workdir: str
+    janitor: Janitor
+    listen_fd: int
+    port: int
+    started: float
+    store: Any = None
+
+    @classmethod
+    def start(cls, call: GroupCall, close_fds: tuple[int, ...] = ()) -> _Group:
+        method = call.start_method or default_start_method(call.backend)
+        target = call.target
+        if method != "fork" and not isinstance(target, TargetRef):
+            target = TargetRef.of(target)
+        ctx: Any = mp.get_context(method)
+        workdir = tempfile.mkdtemp(prefix="ddpcheck-")
+        janitor = Janitor(workdir)  # first: it must inherit none of the group's descriptors
+        sock = bind_loopback()
+        port = sock.getsockname()[1]
+        listen_fd = sock.detach()  # the store owns it from open() on (and closes it)
+        group = cls(
+            call=call,
+            procs=[],
+            conns=[],
+            progress=ctx.Array("c", PROGRESS_BYTES * call.world_size, lock=False),
+            ready=ctx.Event(),
+            workdir=workdir,
+            janitor=janitor,
+            listen_fd=listen_fd,
+            port=port,
+            started=time.monotonic(),
+        )
+        try:
+            for rank in range(call.world_size):
+                spec = RankSpec(
+                    rank=rank,
+                    world_size=call.world_size,
+                    backend=call.backend,
+                    port=port,
+                    timeout_s=call.timeout + JOIN_ALLOWANCE_S + 30.0,  # the parent's deadline fires first
+                    target=target,
+                    kwargs=dict(call.kwargs or {}),
+                    workdir=workdir,
+                    capture=call.capture,
+                    listen_fd=listen_fd if method == "fork" else -1,
+                    parent_pid=os.getpid(),
+                    env=dict(call.env or {}),
+                    init_group=call.init_group,
+                    forked=method == "fork",
+                    run_id=f"ddpcheck-{os.getpid()}-{port}",
+                    close_fds=(janitor.fd, *close_fds),
+                )
+                reader, writer = ctx.Pipe(duplex=False)
+                args = (spec, writer, group.progress, group.ready)
+                proc = ctx.Process(target=rank_main, args=args, name=f"ddpcheck-rank{rank}")
+                proc.start()
+                janitor.watch(proc.pid)
+                writer.close()
+                group.procs.append(proc)
+                group.conns.append(reader)
+        except BaseException:
+            group.stop()
+            group.close()
+            raise
+        return group
+
+    @property
+    def private_fds(self) -> tuple[int, ...]:
+        return (self.listen_fd, self.janitor.fd)
+
+    @property
+    def pids(self) -> set[int]:
+        """Ours: the ranks and the janitor (whatever else the reaper finds is an orphan)."""
+        return {self.janitor.pid} | {p.pid for p in self.procs if p.pid is not None}
+
+    def open(self) -> None:
+        """Start the store (ranks wait for ``ready`` before connecting: no client meets a socket
+        without a server behind it)."""
+        call = self.call
+        if call.init_group:
+            self.store = dist.TCPStore(
                 "127.0.0.1",
-                port,
-                world_size,
+                self.port,
+                call.world_size,
                 is_master=True,
                 wait_for_workers=False,
-                timeout=timedelta(seconds=timeout + JOIN_ALLOWANCE_S + 30.0),
-                master_listen_fd=listen_fd,
+                timeout=timedelta(seconds=call.timeout + JOIN_ALLOWANCE_S + 30.0),
+                master_listen_fd=self.listen_fd,
             )
-        ready.set()
-        outcomes = _collect(procs, conns, progress, workdir, Deadline(started, timeout), grace, on_progress)
-        result = GroupResult(world_size, backend, outcomes, time.monotonic() - started)
+        self.ready.set()
+
+    def collect(self) -> GroupResult:
+        call = self.call
+        outcomes = _collect(
+            self.procs, self.conns, self.progress, self.workdir, Deadline(self.started, call.timeout),
+            call.grace, call.on_progress,
+        )  # fmt: skip
+        result = GroupResult(call.world_size, call.backend, outcomes, time.monotonic() - self.started)
         result.diagnosis = _diagnose(result)
-        if on_progress is not None:
-            on_progress([o.progress for o in outcomes], result.seconds, True)
+        if call.on_progress is not None:
+            call.on_progress([o.progress for o in outcomes], result.seconds, True)
         return result
-    finally:
-        _stop_all(procs)
-        reaper.sweep({p.pid for p in procs if p.pid is not None})
-        reaper.stop()
-        for conn in conns:
+
+    def stop(self) -> None:
+        _stop_all(self.procs)
+
+    def close(self) -> None:
+        for conn in self.conns:
             conn.close()
-        if store is None:
-            os.close(listen_fd)
-        del store  # closes listen_fd: closing it here too could close a later group's reused fd number
-        shutil.rmtree(workdir, ignore_errors=True)
-        janitor.close()
+        self.conns = []
+        if self.store is None and self.listen_fd >= 0:
+            os.close(self.listen_fd)
+        self.listen_fd = -1
+        # Dropping the store closes listen_fd: closing it here too could close a later group's reused fd.
+        self.store = None
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        self.janitor.close()
 
 
 @dataclass

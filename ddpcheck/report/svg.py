@@ -16,6 +16,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from html import escape
 
+import numpy as np
+
 from ddpcheck.figures import NO_RANK, SEVERAL, EpochFigure, FigureData
 from ddpcheck.report._common import show_backend, world_label
 from ddpcheck.result import CheckResult, WorldResult
@@ -121,25 +123,28 @@ def _label(
     return f'<text x="{x:g}" y="{y:g}"{end}{fill}{weight}>{_text(text)}</text>'
 
 
-def _runs(values: Sequence[int]) -> Iterator[tuple[int, int, int]]:
-    """(start, length, value) of each run of equal values."""
-    start = 0
-    for i in range(1, len(values) + 1):
-        if i == len(values) or values[i] != values[start]:
-            yield start, i - start, values[start]
-            start = i
+def _runs(values: Sequence[int] | np.ndarray) -> Iterator[tuple[int, int, int]]:
+    """(start, length, value) of each run of equal values (found with numpy: a strip has thousands)."""
+    array = np.asarray(values)
+    if array.size == 0:
+        return
+    starts = np.flatnonzero(np.r_[True, array[1:] != array[:-1]])
+    lengths = np.diff(np.r_[starts, array.size])
+    yield from zip(starts.tolist(), lengths.tolist(), array[starts].tolist(), strict=True)
 
 
-def _shade(level: int) -> int:
-    """A stored share (1..255) as its shade 1..SHADES; 0 (nothing) stays 0."""
-    return 0 if level <= 0 else 1 + sum(level > cut for cut in SHADE_CUTS)
+def _shades(shares: bytes) -> np.ndarray:
+    """Stored shares (1..255) as shades 1..SHADES; 0 (nothing) stays 0."""
+    levels = np.frombuffer(shares, dtype=np.uint8)
+    shades = 1 + np.searchsorted(np.asarray(SHADE_CUTS), levels, side="left")
+    return np.where(levels > 0, shades, 0)
 
 
 def _strip(css: str, y: float, shares: bytes, color: str, tip: str, extra: str = "") -> str:
     """One row of bins: a pale background, then one path per shade with the bins of that shade."""
     bins = len(shares)
     paths: dict[int, list[str]] = {}
-    for start, length, level in _runs([_shade(b) for b in shares]):
+    for start, length, level in _runs(_shades(shares)):
         if level:
             paths.setdefault(level, []).append(f"M{start} 0h{length}v1h-{length}z")
     scale = PLOT / max(bins, 1)
