@@ -643,11 +643,11 @@ def _publish(result: CheckResult, args: argparse.Namespace, interrupted: bool) -
         print(render(result, "json" if args.format == "github" else args.format))
         return _error(str(exc))
     if args.format == "table":
-        print(render_table(result, color=use_color(args.color, sys.stdout), width=terminal_width()))
+        _print_out(render_table(result, color=use_color(args.color, sys.stdout), width=terminal_width()))
     elif args.format == "github":
-        print(github_annotations(result, args.loader, args.factory))
+        _print_out(github_annotations(result, args.loader, args.factory))
     else:
-        print(render(result, args.format))
+        _print_out(render(result, args.format))
     if args.verbose:
         _print_rank_tracebacks(result)
     if not args.quiet:
@@ -656,6 +656,20 @@ def _publish(result: CheckResult, args: argparse.Namespace, interrupted: bool) -
         print("ddpcheck: interrupted; the reports cover what finished", file=sys.stderr)
         return EXIT_INTERRUPTED
     return result.exit_code
+
+
+def _print_out(text: str) -> None:
+    """Print the result; a closed or full stdout (``| head``, ``> /dev/full``) costs the printout only:
+    the reports are already written and the exit code still says what was found."""
+    try:
+        print(text, flush=True)
+    except OSError as exc:
+        try:  # later writes and the flush at exit must not fail again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        if exc.errno != errno.EPIPE:
+            print(f"ddpcheck: could not print the result: {exc.strerror or exc}", file=sys.stderr)
 
 
 def _print_rank_tracebacks(result: CheckResult) -> None:

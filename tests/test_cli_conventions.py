@@ -400,3 +400,67 @@ def test_the_entry_points_import_no_torch_before_the_handlers_are_in_place() -> 
 
     (script,) = [e for e in entry_points(group="console_scripts") if e.name == "ddpcheck"]
     assert script.value == "ddpcheck.cli:main"
+
+
+def test_the_command_skips_interpreter_teardown_but_not_exit_handlers(tmp_path: Path) -> None:
+    """``exit_now`` ends the process with its code after running atexit handlers and flushing output."""
+    script = (
+        "import atexit, sys\n"
+        "from ddpcheck.cli import exit_now\n"
+        "atexit.register(lambda: print('handler ran', flush=False))\n"
+        "sys.stdout.write('unflushed output')\n"
+        "exit_now(3)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3
+    assert proc.stdout == "unflushed outputhandler ran\n"
+
+
+def test_the_exit_code_survives_a_closed_stdout(tmp_path: Path) -> None:
+    """``ddpcheck ... | head -1``: the reader is gone before the table is written; the code still stands."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ddpcheck",
+            str(BUG),
+            "--world-sizes",
+            "2",
+            *FAST,
+            "--report-dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=180) == 1, err
+    assert "Traceback" not in err
+    assert (tmp_path / "ddpcheck.json").exists()
+
+
+def test_a_full_stdout_is_one_line_and_the_exit_code_stands(tmp_path: Path) -> None:
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ddpcheck",
+                str(GOOD),
+                "--world-sizes",
+                "2",
+                *FAST,
+                "--report-dir",
+                str(tmp_path),
+            ],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=180,
+        )
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "ddpcheck: could not print the result: No space left on device" in proc.stderr
+    assert (tmp_path / "ddpcheck.json").exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -197,3 +198,49 @@ def test_the_timeout_counts_from_when_every_rank_has_joined() -> None:
     assert deadline.at == 100.0 + 3.0 + JOIN_ALLOWANCE_S  # still joining: a slow rendezvous is not a hang
     deadline.joined_at = 107.5
     assert deadline.at == 110.5  # the job gets its full timeout after the last rank joined
+
+
+def _meet(marker_dir: str, mine: str, theirs: str) -> str:
+    """Leave a marker, then wait (bounded) for the other group's: only groups running side by side meet."""
+    import time
+
+    import torch.distributed as dist
+
+    open(os.path.join(marker_dir, f"{mine}-{dist.get_rank()}"), "w").close()
+    deadline = time.monotonic() + 20
+    while not any(name.startswith(theirs) for name in os.listdir(marker_dir)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"group {theirs} never ran while group {mine} did")
+        time.sleep(0.01)
+    dist.barrier()  # each group is a real group of its own
+    return f"{mine}{dist.get_rank()}/{dist.get_world_size()}"
+
+
+def test_groups_run_side_by_side_each_with_its_own_store(tmp_path: Path) -> None:
+    from ddpcheck.launch import GroupCall, run_groups
+
+    calls = [
+        GroupCall(_meet, 2, timeout=60, kwargs={"marker_dir": str(tmp_path), "mine": "a", "theirs": "b"}),
+        GroupCall(_meet, 3, timeout=60, kwargs={"marker_dir": str(tmp_path), "mine": "b", "theirs": "a"}),
+    ]
+    first, second = run_groups(calls)
+    first.raise_for_failures()
+    second.raise_for_failures()
+    assert first.values == ["a0/2", "a1/2"]
+    assert second.values == ["b0/3", "b1/3", "b2/3"]
+    assert not children_of(os.getpid())
+
+
+def test_a_failing_group_leaves_the_group_beside_it_alone() -> None:
+    from ddpcheck.launch import GroupCall, run_groups
+
+    failing, fine = run_groups(
+        [
+            GroupCall(_raise_on_rank_one, 3, timeout=60),
+            GroupCall(_sum_of_ranks, 2, timeout=60, kwargs={"offset": 0}),
+        ]
+    )
+    assert {o.rank: o.kind for o in failing.outcomes} == {0: "secondary", 1: "error", 2: "secondary"}
+    fine.raise_for_failures()
+    assert fine.values == [[0, 2, 1], [1, 2, 1]]
+    assert not children_of(os.getpid())
