@@ -189,6 +189,12 @@ def preload_imports(path: str, *, deadline_s: float) -> PreloadReport:
     return report
 
 
+# Libraries whose modules carry a ``rank_zero_only`` with a ``rank`` (all of them import the first).
+_RANK_ZERO_LIBRARIES = (
+    "lightning_utilities", "pytorch_lightning", "lightning", "lightning_fabric", "torchmetrics",
+)  # fmt: skip
+
+
 def refresh_rank_state() -> list[str]:
     """In a forked rank, once RANK/LOCAL_RANK are set: re-derive state a preloaded module froze at import.
 
@@ -197,8 +203,8 @@ def refresh_rank_state() -> list[str]:
     it is rank 0 and run rank-zero-only code. Returns the modules it updated.
     """
     value = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")
-    if value is None or not value.isdigit():
-        return []
+    if value is None or not value.isdigit() or not any(m in sys.modules for m in _RANK_ZERO_LIBRARIES):
+        return []  # scanning every module touches (and so copies) much of a forked rank's memory
     updated = []
     for name, module in list(sys.modules.items()):
         func = getattr(module, "__dict__", {}).get("rank_zero_only")
