@@ -185,6 +185,8 @@ class RunTrace:
     failures: tuple[RankFailure, ...] = ()
     skipped: str = ""  # non-empty: this world size was not run, and why
     options: dict[str, Any] = field(default_factory=dict)
+    # non-empty: only these ranks were recorded (a determinism rerun of a huge simulated world samples)
+    rank_sample: tuple[int, ...] = ()
 
     @property
     def ok(self) -> bool:

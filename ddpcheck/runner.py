@@ -77,7 +77,7 @@ def check_loader(
         reruns: dict[int, RunTrace] = {}  # determinism reruns already recorded beside another run
         if options.determinism and options.set_epoch and 1 in world_sizes:
             # world size 1's run is the reference itself; its rerun uses the second core meanwhile
-            reference, reruns[1] = _runs(spec, [(replace(options, set_epoch=True), 1)] * 2)
+            reference, reruns[1] = _runs(spec, [(replace(options, set_epoch=True), 1, ())] * 2)
         else:
             reference = _run(spec, replace(options, set_epoch=True), 1)
         _raise_if_bad_input(reference)
@@ -113,16 +113,16 @@ def _check_world(
     say(f"world size {ws}: running {ws} {'simulated ' if options.simulate else ''}ranks")
     # The run, its determinism rerun and (for --steps windows) the reference window are recorded side
     # by side: independent groups, so the second core does one while the first does another.
-    jobs: list[tuple[CheckOptions, int]] = []
+    jobs: list[_Job] = []
     windowed = options.steps is not None and ws > 1
     if options.steps is not None and ws > 1:
         # windows: the reference runs the same global number of samples as the W ranks together
         say(f"world size {ws}: reference window of {options.steps * ws} steps (1 process)")
-        jobs.append((replace(options, set_epoch=True, steps=options.steps * ws), 1))
+        jobs.append((replace(options, set_epoch=True, steps=options.steps * ws), 1, ()))
     if not (ws == 1 and options.set_epoch):
-        jobs.append((options, ws))
+        jobs.append((options, ws, ()))
     if options.determinism and rerun is None:
-        jobs.append((options, ws))
+        jobs.append((options, ws, rerun_sample(ws) if options.simulate else ()))
     traces = _runs(spec, jobs)
     if windowed:
         reference = traces.pop(0)
@@ -133,7 +133,7 @@ def _check_world(
         # Each rank indexes its own dataset from 0 (datasets' split_dataset_by_node): indices cannot be
         # compared across ranks. The batches' id field can; without one, the checks say why they fail.
         by_data = replace(options, ids_from_data=True)
-        alt_jobs = [(replace(by_data, set_epoch=True), 1), (by_data, ws)]
+        alt_jobs: list[_Job] = [(replace(by_data, set_epoch=True), 1, ()), (by_data, ws, ())]
         alt_reference, alt_run, *alt_rerun = _runs(spec, alt_jobs + alt_jobs[1:] * (rerun is not None))
         if alt_run.ok and alt_reference.ok and alt_run.id_source.startswith("field:"):
             say(
@@ -202,18 +202,35 @@ def _skip_reason(options: CheckOptions, world_size: int) -> str:
     return ""
 
 
+_Job = tuple[CheckOptions, int, tuple[int, ...]]  # options, world size, only these ranks (() = all)
+RERUN_SAMPLE_FROM = 128  # simulated worlds from this size on rerun a sample of ranks for determinism
+RERUN_SAMPLE_EDGE = 8  # the first and the last ranks sampled
+RERUN_SAMPLE_SPREAD = 16  # evenly spaced ranks sampled between them
+
+
+def rerun_sample(world_size: int) -> tuple[int, ...]:
+    """The ranks a simulated determinism rerun records (() = all): a full rerun of a huge simulated world
+    doubles its cost, and a seed that varies between runs shows on any rank. The edges are where
+    padding and uneven shares live; the spread covers the middle."""
+    if world_size < RERUN_SAMPLE_FROM:
+        return ()
+    edge = set(range(RERUN_SAMPLE_EDGE)) | set(range(world_size - RERUN_SAMPLE_EDGE, world_size))
+    step = world_size / (RERUN_SAMPLE_SPREAD + 1)
+    spread = {round(step * (i + 1)) for i in range(RERUN_SAMPLE_SPREAD)}
+    return tuple(sorted(edge | spread))
+
+
 def _run(spec: LoaderSpec, options: CheckOptions, world_size: int) -> RunTrace:
-    return _runs(spec, [(options, world_size)])[0]
+    return _runs(spec, [(options, world_size, ())])[0]
 
 
-def _runs(spec: LoaderSpec, jobs: Sequence[tuple[CheckOptions, int]]) -> list[RunTrace]:
-    """Record each (options, world size) job; real ranks of several jobs run side by side.
-
-    Only the first job reports live progress (one display, one group's positions)."""
+def _runs(spec: LoaderSpec, jobs: Sequence[_Job]) -> list[RunTrace]:
+    """Record each job; real ranks of several jobs run side by side (simulated ones already use every
+    core). Only the first job reports live progress (one display, one group's positions)."""
     if not jobs:
         return []
     if jobs[0][0].simulate:
-        return [_simulate(spec, options, world_size) for options, world_size in jobs]
+        return [_simulate(spec, options, world_size, ranks) for options, world_size, ranks in jobs]
     calls = [
         GroupCall(
             TargetRef.of(record_rank),
@@ -223,21 +240,23 @@ def _runs(spec: LoaderSpec, jobs: Sequence[tuple[CheckOptions, int]]) -> list[Ru
             kwargs={"spec": spec, "options": options.record_options()},
             on_progress=options.on_progress if i == 0 else None,
         )
-        for i, (options, world_size) in enumerate(jobs)
+        for i, (options, world_size, _) in enumerate(jobs)
     ]
     groups = run_groups(calls)
-    return [to_run_trace(g, set_epoch=opts.set_epoch) for g, (opts, _) in zip(groups, jobs, strict=True)]
+    return [to_run_trace(g, set_epoch=opts.set_epoch) for g, (opts, _, _) in zip(groups, jobs, strict=True)]
 
 
-def _simulate(spec: LoaderSpec, options: CheckOptions, world_size: int) -> RunTrace:
+def _simulate(spec: LoaderSpec, options: CheckOptions, world_size: int, ranks: tuple[int, ...]) -> RunTrace:
     from ddpcheck.launch.simulate import NeedsCollectives, simulate_ranks
 
     kwargs = {"spec": spec, "options": options.record_options()}
     try:
-        group = simulate_ranks(record_rank, world_size, kwargs=kwargs, timeout=options.timeout)
+        group = simulate_ranks(
+            record_rank, world_size, kwargs=kwargs, timeout=options.timeout, ranks=ranks or None
+        )
     except NeedsCollectives as exc:
         raise BadInput(str(exc)) from None
-    return to_run_trace(group, set_epoch=options.set_epoch)
+    return replace(to_run_trace(group, set_epoch=options.set_epoch), rank_sample=ranks)
 
 
 def to_run_trace(group: GroupResult, *, set_epoch: bool = True) -> RunTrace:

@@ -12,6 +12,7 @@ import pickle
 from array import array
 from collections.abc import Hashable
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -206,23 +207,81 @@ def test_simulated_ranks_share_out_over_cores_in_rank_order() -> None:
     from ddpcheck.launch.simulate import SPLIT_MIN_RANKS, _parts, simulate_ranks
 
     world = SPLIT_MIN_RANKS + 6
-    parts = _parts(world)
-    assert parts[0][0] == 0 and parts[-1][1] == world
-    assert all(a[1] == b[0] for a, b in itertools.pairwise(parts))
-    assert _parts(SPLIT_MIN_RANKS - 1) == [(0, SPLIT_MIN_RANKS - 1)]
+    parts = _parts(range(world))
+    assert parts[0][0] == 0 and parts[-1][-1] == world - 1
+    assert [r for part in parts for r in part] == list(range(world))
+    assert all(a[-1] + 1 == b[0] for a, b in itertools.pairwise(parts))
+    assert _parts(range(SPLIT_MIN_RANKS - 1)) == [list(range(SPLIT_MIN_RANKS - 1))]
     result = simulate_ranks(_whoami, world, capture=False)
     assert [o.value[0] for o in result.outcomes] == list(range(world))
     assert len({o.value[1] for o in result.outcomes}) == len(parts)
+
+
+def test_simulating_a_sample_of_ranks_runs_exactly_those_ranks() -> None:
+    from ddpcheck.launch.simulate import simulate_ranks
+
+    sample = [0, 1, 500, 1022, 1023]
+    result = simulate_ranks(_whoami, 1024, ranks=sample, capture=False)
+    assert [o.rank for o in result.outcomes] == sample
+    assert [o.value[0] for o in result.outcomes] == sample  # each ran as that rank of a 1024 world
+    assert result.world_size == 1024
 
 
 def test_a_hung_simulated_rank_stops_only_its_own_part() -> None:
     from ddpcheck.launch.simulate import _parts, simulate_ranks
 
     world = 64
-    parts = _parts(world)
+    parts = _parts(range(world))
     result = simulate_ranks(_whoami, world, kwargs={"hang_at": 3}, timeout=1.0, capture=False)
     kinds = [o.kind for o in result.outcomes]
-    first_stop = parts[0][1]
+    first_stop = parts[0][-1] + 1
     assert kinds[:3] == ["ok"] * 3 and kinds[3] == "hang"
     assert set(kinds[4:first_stop]) <= {"secondary"}
     assert set(kinds[first_stop:]) <= {"ok"}
+
+
+def test_a_huge_simulated_world_reruns_a_sample_first_last_and_spread() -> None:
+    from ddpcheck.runner import RERUN_SAMPLE_FROM, rerun_sample
+
+    assert rerun_sample(RERUN_SAMPLE_FROM - 1) == ()
+    sample = rerun_sample(1024)
+    assert set(range(8)) <= set(sample) and set(range(1016, 1024)) <= set(sample)
+    assert len(sample) == 32 and list(sample) == sorted(set(sample))
+    middle = [r for r in sample if 8 <= r < 1016]
+    assert max(b - a for a, b in itertools.pairwise([7, *middle, 1016])) < 1024 // 8  # no big unchecked gap
+
+
+_RANDOM_SEED_LOADER = """
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+def make_loader(rank, world_size):
+    dataset = TensorDataset(torch.arange(1024))
+    seed = {seed}
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, seed=seed)
+    return DataLoader(dataset, batch_size=2, sampler=sampler)
+"""
+
+
+@pytest.mark.parametrize("seeded", [True, False])
+def test_a_sampled_simulated_rerun_judges_determinism_and_says_it_sampled(
+    tmp_path: Path, seeded: bool
+) -> None:
+    from ddpcheck.options import CheckOptions
+    from ddpcheck.runner import check_loader, rerun_sample
+
+    loader = tmp_path / "loader.py"
+    # unseeded: every rank of every run draws its own seed (a fresh process's random state)
+    seed = "7" if seeded else "int(torch.randint(0, 2**31, (1,)))"
+    loader.write_text(_RANDOM_SEED_LOADER.format(seed=seed))
+    sampled = len(rerun_sample(128))
+    options = CheckOptions(world_sizes=(128,), simulate=True, resume=False, train_steps=0, metrics=False)
+    result = check_loader(str(loader), options)
+    verdict = {v.check: v for v in result.runs[0].verdicts}["determinism"]
+    if seeded:
+        assert verdict.status == "pass"
+        assert verdict.detail.startswith(f"a sample of {sampled} of 128 simulated ranks")
+    else:
+        assert verdict.status == "fail"
+        assert f"of {sampled} sampled ranks differ" in verdict.detail

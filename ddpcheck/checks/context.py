@@ -21,7 +21,7 @@ from ddpcheck.checks.arrays import (
     same_ints,
     same_reference_ids,
 )
-from ddpcheck.record import EpochTrace, LoaderFacts, RunTrace
+from ddpcheck.record import EpochTrace, LoaderFacts, RankTrace, RunTrace
 
 Item = Hashable
 
@@ -51,11 +51,18 @@ def same_sequence(a: Sequence[Hashable], b: Sequence[Hashable]) -> bool:
     return len(a) == len(b) and list(a) == list(b)
 
 
+def paired_ranks(run: RunTrace, rerun: RunTrace) -> list[tuple[RankTrace, RankTrace]]:
+    """The ranks both runs recorded, by rank number (a rerun may have recorded a sample of them)."""
+    by_rank = {r.rank: r for r in run.ranks}
+    return [(by_rank[r.rank], r) for r in rerun.ranks if r.rank in by_rank]
+
+
 def same_streams(a: RunTrace, b: RunTrace) -> bool:
     """Every rank's ids and batch boundaries agree in every epoch both runs recorded."""
-    if len(a.ranks) != len(b.ranks):
+    pairs = paired_ranks(a, b)
+    if len(pairs) != len(b.ranks) or (not b.rank_sample and len(a.ranks) != len(b.ranks)):
         return False
-    for one, two in zip(a.ranks, b.ranks, strict=True):
+    for one, two in pairs:
         for x, y in zip(one.epochs, two.epochs, strict=False):
             if not (same_sequence(x.ids, y.ids) and same_sequence(x.batch_sizes, y.batch_sizes)):
                 return False
@@ -74,8 +81,9 @@ def broken_reason(run: RunTrace, what: str) -> str:
         f = run.failures[0]
         more = f" (and {len(run.failures) - 1} more rank failures)" if len(run.failures) > 1 else ""
         return f"{what} broke, rank {f.rank} {f.kind}: {f.message}{more}; there is no trace to judge"
-    if len(run.ranks) != run.world_size:
-        return f"{what} recorded {len(run.ranks)} of {run.world_size} ranks; there is no full trace to judge"
+    expected = len(run.rank_sample) if run.rank_sample else run.world_size
+    if len(run.ranks) != expected:
+        return f"{what} recorded {len(run.ranks)} of {expected} ranks; there is no full trace to judge"
     return ""
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-from ddpcheck.checks.context import Context, batch_key, broken_reason, same_sequence
+from ddpcheck.checks.context import Context, batch_key, broken_reason, paired_ranks, same_sequence
 from ddpcheck.checks.ids import DETERMINISM
 from ddpcheck.checks.verdict import Verdict, passed, skipped
 from ddpcheck.record import EpochTrace, RunTrace
@@ -72,20 +72,19 @@ def check_determinism(
         return skipped(DETERMINISM, why)
     epochs = min(run.num_epochs, rerun.num_epochs)
     ordered = ctx.facts.in_order
+    pairs = paired_ranks(run, rerun)
     for e in range(epochs):
-        for r, (one, two) in enumerate(zip(run.epoch(e), rerun.epoch(e), strict=True)):
-            found = _compare(one, two, ordered)
+        for one, two in pairs:
+            found = _compare(one.epochs[e], two.epochs[e], ordered)
             if found is None:
                 continue
             where, pos, examples = found
-            differing = sum(
-                1
-                for a, b in zip(run.epoch(e), rerun.epoch(e), strict=True)
-                if _compare(a, b, ordered) is not None
-            )
+            r = one.rank
+            differing = sum(1 for a, b in pairs if _compare(a.epochs[e], b.epochs[e], ordered) is not None)
             detail = f"rank {r}, epoch {e} differs between two runs with the same seed at {where}"
             if differing > 1:
-                detail += f" ({differing} of {run.world_size} ranks differ)"
+                sampled = "sampled " if rerun.rank_sample else ""
+                detail += f" ({differing} of {len(pairs)} {sampled}ranks differ)"
             return Verdict(
                 DETERMINISM,
                 "fail",
@@ -97,4 +96,15 @@ def check_determinism(
                 {"rank": r, "epoch": e, "position": pos, "ranks_differing": differing},
             )
     how = "exactly" if ordered else "batch for batch (in any order: in_order=False)"
-    return passed(DETERMINISM, f"{run.world_size} ranks x {epochs} epochs repeat {how} in a second run")
+    ranks = f"{run.world_size} ranks"
+    if rerun.rank_sample:
+        ranks = _sample_text(rerun.rank_sample, run.world_size)
+    return passed(DETERMINISM, f"{ranks} x {epochs} epochs repeat {how} in a second run")
+
+
+def _sample_text(sample: Sequence[int], world_size: int) -> str:
+    """How a sampled rerun is described: it checks these ranks, not all of them (the report says so)."""
+    return (
+        f"a sample of {len(sample)} of {world_size} simulated ranks (the first, the last and evenly spaced "
+        f"ones between; rerunning all would double the run)"
+    )

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,20 +110,19 @@ SPLIT_MIN_RANKS = 64  # from this world size on, the ranks are shared out over t
 MAX_PARTS = 4
 
 
-def _parts(world_size: int) -> list[tuple[int, int]]:
-    """Contiguous rank ranges, one per child: one below ``SPLIT_MIN_RANKS``, else one per core (at most 4)."""
+def _parts(ranks: Sequence[int]) -> list[list[int]]:
+    """Consecutive slices of ``ranks``, one a child: one below ``SPLIT_MIN_RANKS``, else one a core (<= 4)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    count = min(max(cores, 1), MAX_PARTS) if world_size >= SPLIT_MIN_RANKS else 1
-    bounds = [world_size * i // count for i in range(count + 1)]
-    return [(bounds[i], bounds[i + 1]) for i in range(count)]
+    count = min(max(cores, 1), MAX_PARTS) if len(ranks) >= SPLIT_MIN_RANKS else 1
+    bounds = [len(ranks) * i // count for i in range(count + 1)]
+    return [list(ranks[bounds[i] : bounds[i + 1]]) for i in range(count)]
 
 
 @dataclass
 class _Part:
-    """One child process and the ranks ``first .. stop - 1`` it simulates."""
+    """One child process and the ranks it simulates, in order."""
 
-    first: int
-    stop: int
+    ranks: list[int]
     workdir: str
     progress: Any
     read_fd: int = -1
@@ -138,8 +137,11 @@ def simulate_ranks(
     kwargs: dict[str, Any] | None = None,
     timeout: float = 120.0,
     capture: bool = True,
+    ranks: Sequence[int] | None = None,
 ) -> GroupResult:
     """Run ``target(**kwargs)`` once per rank in forked children; raises NeedsCollectives if it needs peers.
+
+    ``ranks``: only these ranks of the ``world_size`` world (a sample; the result has their outcomes only).
 
     Below ``SPLIT_MIN_RANKS`` ranks one child runs them all in order; from there on the ranks are cut
     into contiguous ranges, one child per core, which run side by side. Within a child, each
@@ -154,12 +156,15 @@ def simulate_ranks(
     started = time.monotonic()
     workdir = tempfile.mkdtemp(prefix="ddpcheck-sim-")
     janitor = Janitor(workdir)  # removes workdir and the children's groups should this process be SIGKILLed
-    ranges = _parts(world_size)
+    chosen = sorted(set(ranks)) if ranks is not None else list(range(world_size))
+    if not chosen or chosen[0] < 0 or chosen[-1] >= world_size:
+        raise ValueError(f"ranks must be a non-empty selection of 0..{world_size - 1}")
+    ranges = _parts(chosen)
     parts: list[_Part] = []
-    for first, stop in ranges:
-        sub = workdir if len(ranges) == 1 else os.path.join(workdir, f"p{first}")
+    for part_ranks in ranges:
+        sub = workdir if len(ranges) == 1 else os.path.join(workdir, f"p{part_ranks[0]}")
         os.makedirs(sub, exist_ok=True)
-        parts.append(_Part(first, stop, sub, ctx.Array("c", PROGRESS_BYTES, lock=False)))
+        parts.append(_Part(part_ranks, sub, ctx.Array("c", PROGRESS_BYTES, lock=False)))
     reaper = Reaper()
     reaper.start()
     try:
@@ -178,7 +183,7 @@ def simulate_ranks(
                         part.workdir,
                         capture,
                         os.getpid(),
-                        (part.first, part.stop),
+                        tuple(part.ranks),
                     ),
                     name="ddpcheck-simulated-ranks",
                 )
@@ -200,7 +205,7 @@ def simulate_ranks(
         outcomes: list[RankOutcome] = []
         for part in parts:
             assert part.collected is not None
-            outcomes += _outcomes(part.collected, part.proc, part.progress, part.workdir, capture, part.first)
+            outcomes += _outcomes(part.collected, part.proc, part.progress, part.workdir, capture, part.ranks)
         return GroupResult(world_size, "simulated", outcomes, time.monotonic() - started)
     finally:
         for part in parts:
@@ -219,7 +224,7 @@ def simulate_ranks(
 
 
 def _collect_part(part: _Part, timeout: float) -> None:
-    collected = _Collected(part.stop - part.first)
+    collected = _Collected(len(part.ranks))
     try:
         _collect(part.proc, FrameReader(part.read_fd), collected, timeout)
     except BaseException as exc:  # the thread's failure must not pass for a clean ending
@@ -276,13 +281,13 @@ def _collect(proc: Any, reader: FrameReader, collected: _Collected, timeout: flo
 
 
 def _outcomes(
-    collected: _Collected, proc: Any, progress: Any, workdir: str, capture: bool, first: int = 0
+    collected: _Collected, proc: Any, progress: Any, workdir: str, capture: bool, ranks: Sequence[int]
 ) -> list[RankOutcome]:
-    """Outcomes of the ranks ``first ..`` one child ran, in rank order."""
+    """Outcomes of the ``ranks`` one child ran, in rank order."""
     out_path = os.path.join(workdir, "ranks.out")
     outcomes: list[RankOutcome] = []
     last_end = 0
-    for rank, (status, payload, begin, end) in enumerate(collected.results, start=first):
+    for rank, (status, payload, begin, end) in zip(ranks, collected.results, strict=False):
         last_end = end
         if status == "ok":
             outcomes.append(RankOutcome(rank=rank, kind="ok", value=payload))
@@ -300,7 +305,7 @@ def _outcomes(
         outcomes.append(outcome)
     if len(outcomes) == collected.world_size:
         return outcomes
-    current = RankOutcome(rank=first + len(outcomes), progress=read_progress(progress, 0))
+    current = RankOutcome(rank=ranks[len(outcomes)], progress=read_progress(progress, 0))
     if collected.timed_out:
         current.kind, current.message = "hang", "no result before the deadline (--simulate)"
         if process_state(proc.pid) == "T":
@@ -331,7 +336,7 @@ def _outcomes(
         size = os.path.getsize(out_path) if os.path.exists(out_path) else 0
         current.output = read_span_tail(out_path, last_end, size, _OUTPUT_TAIL)
     outcomes.append(current)
-    for rank in range(current.rank + 1, first + collected.world_size):
+    for rank in ranks[len(outcomes) :]:
         outcomes.append(
             RankOutcome(
                 rank=rank, kind="secondary", message=f"not run: simulated rank {current.rank} did not finish"
@@ -363,7 +368,7 @@ def _child_main(
     workdir: str,
     capture: bool,
     parent_pid: int,
-    ranks: tuple[int, int] | None = None,
+    ranks: tuple[int, ...] = (),
 ) -> None:
     """One simulated group's process: its ranks in order, one framed message per rank, then exit."""
     make_killable(parent_pid, parent_fds)
@@ -386,7 +391,7 @@ def _child_main(
     port_holder = bind_loopback()  # MASTER_PORT names a loopback port that is ours, not a stranger's
     port = port_holder.getsockname()[1]
     try:
-        _run_all(target, world_size, kwargs, fd, workdir, port, capture, ranks or (0, world_size))
+        _run_all(target, world_size, kwargs, fd, workdir, port, capture, ranks or tuple(range(world_size)))
         write_frame(fd, ("done",))
     except BaseException as exc:  # ddpcheck's own failure around the ranks, not a rank's
         with contextlib.suppress(BaseException):
@@ -405,13 +410,13 @@ def _run_all(
     workdir: str,
     port: int,
     capture: bool,
-    ranks: tuple[int, int],
+    ranks: tuple[int, ...],
 ) -> None:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     run_id = f"ddpcheck-sim-{os.getpid()}"
     with collectives_forbidden(), shared_permutations():
-        for rank in range(*ranks):
+        for rank in ranks:
             begin = _position(capture)
             os.environ.update(torchrun_env(rank, world_size, port, run_id, workdir))
             refresh_rank_state()
