@@ -30,6 +30,7 @@ MAX_RANK_STRIPS = 64  # above this many ranks only the first ones get a strip (t
 LEVELS = 255  # shares are stored as bytes: 0 = none, 255 = all of the bin, any non-zero share >= 1
 NO_RANK = -1  # owner value: no rank saw the sample
 SEVERAL = -2  # owner value: more than one rank saw the sample
+_SPARSE = 16  # a rank yielding under 1/16 of the epoch's samples is counted from its own samples
 
 
 @dataclass(frozen=True)
@@ -227,6 +228,16 @@ def _epoch(
         hit = where[where >= 0]
         del where
         foreign.append(int(len(trace.ids) - len(hit)))
+        if len(hit) * _SPARSE < n:
+            # A rank of a large world holds a sliver of the epoch: work on its own samples only, so
+            # W ranks cost O(samples), not O(W x samples).
+            distinct, copies = np.unique(hit, return_counts=True)
+            total[distinct] += copies.astype(np.int32)
+            holders[distinct] += 1
+            owner[distinct] = rank.rank
+            if i < shown:
+                shares.append(_sparse_shares(distinct, starts, sizes))
+            continue
         seen = np.zeros(n, np.bool_)
         seen[hit] = True
         if int(np.count_nonzero(seen)) == len(hit):  # no sample twice on this rank: flags are counts
@@ -267,6 +278,17 @@ def _shares(flags: Any, starts: Any, sizes: Any) -> bytes:
     if not len(sizes):
         return b""
     counts = np.add.reduceat(flags.astype(np.int64), starts)
+    levels = np.ceil(counts * LEVELS / sizes).astype(np.uint8)
+    return bytes(levels.tobytes())
+
+
+def _sparse_shares(positions: Any, starts: Any, sizes: Any) -> bytes:
+    """:func:`_shares` of the flags set at ``positions`` (distinct), without an array of every sample."""
+    import numpy as np
+
+    if not len(sizes):
+        return b""
+    counts = np.bincount(np.searchsorted(starts, positions, side="right") - 1, minlength=len(sizes))
     levels = np.ceil(counts * LEVELS / sizes).astype(np.uint8)
     return bytes(levels.tobytes())
 

@@ -18,6 +18,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ddpcheck.checks.verdict import Verdict, allow, not_applicable
 from ddpcheck.figures import NO_RANK, SEVERAL, FigureData, figure_data
@@ -112,6 +114,30 @@ def test_sparse_integer_ids_and_foreign_ids() -> None:
     shards[1][0] = [*shards[1][0], -5, 7]  # two ids the reference never yields
     data = figure_data(reference(orders), rebuild(ddp_run(orders, 2), shards))
     assert data.epochs[0].foreign == (0, 2) and data.epochs[0].missing_count == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ref_ids=st.lists(st.integers(0, 60), min_size=1, max_size=60),
+    ranks=st.lists(st.lists(st.integers(-3, 70), max_size=40), min_size=1, max_size=6),
+    max_bins=st.integers(1, 70),
+)
+def test_counting_a_rank_from_its_own_samples_draws_the_same_picture(
+    ref_ids: list[int], ranks: list[list[int]], max_bins: int
+) -> None:
+    """Ranks of large worlds are counted from their own samples (O(samples), not O(world x samples))."""
+    import ddpcheck.figures as figures
+
+    ref, ddp = reference([ref_ids, ref_ids[::-1]]), run([[ids, ids[::-1]] for ids in ranks])
+    saved = figures._SPARSE
+    try:
+        figures._SPARSE = 0  # every rank through the full-length arrays
+        dense = figure_data(ref, ddp, max_bins=max_bins)
+        figures._SPARSE = 10**9  # every rank through its own samples only
+        sparse = figure_data(ref, ddp, max_bins=max_bins)
+    finally:
+        figures._SPARSE = saved
+    assert sparse == dense
 
 
 def test_broken_and_skipped_runs_give_empty_figures_with_a_note() -> None:

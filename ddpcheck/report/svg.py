@@ -11,6 +11,7 @@ same shade merge into one sub-path, so a correct million-sample run draws in a f
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -75,8 +76,14 @@ class Picture:
 
 def pictures(data: FigureData) -> list[Picture]:
     """The pictures this data supports, in report order (none when there is nothing to draw)."""
+    return list(_pictures(data))
+
+
+@functools.lru_cache(maxsize=32)
+def _pictures(data: FigureData) -> tuple[Picture, ...]:
+    """Drawn once per world size, however many reports (HTML, Markdown, its .svg files) show them."""
     if not data.epochs:
-        return []
+        return ()
     out = [
         Picture("samples", f"Which rank saw which sample (world size {data.world_size})", samples_svg(data)),
         Picture("steps", f"Steps per rank (world size {data.world_size})", steps_svg(data)),
@@ -89,7 +96,7 @@ def pictures(data: FigureData) -> list[Picture]:
                 assignment_svg(data),
             )
         )
-    return out
+    return tuple(out)
 
 
 def _svg(kind: str, height: int, label: str, body: Sequence[str]) -> str:
