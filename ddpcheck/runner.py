@@ -84,7 +84,9 @@ def check_loader(
         notes.extend(_notes(reference, world_sizes))
         scenarios = build_scenarios(spec, options, defined_names(spec.path))
         for ws in world_sizes:
-            runs.append(_check_world(spec, options, reference, ws, say, scenarios, reruns.pop(ws, None)))
+            runs.append(
+                _check_world(spec, options, reference, ws, say, scenarios, reruns.pop(ws, None), notes)
+            )
         for scenario in scenarios:  # what spans world sizes (elastic resume)
             for ws, outcome in scenario.finish().items():
                 runs[:] = [
@@ -104,6 +106,7 @@ def _check_world(
     say: Progress,
     scenarios: Sequence[Scenario] = (),
     rerun: RunTrace | None = None,
+    notes: list[str] | None = None,
 ) -> WorldResult:
     started = time.monotonic()
     skip = _skip_reason(options, ws)
@@ -142,6 +145,11 @@ def _check_world(
             reference, run, rerun, options = alt_reference, alt_run, next(iter(alt_rerun), None), by_data
     if not (options.determinism and run.ok):
         rerun = None  # a failed run is judged alone: its rerun would only repeat the failure
+    for trace in (run, rerun):
+        note = _shortcut_note(trace) if trace is not None else ""
+        if note and notes is not None and note not in notes:
+            notes.append(note)
+            break  # the run's note: the rerun's sample says nothing more
     verdicts = run_checks(reference, run, rerun)
     failures = run.failures + (rerun.failures if rerun else ())
     # --- checks with their own rank-side runs (ddpcheck.scenarios): metric, training, resume ---
@@ -247,16 +255,42 @@ def _runs(spec: LoaderSpec, jobs: Sequence[_Job]) -> list[RunTrace]:
 
 
 def _simulate(spec: LoaderSpec, options: CheckOptions, world_size: int, ranks: tuple[int, ...]) -> RunTrace:
-    from ddpcheck.launch.simulate import NeedsCollectives, simulate_ranks
+    from ddpcheck.launch.simulate import SHORTCUTS_FROM, NeedsCollectives, simulate_ranks
 
     kwargs = {"spec": spec, "options": options.record_options()}
     try:
         group = simulate_ranks(
-            record_rank, world_size, kwargs=kwargs, timeout=options.timeout, ranks=ranks or None
-        )
+            record_rank, world_size, kwargs=kwargs, timeout=options.timeout, ranks=ranks or None,
+            shortcuts=world_size >= SHORTCUTS_FROM,
+        )  # fmt: skip
+        mismatch = group.shortcuts.get("mismatch")
+        if mismatch:  # the recognised sampler's shortcut was wrong: nothing of that run can be trusted
+            group = simulate_ranks(
+                record_rank, world_size, kwargs=kwargs, timeout=options.timeout, ranks=ranks or None,
+                shortcuts=False,
+            )  # fmt: skip
+            group.shortcuts = {"redone": mismatch}
     except NeedsCollectives as exc:
         raise BadInput(str(exc)) from None
-    return replace(to_run_trace(group, set_epoch=options.set_epoch), rank_sample=ranks)
+    trace = to_run_trace(group, set_epoch=options.set_epoch)
+    return replace(trace, rank_sample=ranks, options={**trace.options, "shortcuts": group.shortcuts})
+
+
+def _shortcut_note(trace: RunTrace) -> str:
+    """What the report says about a recognised sampler computed directly under --simulate."""
+    done = trace.options.get("shortcuts") or {}
+    if done.get("redone"):
+        return (
+            f"world size {trace.world_size}: the direct computation of DistributedSampler differed from the "
+            f"real one ({done['redone']}); every simulated rank was run again through the real sampler"
+        )
+    if done.get("direct"):
+        return (
+            f"world size {trace.world_size}: --simulate computed torch's DistributedSampler shares directly "
+            f"for {done['direct']} rank-epochs, and ran the real DistributedSampler.__iter__ on "
+            f"{done['verified']} of them: identical"
+        )
+    return ""
 
 
 def to_run_trace(group: GroupResult, *, set_epoch: bool = True) -> RunTrace:

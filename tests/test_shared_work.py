@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DistributedSampler, RandomSampler
 
-from ddpcheck.launch.shared_work import shared_permutations
+from ddpcheck.launch.shared_work import known_samplers, shared_permutations
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _draws(seed: int) -> tuple[list[int], list[int]]:
@@ -64,3 +71,92 @@ def test_distributed_and_random_samplers_yield_the_same_streams_with_sharing() -
     with shared_permutations() as shared:
         assert streams() == expected
     assert shared.hits == 3  # ranks 1-3 reuse rank 0's permutation
+
+
+# --- the recognised DistributedSampler under --simulate ---
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.integers(1, 60),
+    replicas=st.integers(1, 9),
+    data=st.data(),
+    shuffle=st.booleans(),
+    drop_last=st.booleans(),
+    seed=st.integers(0, 2**31),
+    epoch=st.integers(0, 5),
+)
+def test_the_direct_share_is_exactly_what_the_sampler_yields(
+    n: int, replicas: int, data: st.DataObject, shuffle: bool, drop_last: bool, seed: int, epoch: int
+) -> None:
+    rank = data.draw(st.integers(0, replicas - 1))
+    sampler = DistributedSampler(
+        range(n), num_replicas=replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
+    )
+    sampler.set_epoch(epoch)
+    expected = list(sampler)
+    with shared_permutations(), known_samplers() as done:
+        assert list(sampler) == expected
+        assert list(sampler) == expected
+    assert done.direct == 2 and done.verified == 2 and not done.mismatch
+    assert list(sampler) == expected  # torch is restored
+
+
+def test_subclasses_and_odd_datasets_take_the_real_path() -> None:
+    class Mine(DistributedSampler):  # type: ignore[type-arg]
+        pass
+
+    with known_samplers() as done:
+        assert list(Mine(range(10), num_replicas=2, rank=1, shuffle=False)) == [1, 3, 5, 7, 9]
+        assert list(DistributedSampler(range(0), num_replicas=2, rank=0)) == []
+    assert done.direct == 0
+
+
+def test_a_wrong_shortcut_is_caught_and_the_real_order_returned(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ddpcheck.launch.shared_work as shared_work
+
+    monkeypatch.setattr(shared_work, "_direct_share", lambda sampler: [0] * sampler.num_samples)
+    sampler = DistributedSampler(range(10), num_replicas=2, rank=1, shuffle=False)
+    with known_samplers() as done:
+        assert list(sampler) == [1, 3, 5, 7, 9]
+        assert list(sampler) == [1, 3, 5, 7, 9]  # no shortcut once one was wrong
+    assert done.mismatch.startswith("rank 1 of 2, epoch 0: the direct computation differs")
+    assert done.direct == 1
+
+
+def test_a_simulated_run_with_a_wrong_shortcut_is_redone_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Forked simulated children inherit the broken shortcut; the runner must notice and redo the run."""
+    import ddpcheck.launch.shared_work as shared_work
+    from ddpcheck.options import CheckOptions
+    from ddpcheck.runner import check_loader
+
+    monkeypatch.setattr(shared_work, "_direct_share", lambda sampler: [0] * sampler.num_samples)
+    monkeypatch.setattr(shared_work, "VERIFY_FIRST", 0)  # found late: the draws before it went unchecked
+    monkeypatch.setattr(shared_work, "VERIFY_EVERY", 5)
+    loader = tmp_path / "loader.py"
+    loader.write_text(
+        "import torch\n"
+        "from torch.utils.data import DataLoader, DistributedSampler, TensorDataset\n"
+        "def make_loader(rank, world_size):\n"
+        "    ds = TensorDataset(torch.arange(200))\n"
+        "    return DataLoader(ds, batch_size=4, sampler=DistributedSampler(ds, world_size, rank, seed=1))\n"
+    )
+    options = CheckOptions(world_sizes=(64,), simulate=True, resume=False, train_steps=0, metrics=False)
+    result = check_loader(str(loader), options)
+    assert result.runs[0].ok, [v for v in result.runs[0].verdicts if v.failed]
+    assert any("differed from the real one" in note for note in result.notes), result.notes
+
+
+def test_a_simulated_run_says_which_sampler_it_computed_directly(tmp_path: Path) -> None:
+    from ddpcheck.options import CheckOptions
+    from ddpcheck.runner import check_loader
+
+    options = CheckOptions(world_sizes=(8, 64), simulate=True, resume=False, train_steps=0, metrics=False)
+    result = check_loader(str(ROOT / "fixtures" / "good_distributed_sampler.py"), options)
+    assert all(run.ok for run in result.runs)
+    notes = [n for n in result.notes if "computed torch's DistributedSampler shares directly" in n]
+    assert len(notes) == 1, "only the large world takes the shortcut"
+    assert notes[0].startswith("world size 64:") and "for 128 rank-epochs" in notes[0]
+    assert "identical" in notes[0]

@@ -19,7 +19,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import wait
 from typing import Any
@@ -92,6 +92,7 @@ class GroupResult:
     outcomes: list[RankOutcome]
     seconds: float = 0.0
     diagnosis: str = ""  # one paragraph on a hang: which ranks waited where
+    shortcuts: dict[str, Any] = field(default_factory=dict)  # --simulate: recognised samplers, verified
 
     @property
     def ok(self) -> bool:

@@ -71,3 +71,88 @@ def shared_permutations() -> Iterator[_Shared]:
     finally:
         torch.randperm = real_randperm  # type: ignore[assignment]
         torch.Tensor.tolist = real_tolist  # type: ignore[method-assign]
+
+
+VERIFY_FIRST = 2  # the first draws of every simulated child are checked against the sampler's own code
+VERIFY_EVERY = 128  # and then every 128th
+
+
+class Shortcuts:
+    """What :func:`known_samplers` did in one child: draws computed directly, and how many were checked."""
+
+    def __init__(self) -> None:
+        self.direct = 0
+        self.verified = 0
+        self.mismatch = ""  # non-empty: a direct draw differed from the real one (the run must be redone)
+
+    def summary(self) -> dict[str, Any]:
+        return {"direct": self.direct, "verified": self.verified, "mismatch": self.mismatch}
+
+
+@contextlib.contextmanager
+def known_samplers() -> Iterator[Shortcuts]:
+    """Within the block, torch's own ``DistributedSampler`` (the exact class) computes its rank's share
+    with numpy from the (shared) permutation instead of building and slicing a list of the whole
+    dataset: O(share) instead of O(dataset) per simulated rank. Recognising the sampler is only
+    trusted because it is verified: the first draws and every ``VERIFY_EVERY``-th run the sampler's
+    real ``__iter__`` too and must match, else the child stops shortcutting and says so.
+    """
+    from torch.utils.data.distributed import DistributedSampler
+
+    done = Shortcuts()
+    real_iter = DistributedSampler.__iter__
+
+    def direct_iter(self: DistributedSampler[Any]) -> Iterator[Any]:
+        if type(self) is not DistributedSampler or done.mismatch:
+            return real_iter(self)
+        share = _direct_share(self)
+        if share is None:
+            return real_iter(self)
+        done.direct += 1
+        if done.direct <= VERIFY_FIRST or done.direct % VERIFY_EVERY == 0:
+            real = list(real_iter(self))
+            done.verified += 1
+            if real != share:
+                done.mismatch = (
+                    f"rank {self.rank} of {self.num_replicas}, epoch {self.epoch}: the direct computation "
+                    f"differs from DistributedSampler.__iter__ (torch {torch.__version__})"
+                )
+                return iter(real)
+        return iter(share)
+
+    DistributedSampler.__iter__ = direct_iter  # type: ignore[method-assign]
+    try:
+        yield done
+    finally:
+        DistributedSampler.__iter__ = real_iter  # type: ignore[method-assign]
+
+
+def _direct_share(sampler: Any) -> list[int] | None:
+    """``DistributedSampler.__iter__``'s list for this rank, by index arithmetic; None if unsure."""
+    import numpy as np
+
+    try:
+        n = len(sampler.dataset)
+        total, replicas, rank = sampler.total_size, sampler.num_replicas, sampler.rank
+        if not all(isinstance(v, int) for v in (n, total, replicas, rank, sampler.num_samples)) or n <= 0:
+            return None
+        if sampler.shuffle:
+            generator = torch.Generator()
+            generator.manual_seed(sampler.seed + sampler.epoch)
+            base = torch.randperm(n, generator=generator).numpy()
+        else:
+            base = np.arange(n, dtype=np.int64)
+    except Exception:  # anything unusual: the real code decides, and raises its own errors
+        return None
+    if sampler.drop_last:
+        if total > n:
+            return None
+        positions = np.arange(rank, total, replicas)
+    else:
+        if total < n:
+            return None
+        positions = np.arange(rank, total, replicas) % n  # padding repeats the order from its start
+    share = base[positions]
+    if len(share) != sampler.num_samples:
+        return None
+    return list(share.tolist())

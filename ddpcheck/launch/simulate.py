@@ -57,7 +57,7 @@ from ddpcheck.launch.rank import (
     read_progress,
     torchrun_env,
 )
-from ddpcheck.launch.shared_work import shared_permutations
+from ddpcheck.launch.shared_work import known_samplers, shared_permutations
 from ddpcheck.preload import refresh_rank_state
 
 _START_ALLOWANCE_S = 10.0  # on top of the first simulated rank's timeout: the fork, on a loaded machine
@@ -107,6 +107,9 @@ def collectives_forbidden() -> Iterator[None]:
 
 
 SPLIT_MIN_RANKS = 64  # from this world size on, the ranks are shared out over the machine's cores
+# From this world size on, the runner lets recognised samplers compute their share directly: below it
+# the saving is small, and the single-process reference never takes a shortcut.
+SHORTCUTS_FROM = 64
 MAX_PARTS = 4
 
 
@@ -138,10 +141,13 @@ def simulate_ranks(
     timeout: float = 120.0,
     capture: bool = True,
     ranks: Sequence[int] | None = None,
+    shortcuts: bool = False,
 ) -> GroupResult:
     """Run ``target(**kwargs)`` once per rank in forked children; raises NeedsCollectives if it needs peers.
 
     ``ranks``: only these ranks of the ``world_size`` world (a sample; the result has their outcomes only).
+    ``shortcuts``: torch's ``DistributedSampler`` computes its share directly, verified on some ranks
+    (:func:`~ddpcheck.launch.shared_work.known_samplers`); the result's ``shortcuts`` says what was done.
 
     Below ``SPLIT_MIN_RANKS`` ranks one child runs them all in order; from there on the ranks are cut
     into contiguous ranges, one child per core, which run side by side. Within a child, each
@@ -184,6 +190,7 @@ def simulate_ranks(
                         capture,
                         os.getpid(),
                         tuple(part.ranks),
+                        shortcuts,
                     ),
                     name="ddpcheck-simulated-ranks",
                 )
@@ -206,7 +213,15 @@ def simulate_ranks(
         for part in parts:
             assert part.collected is not None
             outcomes += _outcomes(part.collected, part.proc, part.progress, part.workdir, capture, part.ranks)
-        return GroupResult(world_size, "simulated", outcomes, time.monotonic() - started)
+        result = GroupResult(world_size, "simulated", outcomes, time.monotonic() - started)
+        for part in parts:
+            assert part.collected is not None
+            for key, value in part.collected.shortcuts.items():
+                if isinstance(value, int):
+                    result.shortcuts[key] = result.shortcuts.get(key, 0) + value
+                elif value:
+                    result.shortcuts[key] = value
+        return result
     finally:
         for part in parts:
             if part.proc is not None and part.proc.pid is not None:
@@ -243,6 +258,7 @@ class _Collected:
         self.fatal: dict[str, Any] | None = None
         self.timed_out = False
         self.partial = 0
+        self.shortcuts: dict[str, Any] = {}
 
 
 def _collect(proc: Any, reader: FrameReader, collected: _Collected, timeout: float) -> None:
@@ -269,6 +285,7 @@ def _collect(proc: Any, reader: FrameReader, collected: _Collected, timeout: flo
                     deadline = time.monotonic() + timeout
                 elif message[0] == "done":
                     collected.done = True
+                    collected.shortcuts = message[1] if len(message) > 1 else {}
                 elif message[0] == "needs":
                     collected.needs = message[1]
                 elif message[0] == "fatal":
@@ -369,6 +386,7 @@ def _child_main(
     capture: bool,
     parent_pid: int,
     ranks: tuple[int, ...] = (),
+    shortcuts: bool = True,
 ) -> None:
     """One simulated group's process: its ranks in order, one framed message per rank, then exit."""
     make_killable(parent_pid, parent_fds)
@@ -391,8 +409,9 @@ def _child_main(
     port_holder = bind_loopback()  # MASTER_PORT names a loopback port that is ours, not a stranger's
     port = port_holder.getsockname()[1]
     try:
-        _run_all(target, world_size, kwargs, fd, workdir, port, capture, ranks or tuple(range(world_size)))
-        write_frame(fd, ("done",))
+        chosen = ranks or tuple(range(world_size))
+        done = _run_all(target, world_size, kwargs, fd, workdir, port, capture, chosen, shortcuts)
+        write_frame(fd, ("done", done))
     except BaseException as exc:  # ddpcheck's own failure around the ranks, not a rank's
         with contextlib.suppress(BaseException):
             write_frame(fd, ("fatal", rank_side._error_message(exc)))
@@ -411,11 +430,14 @@ def _run_all(
     port: int,
     capture: bool,
     ranks: tuple[int, ...],
-) -> None:
+    shortcuts: bool = True,
+) -> dict[str, Any]:
+    """Returns what :func:`known_samplers` did (empty without ``shortcuts``)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     run_id = f"ddpcheck-sim-{os.getpid()}"
-    with collectives_forbidden(), shared_permutations():
+    known = known_samplers() if shortcuts else contextlib.nullcontext(None)
+    with collectives_forbidden(), shared_permutations(), known as done:
         for rank in ranks:
             begin = _position(capture)
             os.environ.update(torchrun_env(rank, world_size, port, run_id, workdir))
@@ -429,13 +451,14 @@ def _run_all(
                 status, payload = "ok", target(**kwargs)
             except NeedsCollectives as exc:
                 write_frame(fd, ("needs", str(exc)))
-                return
+                return {}
             except BaseException as exc:  # SystemExit and KeyboardInterrupt too: this rank failed
                 status, payload = "error", rank_side._error_message(exc)
             finally:
                 if dist.is_initialized():
                     dist.destroy_process_group()
             write_frame(fd, ("rank", status, payload, begin, _position(capture)))
+    return done.summary() if done is not None else {}
 
 
 def _position(capture: bool) -> int:
