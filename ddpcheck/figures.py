@@ -193,6 +193,8 @@ class _Axis:
             values = np.frombuffer(ids, dtype=np.int64)
             if self._table is not None:
                 offset = values - self._low
+                if int(offset.min()) >= 0 and int(offset.max()) < len(self._table):
+                    return self._table.take(offset)  # every id in range: one gather, int32 positions
                 inside = (offset >= 0) & (offset < len(self._table))
                 out = np.full(len(values), -1, np.int64)
                 out[inside] = self._table[offset[inside]]
@@ -277,7 +279,7 @@ def _shares(flags: Any, starts: Any, sizes: Any) -> bytes:
 
     if not len(sizes):
         return b""
-    counts = np.add.reduceat(flags.astype(np.int64), starts)
+    counts = np.add.reduceat(flags.view(np.uint8), starts, dtype=np.int64)  # no 8-byte copy of the flags
     levels = np.ceil(counts * LEVELS / sizes).astype(np.uint8)
     return bytes(levels.tobytes())
 

@@ -57,7 +57,7 @@ def check_coverage(
         n = len(ctx.view(0).ref_items)
         resampled = any(g.counted_only for g in gaps)
         counted = " (counts only: the reference resamples every epoch)" if resampled else ""
-        distinct = len(ctx.view(0).ref_set)
+        distinct = ctx.view(0).ref_distinct
         size = f"{n} per epoch" if distinct == n else f"{n} per epoch, {distinct} distinct"
         return passed(
             COVERAGE,

@@ -94,7 +94,7 @@ def check_single_process_equivalence(
             {"missing": g.missing, "allowed": g.allowed, "items": n, "epochs_failing": len(short)},
         )
     n = len(views[0].ref_items)
-    distinct = len(views[0].ref_set)
+    distinct = views[0].ref_distinct
     size = f"{n} {noun}" if distinct == n else f"{n} {noun}: {distinct} distinct, each as often as there"
     dropped = max(g.missing for g in gaps)
     return passed(
