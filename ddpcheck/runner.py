@@ -6,16 +6,17 @@ turns rank outcomes into traces, hands traces to the pure checks, and never rend
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from ddpcheck.checks import run_checks
 from ddpcheck.checks.verdict import Verdict, allow
 from ddpcheck.divergence import defined_names
 from ddpcheck.figures import figure_data
-from ddpcheck.launch import GroupCall, GroupResult, TargetRef, run_groups
+from ddpcheck.launch import GroupCall, GroupResult, TargetRef, run_groups, started_groups
 from ddpcheck.loaderfile import BadLoaderFile, LoaderSpec, precheck
 from ddpcheck.options import BadInput, CheckOptions, validate
 from ddpcheck.record import RankFailure, RunTrace
@@ -114,8 +115,9 @@ def _check_world(
         say(f"world size {ws}: skipped ({skip})")
         return WorldResult(ws, options.backend, skipped=skip)
     say(f"world size {ws}: running {ws} {'simulated ' if options.simulate else ''}ranks")
-    # The run, its determinism rerun and (for --steps windows) the reference window are recorded side
-    # by side: independent groups, so the second core does one while the first does another.
+    # The run and (for --steps windows) the reference window are recorded side by side, and the
+    # determinism rerun too where all their ranks together fit the cores; otherwise the rerun's ranks
+    # run while this process draws the run's figures.
     jobs: list[_Job] = []
     windowed = options.steps is not None and ws > 1
     if options.steps is not None and ws > 1:
@@ -124,27 +126,36 @@ def _check_world(
         jobs.append((replace(options, set_epoch=True, steps=options.steps * ws), 1, ()))
     if not (ws == 1 and options.set_epoch):
         jobs.append((options, ws, ()))
+    rerun_job: _Job | None = None
     if options.determinism and rerun is None:
-        jobs.append((options, ws, rerun_sample(ws) if options.simulate else ()))
+        rerun_job = (options, ws, rerun_sample(ws) if options.simulate else ())
+        if not options.simulate and _fits_cores([*jobs, rerun_job]):
+            jobs.append(rerun_job)
+            rerun_job = None
     traces = _runs(spec, jobs)
     if windowed:
         reference = traces.pop(0)
     run = reference if ws == 1 and options.set_epoch else traces.pop(0)
-    if options.determinism and rerun is None:
+    if traces:
         rerun = traces.pop(0)
     if _rank_local_indices(reference, run):
         # Each rank indexes its own dataset from 0 (datasets' split_dataset_by_node): indices cannot be
         # compared across ranks. The batches' id field can; without one, the checks say why they fail.
         by_data = replace(options, ids_from_data=True)
-        alt_jobs: list[_Job] = [(replace(by_data, set_epoch=True), 1, ()), (by_data, ws, ())]
-        alt_reference, alt_run, *alt_rerun = _runs(spec, alt_jobs + alt_jobs[1:] * (rerun is not None))
+        alt_reference, alt_run = _runs(spec, [(replace(by_data, set_epoch=True), 1, ()), (by_data, ws, ())])
         if alt_run.ok and alt_reference.ok and alt_run.id_source.startswith("field:"):
             say(
                 f"world size {ws}: rank-local indices; samples identified by the batches' {alt_run.id_source}"
             )
-            reference, run, rerun, options = alt_reference, alt_run, next(iter(alt_rerun), None), by_data
+            reference, run, options = alt_reference, alt_run, by_data
+            rerun, rerun_job = None, (by_data, ws, ()) if options.determinism else None
     if not (options.determinism and run.ok):
-        rerun = None  # a failed run is judged alone: its rerun would only repeat the failure
+        rerun, rerun_job = None, None  # a failed run is judged alone: its rerun would only repeat it
+    final_reference, final_run = reference, run
+    if rerun_job is not None:
+        rerun, figures = _while_recording(spec, rerun_job, lambda: figure_data(final_reference, final_run))
+    else:
+        figures = figure_data(reference, run)
     for trace in (run, rerun):
         note = _shortcut_note(trace) if trace is not None else ""
         if note and notes is not None and note not in notes:
@@ -167,7 +178,7 @@ def _check_world(
         divergence=extra.divergence,
         resume=extra.resume,
         seconds=time.monotonic() - started,
-        figures=figure_data(reference, run),
+        figures=figures,
     )
     failed = sum(v.failed for v in verdicts)
     status = "ok" if result.ok else f"{failed} checks failed, {len(result.failures)} rank failures"
@@ -233,25 +244,49 @@ def _run(spec: LoaderSpec, options: CheckOptions, world_size: int) -> RunTrace:
 
 
 def _runs(spec: LoaderSpec, jobs: Sequence[_Job]) -> list[RunTrace]:
-    """Record each job; real ranks of several jobs run side by side (simulated ones already use every
-    core). Only the first job reports live progress (one display, one group's positions)."""
+    """Record each job; real ranks of several jobs run side by side where they fit the cores (more
+    ranks than cores only contend for them, and for memory). Simulated ranks already use every core.
+    Only the first job reports live progress (one display, one group's positions)."""
     if not jobs:
         return []
     if jobs[0][0].simulate:
         return [_simulate(spec, options, world_size, ranks) for options, world_size, ranks in jobs]
-    calls = [
-        GroupCall(
-            TargetRef.of(record_rank),
-            world_size,
-            backend=options.backend,
-            timeout=options.timeout,
-            kwargs={"spec": spec, "options": options.record_options()},
-            on_progress=options.on_progress if i == 0 else None,
-        )
-        for i, (options, world_size, _) in enumerate(jobs)
-    ]
-    groups = run_groups(calls)
+    calls = [_group_call(spec, job, progress=i == 0) for i, job in enumerate(jobs)]
+    groups = run_groups(calls) if _fits_cores(jobs) else [run_groups([call])[0] for call in calls]
     return [to_run_trace(g, set_epoch=opts.set_epoch) for g, (opts, _, _) in zip(groups, jobs, strict=True)]
+
+
+T = TypeVar("T")
+
+
+def _while_recording(spec: LoaderSpec, job: _Job, work: Callable[[], T]) -> tuple[RunTrace, T]:
+    """Record ``job`` while this process does ``work`` (which must not fork): real ranks run meanwhile
+    on the other cores; simulated ranks, which take every core, run after it."""
+    options, world_size, ranks = job
+    if options.simulate:
+        done = work()
+        return _simulate(spec, options, world_size, ranks), done
+    with started_groups([_group_call(spec, job, progress=True)]) as collect:
+        done = work()
+        group = collect()[0]
+    return to_run_trace(group, set_epoch=options.set_epoch), done
+
+
+def _group_call(spec: LoaderSpec, job: _Job, *, progress: bool) -> GroupCall:
+    options, world_size, _ = job
+    return GroupCall(
+        TargetRef.of(record_rank),
+        world_size,
+        backend=options.backend,
+        timeout=options.timeout,
+        kwargs={"spec": spec, "options": options.record_options()},
+        on_progress=options.on_progress if progress else None,
+    )
+
+
+def _fits_cores(jobs: Sequence[_Job]) -> bool:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return sum(world_size for _, world_size, _ in jobs) <= max(cores, 1)
 
 
 def _simulate(spec: LoaderSpec, options: CheckOptions, world_size: int, ranks: tuple[int, ...]) -> RunTrace:

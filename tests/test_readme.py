@@ -25,3 +25,41 @@ def test_the_readme_sample_output_is_printed_verbatim(tmp_path: Path) -> None:
     assert lines and all(line in printed for line in lines), "\n".join(
         line for line in lines if line not in printed
     )
+
+
+def _project_urls() -> dict[str, str]:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: tomli, a dependency there (ddpcheck's config reads it too)
+        import tomli as tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["urls"]
+
+
+def test_readme_links_work_outside_the_repository() -> None:
+    """The README is the package's long description (PyPI, ``pip show``): a relative link breaks there.
+    Every link is absolute or an anchor of the README itself, and links into the repository name files
+    that exist (so they cannot rot)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    base = _project_urls()["Repository"].rstrip("/")
+    anchors = {
+        re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        for heading in re.findall(r"^#+ (.+)$", readme, re.M)
+    }
+    links = re.findall(r"\]\(([^)\s]+)\)", readme)
+    assert links
+    for link in links:
+        if link.startswith("#"):
+            assert link[1:] in anchors, f"no heading for {link}"
+            continue
+        assert link.startswith("https://"), f"relative link in the README: {link}"
+        if link.startswith(f"{base}/blob/main/"):
+            assert (ROOT / link.removeprefix(f"{base}/blob/main/")).is_file(), link
+
+
+def test_project_urls_point_into_one_repository() -> None:
+    urls = _project_urls()
+    base = urls["Repository"].rstrip("/")
+    assert {"Homepage", "Documentation", "Repository", "Changelog", "Issues"} <= set(urls)
+    assert all(url.startswith(base) for url in urls.values()), urls
+    assert (ROOT / urls["Changelog"].removeprefix(f"{base}/blob/main/")).is_file()

@@ -8,6 +8,7 @@ from ddpcheck.launch.group import (
     default_start_method,
     run_groups,
     run_ranks,
+    started_groups,
 )
 from ddpcheck.launch.rank import report_progress
 from ddpcheck.launch.target import TargetRef
@@ -22,4 +23,5 @@ __all__ = [
     "report_progress",
     "run_groups",
     "run_ranks",
+    "started_groups",
 ]

@@ -9,6 +9,7 @@ and waits for it, so no process outlives the call.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import shutil
@@ -17,7 +18,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -199,6 +200,16 @@ def run_groups(calls: Sequence[GroupCall]) -> list[GroupResult]:
     here; Ctrl-C lands here), the others in threads that end before this returns. Each group keeps
     its own deadlines, as if it ran alone.
     """
+    with started_groups(calls) as collect:
+        return collect()
+
+
+@contextlib.contextmanager
+def started_groups(calls: Sequence[GroupCall]) -> Iterator[Callable[[], list[GroupResult]]]:
+    """:func:`run_groups` in two steps: in the block the ranks already run, and this process may do
+    other work (it must not fork) before calling the yielded function to collect them. Leaving the
+    block, collected or not (an exception, Ctrl-C), stops and reaps everything the groups started.
+    """
     for call in calls:
         if call.world_size < 1:
             raise ValueError(f"world size must be a positive integer, got {call.world_size}")
@@ -211,17 +222,7 @@ def run_groups(calls: Sequence[GroupCall]) -> list[GroupResult]:
             groups.append(_Group.start(call, close_fds=tuple(fd for g in groups for fd in g.private_fds)))
         for group in groups:
             group.open()
-        if len(groups) == 1:
-            return [groups[0].collect()]
-        with ThreadPoolExecutor(len(groups) - 1, thread_name_prefix="ddpcheck-collect") as pool:
-            others = [pool.submit(group.collect) for group in groups[1:]]
-            try:
-                first = groups[0].collect()
-            except BaseException:
-                for group in groups:  # the other collectors see their ranks exit and return
-                    group.stop()
-                raise
-            return [first, *(future.result() for future in others)]
+        yield lambda: _collect_groups(groups)
     finally:
         for group in groups:
             group.stop()
@@ -229,6 +230,20 @@ def run_groups(calls: Sequence[GroupCall]) -> list[GroupResult]:
         reaper.stop()
         for group in groups:
             group.close()
+
+
+def _collect_groups(groups: list[_Group]) -> list[GroupResult]:
+    if len(groups) == 1:
+        return [groups[0].collect()]
+    with ThreadPoolExecutor(len(groups) - 1, thread_name_prefix="ddpcheck-collect") as pool:
+        others = [pool.submit(group.collect) for group in groups[1:]]
+        try:
+            first = groups[0].collect()
+        except BaseException:
+            for group in groups:  # the other collectors see their ranks exit and return
+                group.stop()
+            raise
+        return [first, *(future.result() for future in others)]
 
 
 @dataclass

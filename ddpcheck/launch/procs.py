@@ -8,6 +8,7 @@ user started could hold open; output is read from the end of its file, never who
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import pickle
@@ -235,16 +236,18 @@ def own_children() -> set[int]:
     return children
 
 
-def reap(pid: int, timeout: float) -> None:
-    """waitpid with a deadline (never blocks past it)."""
+def reap(pid: int, timeout: float) -> bool:
+    """waitpid with a deadline (never blocks past it); whether ``pid`` is gone."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             done, _ = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
-            return
-        if done or time.monotonic() >= deadline:
-            return
+            return True
+        if done:
+            return True
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.002)
 
 
@@ -301,10 +304,15 @@ class Janitor:
         if self.fd >= 0:
             try:
                 os.write(self.fd, b"done\n")
+            except OSError:  # it is gone already (killed from outside): nothing to tell it
+                pass
             finally:
                 os.close(self.fd)
                 self.fd = -1
-            reap(self.pid, 2.0)
+            if not reap(self.pid, 2.0):  # a stalled machine can hold even a shell back: it has no work left
+                with contextlib.suppress(OSError):
+                    os.kill(self.pid, signal.SIGKILL)
+                reap(self.pid, 5.0)
 
 
 def _spawn_janitor(read_fd: int, workdir: str) -> int:
