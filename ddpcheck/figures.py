@@ -178,23 +178,28 @@ class _Axis:
         else:
             self._sorted, self._position = ordered_sorted, position
 
-    def ordered_ids(self) -> Sequence[Hashable]:
+    def ordered_ids(self) -> Any:
+        """The axis's ids in order: an int64 numpy array for integer ids (no copy), else a list."""
         if self._dict is None:
-            return array("q", self._ordered.tobytes())
+            return self._ordered
         return list(self._dict)
 
-    def lookup(self, ids: Sequence[Hashable]) -> IntArray:
-        """The position of each id, -1 where the reference epoch does not hold it."""
+    def lookup(self, ids: Any) -> IntArray:
+        """The position of each id (a sequence, or an int64 numpy array), -1 where the reference epoch
+        does not hold it."""
         import numpy as np
 
         if not len(ids) or not self.n:
             return np.full(len(ids), -1, np.int64)
-        if self._dict is None and isinstance(ids, array) and ids.typecode == "q":
-            values = np.frombuffer(ids, dtype=np.int64)
+        numeric = isinstance(ids, np.ndarray) and ids.dtype == np.int64
+        if self._dict is None and (numeric or (isinstance(ids, array) and ids.typecode == "q")):
+            values = ids if numeric else np.frombuffer(ids, dtype=np.int64)
             if self._table is not None:
+                low, high = int(values.min()), int(values.max())
+                if low >= self._low and high - self._low < len(self._table):
+                    # every id in range: one gather, int32 positions (no offset array for indices from 0)
+                    return self._table.take(values - self._low if self._low else values)
                 offset = values - self._low
-                if int(offset.min()) >= 0 and int(offset.max()) < len(self._table):
-                    return self._table.take(offset)  # every id in range: one gather, int32 positions
                 inside = (offset >= 0) & (offset < len(self._table))
                 out = np.full(len(values), -1, np.int64)
                 out[inside] = self._table[offset[inside]]
@@ -205,7 +210,8 @@ class _Axis:
         if self._dict is None:  # integer reference, non-integer ids: compare as plain ints
             self._dict = {int(x): i for i, x in enumerate(self._ordered.tolist())}
         table = self._dict
-        return np.fromiter((table.get(x, -1) for x in ids), np.int64, len(ids))
+        keys = ids.tolist() if isinstance(ids, np.ndarray) else ids
+        return np.fromiter((table.get(x, -1) for x in keys), np.int64, len(keys))
 
 
 def _epoch(
@@ -227,7 +233,7 @@ def _epoch(
     for i, rank in enumerate(ranks):
         trace = rank.epochs[epoch]
         where = axis.lookup(trace.ids)
-        hit = where[where >= 0]
+        hit = where if not len(where) or int(where.min()) >= 0 else where[where >= 0]
         del where
         foreign.append(int(len(trace.ids) - len(hit)))
         if len(hit) * _SPARSE < n:
@@ -299,7 +305,7 @@ def _to_axis(owner: IntArray, axis: _Axis, target: _Axis) -> IntArray:
     """Owners indexed by ``axis`` positions, re-indexed by ``target`` positions (NO_RANK elsewhere)."""
     import numpy as np
 
-    out = np.full(target.n, NO_RANK, np.int64)
+    out = np.full(target.n, NO_RANK, np.int32)
     where = target.lookup(axis.ordered_ids())
     hit = where >= 0
     out[where[hit]] = owner[hit]
