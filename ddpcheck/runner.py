@@ -6,16 +6,17 @@ turns rank outcomes into traces, hands traces to the pure checks, and never rend
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
 from ddpcheck.checks import run_checks
 from ddpcheck.checks.verdict import Verdict, allow
 from ddpcheck.divergence import defined_names
-from ddpcheck.figures import figure_data
+from ddpcheck.figures import FigureData, figure_data
 from ddpcheck.launch import GroupCall, GroupResult, TargetRef, run_groups, started_groups
 from ddpcheck.loaderfile import BadLoaderFile, LoaderSpec, precheck
 from ddpcheck.options import BadInput, CheckOptions, validate
@@ -129,33 +130,38 @@ def _check_world(
     rerun_job: _Job | None = None
     if options.determinism and rerun is None:
         rerun_job = (options, ws, rerun_sample(ws) if options.simulate else ())
-        if not options.simulate and _fits_cores([*jobs, rerun_job]):
-            jobs.append(rerun_job)
-            rerun_job = None
-    traces = _runs(spec, jobs)
-    if windowed:
-        reference = traces.pop(0)
-    run = reference if ws == 1 and options.set_epoch else traces.pop(0)
-    if traces:
-        rerun = traces.pop(0)
-    if _rank_local_indices(reference, run):
-        # Each rank indexes its own dataset from 0 (datasets' split_dataset_by_node): indices cannot be
-        # compared across ranks. The batches' id field can; without one, the checks say why they fail.
-        by_data = replace(options, ids_from_data=True)
-        alt_reference, alt_run = _runs(spec, [(replace(by_data, set_epoch=True), 1, ()), (by_data, ws, ())])
-        if alt_run.ok and alt_reference.ok and alt_run.id_source.startswith("field:"):
-            say(
-                f"world size {ws}: rank-local indices; samples identified by the batches' {alt_run.id_source}"
+    with _recording(spec, jobs, rerun_job) as recording:
+        traces = recording.jobs()
+        if windowed:
+            reference = traces.pop(0)
+        run = reference if ws == 1 and options.set_epoch else traces.pop(0)
+        if _rank_local_indices(reference, run):
+            # Each rank indexes its own dataset from 0 (datasets' split_dataset_by_node): indices cannot
+            # be compared across ranks. The batches' id field can; without one, the checks say why.
+            by_data = replace(options, ids_from_data=True)
+            alt_reference, alt_run = _runs(
+                spec, [(replace(by_data, set_epoch=True), 1, ()), (by_data, ws, ())]
             )
-            reference, run, options = alt_reference, alt_run, by_data
-            rerun, rerun_job = None, (by_data, ws, ()) if options.determinism else None
-    if not (options.determinism and run.ok):
-        rerun, rerun_job = None, None  # a failed run is judged alone: its rerun would only repeat it
-    final_reference, final_run = reference, run
-    if rerun_job is not None:
-        rerun, figures = _while_recording(spec, rerun_job, lambda: figure_data(final_reference, final_run))
-    else:
-        figures = figure_data(reference, run)
+            if alt_run.ok and alt_reference.ok and alt_run.id_source.startswith("field:"):
+                say(
+                    f"world size {ws}: rank-local indices; samples identified by the batches' "
+                    f"{alt_run.id_source}"
+                )
+                reference, run, options = alt_reference, alt_run, by_data
+                rerun_job = (by_data, ws, ()) if options.determinism else None
+        if not (options.determinism and run.ok):
+            rerun, rerun_job = None, None  # a failed run is judged alone: its rerun would only repeat it
+        final_reference, final_run = reference, run
+
+        def draw() -> FigureData:
+            return figure_data(final_reference, final_run)
+
+        if rerun_job is None:
+            figures = draw()
+        elif rerun_job is recording.held:
+            rerun, figures = recording.held_run(draw)
+        else:
+            rerun, figures = _while_recording(spec, rerun_job, draw)
     for trace in (run, rerun):
         note = _shortcut_note(trace) if trace is not None else ""
         if note and notes is not None and note not in notes:
@@ -259,6 +265,52 @@ def _runs(spec: LoaderSpec, jobs: Sequence[_Job]) -> list[RunTrace]:
 T = TypeVar("T")
 
 
+class _Recording:
+    """One world size's recordings. Real ranks of every job, and of the held determinism rerun, are
+    forked up front (so no rank inherits the traces that arrive later); the jobs are then let go side
+    by side where they fit the cores, else one by one, and the rerun only when asked, while this
+    process draws the run's figures. Simulated ranks take every core: they run one job at a time."""
+
+    def __init__(self, spec: LoaderSpec, jobs: Sequence[_Job], held: _Job | None, started: Any) -> None:
+        self.spec, self._jobs, self.held, self._started = spec, list(jobs), held, started
+
+    def jobs(self) -> list[RunTrace]:
+        if self._started is None:
+            return _runs(self.spec, self._jobs)
+        indices = range(len(self._jobs))
+        if _fits_cores(self._jobs):
+            groups = self._started.collect(*indices)
+        else:
+            groups = [self._started.collect(i)[0] for i in indices]
+        return [
+            to_run_trace(g, set_epoch=opts.set_epoch)
+            for g, (opts, _, _) in zip(groups, self._jobs, strict=True)
+        ]
+
+    def held_run(self, work: Callable[[], T]) -> tuple[RunTrace, T]:
+        """Let the held rerun go, do ``work`` meanwhile (no forking in it), then collect the rerun."""
+        assert self.held is not None and self._started is not None
+        index = len(self._jobs)
+        self._started.open(index)
+        done = work()
+        group = self._started.collect(index)[0]
+        return to_run_trace(group, set_epoch=self.held[0].set_epoch), done
+
+
+@contextlib.contextmanager
+def _recording(spec: LoaderSpec, jobs: Sequence[_Job], rerun: _Job | None) -> Iterator[_Recording]:
+    simulated = (jobs[0] if jobs else rerun or (CheckOptions(), 0, ()))[0].simulate
+    if simulated or not (jobs or rerun):
+        yield _Recording(spec, jobs, None, None)
+        return
+    held = rerun
+    calls = [_group_call(spec, job, progress=i == 0) for i, job in enumerate(jobs)]
+    if held is not None:
+        calls.append(_group_call(spec, held, progress=True))  # it runs alone, after the jobs
+    with started_groups(calls, hold=True) as started:
+        yield _Recording(spec, jobs, held, started)
+
+
 def _while_recording(spec: LoaderSpec, job: _Job, work: Callable[[], T]) -> tuple[RunTrace, T]:
     """Record ``job`` while this process does ``work`` (which must not fork): real ranks run meanwhile
     on the other cores; simulated ranks, which take every core, run after it."""
@@ -266,10 +318,8 @@ def _while_recording(spec: LoaderSpec, job: _Job, work: Callable[[], T]) -> tupl
     if options.simulate:
         done = work()
         return _simulate(spec, options, world_size, ranks), done
-    with started_groups([_group_call(spec, job, progress=True)]) as collect:
-        done = work()
-        group = collect()[0]
-    return to_run_trace(group, set_epoch=options.set_epoch), done
+    with _recording(spec, [], job) as recording:
+        return recording.held_run(work)
 
 
 def _group_call(spec: LoaderSpec, job: _Job, *, progress: bool) -> GroupCall:

@@ -200,15 +200,47 @@ def run_groups(calls: Sequence[GroupCall]) -> list[GroupResult]:
     here; Ctrl-C lands here), the others in threads that end before this returns. Each group keeps
     its own deadlines, as if it ran alone.
     """
-    with started_groups(calls) as collect:
-        return collect()
+    with started_groups(calls) as started:
+        return started.collect()
+
+
+class StartedGroups:
+    """Groups whose ranks are forked. A group is *opened* (its store started, its ranks let go) when
+    :meth:`open` or :meth:`collect` asks for it; until then its ranks wait, costing no CPU. Forking
+    every group up front means no rank inherits what this process builds later (traces), and no fork
+    happens while a store's server thread runs: a collected group is closed (store and all) at once.
+    """
+
+    def __init__(self, groups: list[_Group]) -> None:
+        self._groups = groups
+        self._opened: set[int] = set()
+        self._done: set[int] = set()
+
+    def open(self, *indices: int) -> None:
+        for i in indices:
+            if i not in self._opened:
+                self._groups[i].open()
+                self._opened.add(i)
+
+    def collect(self, *indices: int) -> list[GroupResult]:
+        """Open (where needed) and collect the given groups side by side; all the others when none."""
+        chosen = list(indices) if indices else [i for i in range(len(self._groups)) if i not in self._done]
+        self.open(*chosen)
+        try:
+            return _collect_groups([self._groups[i] for i in chosen])
+        finally:
+            for i in chosen:
+                self._groups[i].stop()
+                self._groups[i].close()
+                self._done.add(i)
 
 
 @contextlib.contextmanager
-def started_groups(calls: Sequence[GroupCall]) -> Iterator[Callable[[], list[GroupResult]]]:
-    """:func:`run_groups` in two steps: in the block the ranks already run, and this process may do
-    other work (it must not fork) before calling the yielded function to collect them. Leaving the
-    block, collected or not (an exception, Ctrl-C), stops and reaps everything the groups started.
+def started_groups(calls: Sequence[GroupCall], *, hold: bool = False) -> Iterator[StartedGroups]:
+    """:func:`run_groups` in steps: in the block every rank is forked, and this process may do other
+    work (it must not fork while an opened group is uncollected) before collecting. ``hold``: no group
+    is opened until asked for. Leaving the block, collected or not (an exception, Ctrl-C), stops and
+    reaps everything the groups started.
     """
     for call in calls:
         if call.world_size < 1:
@@ -216,13 +248,18 @@ def started_groups(calls: Sequence[GroupCall]) -> Iterator[Callable[[], list[Gro
     groups: list[_Group] = []
     reaper = Reaper()
     reaper.start()
+    # A held group's ranks may wait for every group before theirs: their wait for the store is bounded
+    # by all the groups' deadlines together (the parent's own deadlines fire first).
+    patience = sum(call.timeout + JOIN_ALLOWANCE_S + 30.0 for call in calls)
     try:
         for call in calls:
             # a later group's ranks must not hold an earlier group's listening socket or janitor pipe
-            groups.append(_Group.start(call, close_fds=tuple(fd for g in groups for fd in g.private_fds)))
-        for group in groups:
-            group.open()
-        yield lambda: _collect_groups(groups)
+            close_fds = tuple(fd for g in groups for fd in g.private_fds)
+            groups.append(_Group.start(call, close_fds=close_fds, ready_timeout=patience))
+        started = StartedGroups(groups)
+        if not hold:
+            started.open(*range(len(groups)))
+        yield started
     finally:
         for group in groups:
             group.stop()
@@ -263,7 +300,7 @@ class _Group:
     store: Any = None
 
     @classmethod
-    def start(cls, call: GroupCall, close_fds: tuple[int, ...] = ()) -> _Group:
+    def start(cls, call: GroupCall, close_fds: tuple[int, ...] = (), ready_timeout: float = 0.0) -> _Group:
         method = call.start_method or default_start_method(call.backend)
         target = call.target
         if method != "fork" and not isinstance(target, TargetRef):
@@ -294,6 +331,7 @@ class _Group:
                     backend=call.backend,
                     port=port,
                     timeout_s=call.timeout + JOIN_ALLOWANCE_S + 30.0,  # the parent's deadline fires first
+                    ready_timeout_s=ready_timeout,
                     target=target,
                     kwargs=dict(call.kwargs or {}),
                     workdir=workdir,
@@ -331,8 +369,9 @@ class _Group:
 
     def open(self) -> None:
         """Start the store (ranks wait for ``ready`` before connecting: no client meets a socket
-        without a server behind it)."""
+        without a server behind it). The group's deadlines count from here."""
         call = self.call
+        self.started = time.monotonic()
         if call.init_group:
             self.store = dist.TCPStore(
                 "127.0.0.1",

@@ -61,6 +61,7 @@ class RankSpec:
     forked: bool = True
     run_id: str = ""
     close_fds: tuple[int, ...] = ()  # the parent's own descriptors a rank must not keep open
+    ready_timeout_s: float = 0.0  # a group started on hold may wait this long for its store (0: timeout_s)
 
 
 def torchrun_env(rank: int, world_size: int, port: int, run_id: str, workdir: str) -> dict[str, str]:
@@ -343,7 +344,7 @@ def rank_main(spec: RankSpec, conn: Any, progress: Any, ready: Any = None) -> No
     try:
         report_progress(JOINING)
         if spec.init_group:
-            if ready is not None and not ready.wait(spec.timeout_s):
+            if ready is not None and not ready.wait(max(spec.timeout_s, spec.ready_timeout_s)):
                 raise TimeoutError("the parent never started the rendezvous store")
             _init_group(spec)
         report_progress("running")
