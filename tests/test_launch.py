@@ -248,3 +248,39 @@ def test_a_failing_group_leaves_the_group_beside_it_alone() -> None:
     fine.raise_for_failures()
     assert fine.values == [[0, 2, 1], [1, 2, 1]]
     assert children_of(os.getpid()) <= before
+
+
+def _touch(marker: str) -> int:
+    import torch.distributed as dist
+
+    open(f"{marker}-{dist.get_rank()}", "w").close()
+    return dist.get_rank()
+
+
+def test_a_held_group_runs_nothing_until_opened(tmp_path: Path) -> None:
+    import time
+
+    from ddpcheck.launch import GroupCall, started_groups
+
+    before = children_of(os.getpid())
+    marker = str(tmp_path / "ran")
+    with started_groups([GroupCall(_touch, 2, timeout=60, kwargs={"marker": marker})], hold=True) as started:
+        time.sleep(1.0)  # time enough to run, were it let go
+        assert not list(tmp_path.iterdir()), "a held group's ranks ran before it was opened"
+        assert len(children_of(os.getpid()) - before) >= 2, "its ranks are forked already"
+        (result,) = started.collect(0)
+    result.raise_for_failures()
+    assert result.values == [0, 1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ran-0", "ran-1"]
+    assert children_of(os.getpid()) <= before
+
+
+def test_leaving_the_block_stops_a_group_never_opened(tmp_path: Path) -> None:
+    from ddpcheck.launch import GroupCall, started_groups
+
+    before = children_of(os.getpid())
+    marker = str(tmp_path / "ran")
+    with started_groups([GroupCall(_touch, 3, timeout=60, kwargs={"marker": marker})], hold=True):
+        pass
+    assert children_of(os.getpid()) <= before
+    assert not list(tmp_path.iterdir())
