@@ -159,12 +159,12 @@ def simulate_ranks(
     if dist.is_initialized():
         raise RuntimeError("--simulate needs a process without a default process group")
     ctx: Any = mp.get_context("fork")
-    started = time.monotonic()
-    workdir = tempfile.mkdtemp(prefix="ddpcheck-sim-")
-    janitor = Janitor(workdir)  # removes workdir and the children's groups should this process be SIGKILLed
     chosen = sorted(set(ranks)) if ranks is not None else list(range(world_size))
     if not chosen or chosen[0] < 0 or chosen[-1] >= world_size:
         raise ValueError(f"ranks must be a non-empty selection of 0..{world_size - 1}")
+    started = time.monotonic()
+    workdir = tempfile.mkdtemp(prefix="ddpcheck-sim-")
+    janitor = Janitor(workdir)  # removes workdir and the children's groups should this process be SIGKILLed
     ranges = _parts(chosen)
     parts: list[_Part] = []
     for part_ranks in ranges:
