@@ -6,6 +6,7 @@ whose failure on older code would be a hang runs the scenario behind a deadline 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
@@ -466,3 +467,43 @@ def test_canonical_ids_keep_equality_without_the_users_module() -> None:
     assert plain_id(Split.TRAIN) == f"{Split.__qualname__}.TRAIN"
     assert plain_id(pair(1, Key("b", 2))) == (1, (name, "b", 2))
     assert plain_id(7) == 7 and plain_id("x") == "x"
+
+
+def test_the_janitor_kills_its_process_groups_and_removes_the_workdir_when_we_die(tmp_path: Path) -> None:
+    """Closing the pipe without "done" is what the janitor sees when this process is SIGKILLed."""
+    from ddpcheck.launch.procs import Janitor
+
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "left.txt").write_text("x")
+    # a group leader (as a rank is) with a child in its group (as a DataLoader worker is)
+    leader = subprocess.Popen(
+        ["sh", "-c", "sleep 300 & echo $!; wait"], start_new_session=True, stdout=subprocess.PIPE, text=True
+    )
+    assert leader.stdout is not None
+    member = int(leader.stdout.readline())
+    janitor = Janitor(str(workdir))
+    try:
+        janitor.watch(leader.pid)
+        os.close(janitor.fd)  # no "done": as if this process had died
+        janitor.fd = -1
+        assert leader.wait(timeout=10) == -signal.SIGKILL
+        deadline = time.monotonic() + 10
+        while (workdir.exists() or _alive(member)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(member), "the janitor left a member of the group alive"
+        assert not workdir.exists()
+    finally:
+        leader.kill()
+        leader.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member, signal.SIGKILL)
+        os.waitpid(janitor.pid, 0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"

@@ -262,6 +262,7 @@ def kill_group(pid: int) -> None:
 
 # The janitor as a shell script: spawned without copying this process (which holds torch: a fork costs
 # ~10 ms and its exit as much again, once per group), it reads pids until "done" or end-of-file.
+# POSIX sh only (dash's kill takes no "--"): "kill -9 -PID" is the process group PID.
 _JANITOR_SCRIPT = """
 pids=
 while IFS= read -r line; do
@@ -271,7 +272,7 @@ while IFS= read -r line; do
     *) pids="$pids $line" ;;
   esac
 done
-for pid in $pids; do kill -9 -- "-$pid" 2>/dev/null; kill -9 "$pid" 2>/dev/null; done
+for pid in $pids; do kill -9 "-$pid" 2>/dev/null; kill -9 "$pid" 2>/dev/null; done
 rm -rf -- "$1"
 """
 
