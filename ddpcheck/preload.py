@@ -189,10 +189,24 @@ def preload_imports(path: str, *, deadline_s: float) -> PreloadReport:
     return report
 
 
-# Libraries whose modules carry a ``rank_zero_only`` with a ``rank`` (all of them import the first).
-_RANK_ZERO_LIBRARIES = (
-    "lightning_utilities", "pytorch_lightning", "lightning", "lightning_fabric", "torchmetrics",
-)  # fmt: skip
+_holders: tuple[int, tuple[str, ...]] | None = None  # (len(sys.modules) when found, module names)
+
+
+def find_rank_state_holders() -> None:
+    """In the parent, before forking: note which loaded modules carry a ``rank_zero_only`` with a
+    ``rank``. A forked rank then refreshes just those: scanning every module there would touch, and so
+    copy, much of its memory (about 10 ms a rank with torch loaded). Cheap when nothing was imported
+    since the last call."""
+    global _holders
+    if _holders is not None and _holders[0] == len(sys.modules):
+        return
+    found = tuple(name for name, module in list(sys.modules.items()) if _rank_zero_only(module) is not None)
+    _holders = (len(sys.modules), found)
+
+
+def _rank_zero_only(module: Any) -> Any:
+    func = getattr(module, "__dict__", {}).get("rank_zero_only")
+    return func if callable(func) and isinstance(getattr(func, "rank", None), int) else None
 
 
 def refresh_rank_state() -> list[str]:
@@ -200,16 +214,19 @@ def refresh_rank_state() -> list[str]:
 
     Lightning, Lightning Fabric and torchmetrics set ``rank_zero_only.rank`` from the environment
     when imported (lightning_utilities' convention); imported in the parent, every rank would think
-    it is rank 0 and run rank-zero-only code. Returns the modules it updated.
+    it is rank 0 and run rank-zero-only code. Returns the modules it updated. Modules imported after
+    the fork read the environment themselves; those from before are the ones
+    :func:`find_rank_state_holders` noted (all modules when it was not called).
     """
     value = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")
-    if value is None or not value.isdigit() or not any(m in sys.modules for m in _RANK_ZERO_LIBRARIES):
-        return []  # scanning every module touches (and so copies) much of a forked rank's memory
+    if value is None or not value.isdigit():
+        return []
+    names = _holders[1] if _holders is not None else tuple(sys.modules)
     updated = []
-    for name, module in list(sys.modules.items()):
-        func = getattr(module, "__dict__", {}).get("rank_zero_only")
-        if callable(func) and isinstance(getattr(func, "rank", None), int):
-            func.rank = int(value)  # type: ignore[attr-defined]
+    for name in names:
+        func = _rank_zero_only(sys.modules.get(name))
+        if func is not None:
+            func.rank = int(value)
             updated.append(name)
     return updated
 

@@ -49,6 +49,7 @@ from ddpcheck.launch.rank import (
     stack_path,
 )
 from ddpcheck.launch.target import TargetRef
+from ddpcheck.preload import find_rank_state_holders
 
 JOIN_ALLOWANCE_S = 60.0  # on top of ``timeout``, for ranks to start and join the group
 _JOIN_POLL_S = 0.02
@@ -306,6 +307,7 @@ class _Group:
         if method != "fork" and not isinstance(target, TargetRef):
             target = TargetRef.of(target)
         ctx: Any = mp.get_context(method)
+        find_rank_state_holders()  # what each forked rank refreshes once it knows its rank
         workdir = tempfile.mkdtemp(prefix="ddpcheck-")
         janitor = Janitor(workdir)  # first: it must inherit none of the group's descriptors
         sock = bind_loopback()

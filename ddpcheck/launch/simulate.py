@@ -58,7 +58,7 @@ from ddpcheck.launch.rank import (
     torchrun_env,
 )
 from ddpcheck.launch.shared_work import known_samplers, shared_permutations
-from ddpcheck.preload import refresh_rank_state
+from ddpcheck.preload import find_rank_state_holders, refresh_rank_state
 
 _START_ALLOWANCE_S = 10.0  # on top of the first simulated rank's timeout: the fork, on a loaded machine
 _STACK_WAIT_S = 2.0
@@ -163,6 +163,7 @@ def simulate_ranks(
     if not chosen or chosen[0] < 0 or chosen[-1] >= world_size:
         raise ValueError(f"ranks must be a non-empty selection of 0..{world_size - 1}")
     started = time.monotonic()
+    find_rank_state_holders()  # what each simulated rank refreshes once it knows its rank
     workdir = tempfile.mkdtemp(prefix="ddpcheck-sim-")
     janitor = Janitor(workdir)  # removes workdir and the children's groups should this process be SIGKILLed
     ranges = _parts(chosen)
