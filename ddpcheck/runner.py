@@ -116,9 +116,9 @@ def _check_world(
         say(f"world size {ws}: skipped ({skip})")
         return WorldResult(ws, options.backend, skipped=skip)
     say(f"world size {ws}: running {ws} {'simulated ' if options.simulate else ''}ranks")
-    # The run and (for --steps windows) the reference window are recorded side by side, and the
-    # determinism rerun too where all their ranks together fit the cores; otherwise the rerun's ranks
-    # run while this process draws the run's figures.
+    # The run, (for --steps windows) the reference window and the determinism rerun are forked
+    # together and recorded side by side where their ranks fit the cores; otherwise the rerun's ranks
+    # wait and then record while this process draws the run's figures.
     jobs: list[_Job] = []
     windowed = options.steps is not None and ws > 1
     if options.steps is not None and ws > 1:
@@ -267,18 +267,21 @@ T = TypeVar("T")
 
 class _Recording:
     """One world size's recordings. Real ranks of every job, and of the held determinism rerun, are
-    forked up front (so no rank inherits the traces that arrive later); the jobs are then let go side
-    by side where they fit the cores, else one by one, and the rerun only when asked, while this
+    forked up front (so no rank inherits the traces that arrive later); they are then let go side by
+    side where they fit the cores, else the jobs one by one and the rerun only when asked, while this
     process draws the run's figures. Simulated ranks take every core: they run one job at a time."""
 
     def __init__(self, spec: LoaderSpec, jobs: Sequence[_Job], held: _Job | None, started: Any) -> None:
         self.spec, self._jobs, self.held, self._started = spec, list(jobs), held, started
+        self._held_group: GroupResult | None = None  # the held rerun, when it ran beside the jobs
 
     def jobs(self) -> list[RunTrace]:
         if self._started is None:
             return _runs(self.spec, self._jobs)
-        indices = range(len(self._jobs))
-        if _fits_cores(self._jobs):
+        indices = list(range(len(self._jobs)))
+        if self._jobs and self.held is not None and _fits_cores([*self._jobs, self.held]):
+            *groups, self._held_group = self._started.collect(*indices, len(self._jobs))
+        elif _fits_cores(self._jobs):
             groups = self._started.collect(*indices)
         else:
             groups = [self._started.collect(i)[0] for i in indices]
@@ -288,12 +291,14 @@ class _Recording:
         ]
 
     def held_run(self, work: Callable[[], T]) -> tuple[RunTrace, T]:
-        """Let the held rerun go, do ``work`` meanwhile (no forking in it), then collect the rerun."""
+        """Let the held rerun go (unless it already ran), do ``work`` meanwhile (no forking in it), then
+        collect the rerun."""
         assert self.held is not None and self._started is not None
         index = len(self._jobs)
-        self._started.open(index)
+        if self._held_group is None:
+            self._started.open(index)
         done = work()
-        group = self._started.collect(index)[0]
+        group = self._held_group or self._started.collect(index)[0]
         return to_run_trace(group, set_epoch=self.held[0].set_epoch), done
 
 
