@@ -53,7 +53,8 @@ def test_readme_links_work_outside_the_repository() -> None:
             assert link[1:] in anchors, f"no heading for {link}"
             continue
         assert link.startswith("https://"), f"relative link in the README: {link}"
-        if link.startswith(f"{base}/blob/main/"):
+        if "/blob/" in link or "/tree/" in link:  # into a repository: ours, at the project's one base
+            assert link.startswith(f"{base}/blob/main/"), f"not under the Repository URL {base}: {link}"
             assert (ROOT / link.removeprefix(f"{base}/blob/main/")).is_file(), link
 
 
