@@ -17,7 +17,7 @@ from ddpcheck.checks import run_checks
 from ddpcheck.checks.verdict import Verdict, allow
 from ddpcheck.divergence import defined_names
 from ddpcheck.figures import FigureData, figure_data
-from ddpcheck.launch import GroupCall, GroupResult, TargetRef, run_groups, started_groups
+from ddpcheck.launch import GroupCall, GroupResult, StartedGroups, TargetRef, run_groups, started_groups
 from ddpcheck.loaderfile import BadLoaderFile, LoaderSpec, precheck
 from ddpcheck.options import BadInput, CheckOptions, validate
 from ddpcheck.record import RankFailure, RunTrace
@@ -271,7 +271,9 @@ class _Recording:
     side where they fit the cores, else the jobs one by one and the rerun only when asked, while this
     process draws the run's figures. Simulated ranks take every core: they run one job at a time."""
 
-    def __init__(self, spec: LoaderSpec, jobs: Sequence[_Job], held: _Job | None, started: Any) -> None:
+    def __init__(
+        self, spec: LoaderSpec, jobs: Sequence[_Job], held: _Job | None, started: StartedGroups | None
+    ) -> None:
         self.spec, self._jobs, self.held, self._started = spec, list(jobs), held, started
         self._held_group: GroupResult | None = None  # the held rerun, when it ran beside the jobs
 
