@@ -17,7 +17,7 @@ from ddpcheck.checks import run_checks
 from ddpcheck.checks.verdict import Verdict, allow
 from ddpcheck.divergence import defined_names
 from ddpcheck.figures import FigureData, figure_data
-from ddpcheck.launch import GroupCall, GroupResult, StartedGroups, TargetRef, run_groups, started_groups
+from ddpcheck.launch import GroupCall, GroupResult, StartedGroups, TargetRef, started_groups
 from ddpcheck.loaderfile import BadLoaderFile, LoaderSpec, precheck
 from ddpcheck.options import BadInput, CheckOptions, validate
 from ddpcheck.record import RankFailure, RunTrace
@@ -162,11 +162,10 @@ def _check_world(
             rerun, figures = recording.held_run(draw)
         else:
             rerun, figures = _while_recording(spec, rerun_job, draw)
-    for trace in (run, rerun):
-        note = _shortcut_note(trace) if trace is not None else ""
-        if note and notes is not None and note not in notes:
-            notes.append(note)
-            break  # the run's note: the rerun's sample says nothing more
+    # the run's note; the rerun's only when it had to be redone (its sample says nothing more)
+    note = _shortcut_note(run) or (_shortcut_note(rerun) if rerun is not None else "")
+    if note and notes is not None and note not in notes:
+        notes.append(note)
     verdicts = run_checks(reference, run, rerun)
     failures = run.failures + (rerun.failures if rerun else ())
     # --- checks with their own rank-side runs (ddpcheck.scenarios): metric, training, resume ---
@@ -250,16 +249,10 @@ def _run(spec: LoaderSpec, options: CheckOptions, world_size: int) -> RunTrace:
 
 
 def _runs(spec: LoaderSpec, jobs: Sequence[_Job]) -> list[RunTrace]:
-    """Record each job; real ranks of several jobs run side by side where they fit the cores (more
-    ranks than cores only contend for them, and for memory). Simulated ranks already use every core.
-    Only the first job reports live progress (one display, one group's positions)."""
-    if not jobs:
-        return []
-    if jobs[0][0].simulate:
-        return [_simulate(spec, options, world_size, ranks) for options, world_size, ranks in jobs]
-    calls = [_group_call(spec, job, progress=i == 0) for i, job in enumerate(jobs)]
-    groups = run_groups(calls) if _fits_cores(jobs) else [run_groups([call])[0] for call in calls]
-    return [to_run_trace(g, set_epoch=opts.set_epoch) for g, (opts, _, _) in zip(groups, jobs, strict=True)]
+    """Record each job: side by side where their ranks fit the cores, else one by one (see
+    :class:`_Recording`). Only the first job reports live progress."""
+    with _recording(spec, jobs, None) as recording:
+        return recording.jobs()
 
 
 T = TypeVar("T")
@@ -278,8 +271,8 @@ class _Recording:
         self._held_group: GroupResult | None = None  # the held rerun, when it ran beside the jobs
 
     def jobs(self) -> list[RunTrace]:
-        if self._started is None:
-            return _runs(self.spec, self._jobs)
+        if self._started is None:  # simulated: one job at a time, each over every core
+            return [_simulate(self.spec, options, ws, ranks) for options, ws, ranks in self._jobs]
         indices = list(range(len(self._jobs)))
         if self._jobs and self.held is not None and _fits_cores([*self._jobs, self.held]):
             *groups, self._held_group = self._started.collect(*indices, len(self._jobs))
