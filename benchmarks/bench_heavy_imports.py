@@ -2,9 +2,9 @@
 
 Without preloading, every rank of every run imports Lightning again: the reference run, then each
 world size twice (the determinism rerun), 1 + 2 x (2 + 3 + 4) = 19 rank processes at world sizes
-1..4 (world size 1 reuses the reference), each paying ~3-4 s. With :func:`ddpcheck.preload.preload_imports`
-called once before ``check_loader`` (what ``runner.check_loader`` does once wired), the forked ranks
-inherit it.
+1..4 (world size 1 reuses the reference), each paying ~3-4 s. ``check_loader`` calls
+:func:`ddpcheck.launch.preload.preload_imports` once before any rank starts, so the forked ranks
+inherit them.
 
 Target: the preloaded Lightning run <= one import of Lightning + 1.5 x the torch-only twin's run.
 Every variant runs in a fresh interpreter, timed from inside (interpreter start and the torch import
@@ -33,8 +33,8 @@ VARIANTS = ("torch-only", "lightning-import", "lightning-preloaded", "lightning-
 
 def run_variant(variant: str, world_sizes: tuple[int, ...], epochs: int) -> dict[str, Any]:
     """One measurement, in this (fresh) interpreter."""
-    from ddpcheck.preload import preload_imports
-    from ddpcheck.runner import CheckOptions, check_loader
+    from ddpcheck.checker.runner import CheckOptions, check_loader
+    from ddpcheck.launch.preload import preload_imports
 
     options = CheckOptions(world_sizes=world_sizes, epochs=epochs, preload=variant != "lightning-plain")
     started = time.perf_counter()

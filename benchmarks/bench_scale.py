@@ -121,7 +121,7 @@ import numpy as np
 from array import array
 from dataclasses import replace
 from ddpcheck.checks import run_checks
-from ddpcheck.record import EpochTrace, LoaderFacts, RankTrace, RunTrace
+from ddpcheck.trace import EpochTrace, LoaderFacts, RankTrace, RunTrace
 
 mode, n, world = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 facts = LoaderFacts(dataset_len=n, batch_size=64, drop_last=False, sampler="DistributedSampler",

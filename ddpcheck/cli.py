@@ -548,7 +548,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 def _options(args: argparse.Namespace) -> Any:
-    from ddpcheck.runner import CheckOptions
+    from ddpcheck.checker.runner import CheckOptions
 
     extra: dict[str, Any] = {"option_sources": args.option_sources}
     if args.config_file:
@@ -582,9 +582,9 @@ def _run(args: argparse.Namespace) -> int | tuple[CheckResult, bool]:
     """Run the checker; an int is an exit code with nothing to publish."""
     from dataclasses import replace
 
-    from ddpcheck.joined import JoinTarget, check_joined
+    from ddpcheck.checker.joined import JoinTarget, check_joined
+    from ddpcheck.checker.runner import BadInput, Interrupted, check_loader
     from ddpcheck.progress import make_display
-    from ddpcheck.runner import BadInput, Interrupted, check_loader
 
     options = _options(args)
     target = JoinTarget(args.rank, args.world_size, args.master_addr, args.master_port)

@@ -18,7 +18,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ddpcheck.record import EpochTrace, RankTrace, RunTrace
+from ddpcheck.trace import EpochTrace, RankTrace, RunTrace
 
 if TYPE_CHECKING:
     import numpy as np
@@ -137,7 +137,7 @@ def _with_note(data: FigureData, note: str) -> FigureData:
 class _Axis:
     """The distinct samples of a reference epoch in first-yield order, and a fast id -> position map.
 
-    Integer ids (``array('q')``, as the recorder stores them) are looked up in a direct table when
+    Integer ids (``array('q')``, as recording stores them) are looked up in a direct table when
     they span a dense range (dataset indices always do), else by binary search; other ids by a dict.
     """
 

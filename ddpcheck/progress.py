@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, TextIO
 
-# "epoch 1, batch 4/13" as recorder.py publishes it; the total is absent where len(loader) is unknown.
+# "epoch 1, batch 4/13" as checker/recording.py publishes it; no total where len(loader) is unknown.
 _POSITION = re.compile(r"^epoch (\d+), batch (\d+)(?:/(\d+))?")
 PLAIN_FIRST_S = 1.0  # a group that ends sooner prints no plain line at all
 PLAIN_MIN_GAP_S = 1.0

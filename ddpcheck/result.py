@@ -10,7 +10,7 @@ from typing import Any
 
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.figures import FigureData
-from ddpcheck.record import RankFailure
+from ddpcheck.trace import RankFailure
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1

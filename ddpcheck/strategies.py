@@ -9,9 +9,9 @@ A library author tests their own sampler against every ddpcheck data check in th
 
 :func:`check_sampler` simulates the ranks in this process (explicit ``rank``/``world_size``, no
 process group, no processes): it builds one sampler per rank, iterates it epoch by epoch as a
-training loop would (``set_epoch`` first), records the index stream as a ``ddpcheck.record`` trace
+training loop would (``set_epoch`` first), records the index stream as a ``ddpcheck.trace`` trace
 and runs the pure checks against the same factory at world size 1. Samplers that need collectives
-cannot be judged this way; check those with the full checker (``ddpcheck.pytest_support``).
+cannot be judged this way; check those with the full checker (``ddpcheck.pytest_plugin``).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 # (it would blow hypothesis's deadline and make that example look flaky).
 from torch.utils.data import BatchSampler, DataLoader
 
+from ddpcheck.checker.recording import read_facts, record_indices, set_epoch_everywhere
 from ddpcheck.checks import run_checks
-from ddpcheck.record import RankTrace, RunTrace
-from ddpcheck.recorder import read_facts, record_indices, set_epoch_everywhere
+from ddpcheck.trace import RankTrace, RunTrace
 
 if TYPE_CHECKING:
     from ddpcheck.checks.verdict import Verdict
@@ -203,7 +203,7 @@ def _looks_batched(first: Any) -> bool:
 
 
 def _as_loader(obj: Any, config: LoaderConfig, batched: bool) -> Any:
-    """The factory's product as a DataLoader, so the recorder reads it exactly as it reads a real one."""
+    """The factory's product as a DataLoader, so recording reads it exactly as it reads a real one."""
     if isinstance(obj, DataLoader):
         return obj
     dataset = range(config.dataset_len)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from ddpcheck.checks import REGISTRY, Context, run_checks
 from ddpcheck.checks.ids import ALL_CHECKS, DATA_CHECKS, METRIC_EQUIVALENCE
 from ddpcheck.checks.verdict import Verdict
-from ddpcheck.record import EpochTrace, LoaderFacts, RankTrace, RunTrace
+from ddpcheck.trace import EpochTrace, LoaderFacts, RankTrace, RunTrace
 from tests.trace_builders import (
     batch_run,
     broken,

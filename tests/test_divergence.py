@@ -16,18 +16,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from ddpcheck.checker.loaderfile import defined_names
+from ddpcheck.checker.runner import CheckOptions, check_loader
 from ddpcheck.checks.ids import METRIC_EQUIVALENCE
 from ddpcheck.checks.verdict import Verdict
-from ddpcheck.divergence import (
+from ddpcheck.result import CheckResult, WorldResult
+from ddpcheck.scenarios.divergence import (
     Evaluation,
     close,
     count_causes,
-    defined_names,
     judge_metrics,
     metric_rows,
 )
-from ddpcheck.result import CheckResult, WorldResult
-from ddpcheck.runner import CheckOptions, check_loader
 from ddpcheck.scenarios.metric import default_metric, default_outputs, metric_values
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -182,6 +182,14 @@ def test_defined_names_reads_the_source_without_running_it(tmp_path: Path) -> No
     assert {"metric", "make_loader", "forward", "loss", "make_model"} <= names
     assert "sample_ids" not in names and "accuracy" not in names
     assert defined_names(tmp_path / "missing.py") == frozenset()
+
+
+def test_defined_names_reads_a_pep263_file_as_python_does(tmp_path: Path) -> None:
+    path = tmp_path / "latin.py"
+    path.write_bytes(
+        b"# -*- coding: latin-1 -*-\nlabel = '\xe9t\xe9'\n\ndef metric(outputs):\n    return 0\n"
+    )
+    assert {"label", "metric"} <= defined_names(path)
 
 
 def test_default_outputs_and_metric() -> None:

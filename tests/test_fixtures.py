@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from ddpcheck.checker.runner import BadInput, CheckOptions, check_loader
 from ddpcheck.checks.ids import (
     BATCH_INTEGRITY,
     COVERAGE,
@@ -32,7 +33,6 @@ from ddpcheck.checks.ids import (
     WORKER_SHARDING,
 )
 from ddpcheck.result import CheckResult
-from ddpcheck.runner import BadInput, CheckOptions, check_loader
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"

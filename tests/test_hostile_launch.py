@@ -450,7 +450,7 @@ def test_canonical_ids_keep_equality_without_the_users_module() -> None:
     from collections import namedtuple
     from dataclasses import dataclass
 
-    from ddpcheck.identity import plain_id
+    from ddpcheck.checker.identity import plain_id
 
     @dataclass(frozen=True)
     class Key:

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from ddpcheck.pytest_support import assert_ddp_safe
+from ddpcheck.pytest_plugin import assert_ddp_safe
 
 GOOD_LOADER = {good!r}
 
@@ -171,7 +171,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from ddpcheck.pytest_support import assert_ddp_safe
+from ddpcheck.pytest_plugin import assert_ddp_safe
 
 
 @pytest.mark.ddp(world_size=[1, 2, 3])
@@ -535,7 +535,7 @@ def test_backend_option_skips_nccl_without_gpus(pytester: pytest.Pytester) -> No
 
 
 def test_ini_options_apply_and_the_command_line_wins(pytester: pytest.Pytester) -> None:
-    from ddpcheck.pytest_plugin import _overrides_key
+    from ddpcheck.pytest_plugin.plugin import _overrides_key
 
     pytester.makepyprojecttoml(
         '[tool.pytest.ini_options]\nddp_world_sizes = "1,3"\nddp_backend = "gloo"\nddp_timeout = "7.5"\n'
@@ -599,7 +599,7 @@ def test_loader_paths_resolve_against_the_rootdir(tmp_path: Path) -> None:
     (tmp_path / "tests" / "test_rel.py").write_text(
         textwrap.dedent(
             """
-            from ddpcheck.pytest_support import assert_ddp_safe
+            from ddpcheck.pytest_plugin import assert_ddp_safe
 
             FAST = dict(world_sizes=[1], epochs=1, determinism=False, resume=False, train_steps=0)
 
@@ -622,7 +622,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from ddpcheck.pytest_support import assert_ddp_safe
+from ddpcheck.pytest_plugin import assert_ddp_safe
 
 FAST = dict(epochs=1, determinism=False, resume=False, train_steps=0)
 

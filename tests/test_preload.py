@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from ddpcheck.checker.runner import BadInput, CheckOptions, check_loader
 from ddpcheck.launch import run_ranks
-from ddpcheck.preload import preload_imports, refresh_rank_state, top_level_imports
-from ddpcheck.runner import BadInput, CheckOptions, check_loader
+from ddpcheck.launch.preload import preload_imports, refresh_rank_state, top_level_imports
 
 SITE = Path(__file__).parent / "data" / "preload" / "site"
 PACKAGES = (
@@ -195,7 +195,7 @@ def test_nothing_reaches_stdout_and_the_output_is_kept(tmp_path: Path) -> None:
     loader = _write(tmp_path / "loader.py", "import ddpc_noisypkg\n")
     result = tmp_path / "result.json"
     code = (
-        "import json, sys; from ddpcheck.preload import preload_imports; "
+        "import json, sys; from ddpcheck.launch.preload import preload_imports; "
         f"r = preload_imports({loader!r}, deadline_s=30); "
         f"open({str(result)!r}, 'w').write(json.dumps([sorted(r.imported), r.output]))"
     )
@@ -294,7 +294,7 @@ def test_a_bad_file_gives_an_empty_report(tmp_path: Path) -> None:
 LIGHTNING_SCRIPT = """
 import json, os, sys, time
 from ddpcheck.launch import run_ranks
-from ddpcheck.preload import preload_imports, refresh_rank_state
+from ddpcheck.launch.preload import preload_imports, refresh_rank_state
 
 def rank_view():
     from lightning.pytorch.utilities import rank_zero_only

@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
+from ddpcheck.checker.loaderfile import LoaderSpec
+from ddpcheck.checker.recording import RecordOptions, record_rank
 from ddpcheck.launch import TargetRef, report_progress, run_ranks
-from ddpcheck.loaderfile import LoaderSpec
 from ddpcheck.progress import Display, LiveDisplay, PlainDisplay, make_display, parse_position
-from ddpcheck.recorder import RecordOptions, record_rank
 
 DATA = Path(__file__).parent / "data"
 

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ddpcheck.checker.runner import CheckOptions, check_loader
 from ddpcheck.checks.ids import (
     DATA_CHECKS,
     METRIC_EQUIVALENCE,
@@ -21,7 +22,6 @@ from ddpcheck.checks.ids import (
     TRAINING_EQUIVALENCE,
 )
 from ddpcheck.checks.verdict import Verdict, allow, not_applicable, passed, skipped
-from ddpcheck.record import RankFailure
 from ddpcheck.report import (
     SCHEMA_VERSION,
     ReportWriteError,
@@ -38,7 +38,7 @@ from ddpcheck.report._common import evidence
 from ddpcheck.report.json_report import jsonable
 from ddpcheck.report.junit import xml_text
 from ddpcheck.result import CheckResult, MetricRow, ResumeRow, WorldResult
-from ddpcheck.runner import CheckOptions, check_loader
+from ddpcheck.trace import RankFailure
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from ddpcheck.checker.options import CheckOptions
+from ddpcheck.checker.runner import check_loader
 from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
-from ddpcheck.options import CheckOptions
 from ddpcheck.result import CheckResult
-from ddpcheck.runner import check_loader
 from ddpcheck.scenarios.resume import RankResume, Stop, StopResult, judge_elastic, judge_resume, stop_points
 
 RESUME_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "resume"

@@ -21,11 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, TensorDataset
 
+from ddpcheck.checker.recording import _sampler_batches, record_indices
 from ddpcheck.checks import run_checks
 from ddpcheck.checks.arrays import epoch_counts, same_id_set
 from ddpcheck.checks.context import Context
-from ddpcheck.record import EpochTrace, IdBuffer, RankTrace, RunTrace, compact_ids
-from ddpcheck.recorder import _sampler_batches, record_indices
+from ddpcheck.trace import EpochTrace, IdBuffer, RankTrace, RunTrace, compact_ids
 from tests.trace_builders import reference, run
 
 ids_lists = st.lists(st.integers(-5, 40), max_size=30)
@@ -241,7 +241,7 @@ def test_a_hung_simulated_rank_stops_only_its_own_part() -> None:
 
 
 def test_a_huge_simulated_world_reruns_a_sample_first_last_and_spread() -> None:
-    from ddpcheck.runner import RERUN_SAMPLE_FROM, rerun_sample
+    from ddpcheck.checker.runner import RERUN_SAMPLE_FROM, rerun_sample
 
     assert rerun_sample(RERUN_SAMPLE_FROM - 1) == ()
     sample = rerun_sample(1024)
@@ -268,8 +268,8 @@ def make_loader(rank, world_size):
 def test_a_sampled_simulated_rerun_judges_determinism_and_says_it_sampled(
     tmp_path: Path, seeded: bool
 ) -> None:
-    from ddpcheck.options import CheckOptions
-    from ddpcheck.runner import check_loader, rerun_sample
+    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.checker.runner import check_loader, rerun_sample
 
     loader = tmp_path / "loader.py"
     # unseeded: every rank of every run draws its own seed (a fresh process's random state)

@@ -129,8 +129,8 @@ def test_a_simulated_run_with_a_wrong_shortcut_is_redone_and_says_so(
 ) -> None:
     """Forked simulated children inherit the broken shortcut; the runner must notice and redo the run."""
     import ddpcheck.launch.shared_work as shared_work
-    from ddpcheck.options import CheckOptions
-    from ddpcheck.runner import check_loader
+    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.checker.runner import check_loader
 
     monkeypatch.setattr(shared_work, "_direct_share", lambda sampler: [0] * sampler.num_samples)
     monkeypatch.setattr(shared_work, "VERIFY_FIRST", 0)  # found late: the draws before it went unchecked
@@ -150,8 +150,8 @@ def test_a_simulated_run_with_a_wrong_shortcut_is_redone_and_says_so(
 
 
 def test_a_simulated_run_says_which_sampler_it_computed_directly(tmp_path: Path) -> None:
-    from ddpcheck.options import CheckOptions
-    from ddpcheck.runner import check_loader
+    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.checker.runner import check_loader
 
     options = CheckOptions(world_sizes=(8, 64), simulate=True, resume=False, train_steps=0, metrics=False)
     result = check_loader(str(ROOT / "fixtures" / "good_distributed_sampler.py"), options)

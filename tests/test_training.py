@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from ddpcheck.checker.runner import BadInput, CheckOptions, check_loader
 from ddpcheck.checks.ids import TRAINING_EQUIVALENCE
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.result import CheckResult, WorldResult
-from ddpcheck.runner import BadInput, CheckOptions, check_loader
 from ddpcheck.scenarios.training import RankTraining, ReferenceTraining, judge_training, relative_difference
 
 ROOT = Path(__file__).resolve().parent.parent

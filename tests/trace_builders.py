@@ -11,7 +11,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ddpcheck.record import EpochTrace, LoaderFacts, RankFailure, RankTrace, RunTrace, compact_ids
+from ddpcheck.trace import EpochTrace, LoaderFacts, RankFailure, RankTrace, RunTrace, compact_ids
 
 Ids = Sequence[Hashable]
 AUTO = -1

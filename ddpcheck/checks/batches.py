@@ -14,7 +14,7 @@ from ddpcheck.checks._format import epochs_text, ids_text
 from ddpcheck.checks.context import Context, batch_key, broken_reason, same_streams
 from ddpcheck.checks.ids import BATCH_INTEGRITY
 from ddpcheck.checks.verdict import Verdict, not_applicable, passed, skipped
-from ddpcheck.record import EpochTrace, LoaderFacts, RunTrace
+from ddpcheck.trace import EpochTrace, LoaderFacts, RunTrace
 
 CAUSE = (
     "batches are split or re-formed across ranks: "
@@ -23,8 +23,8 @@ CAUSE = (
 
 
 def _custom(facts: LoaderFacts) -> bool:
-    """The recorder decides by behaviour (``recorder.plain_batching``): a batch sampler that only
-    chunks its sampler into ``batch_size`` batches is plain, whatever its class."""
+    """Recording decides by behaviour (``checker.recording.plain_batching``): a batch sampler that
+    only chunks its sampler into ``batch_size`` batches is plain, whatever its class."""
     return facts.batch_level
 
 

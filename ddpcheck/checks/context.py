@@ -21,7 +21,7 @@ from ddpcheck.checks.arrays import (
     same_ints,
     same_reference_ids,
 )
-from ddpcheck.record import EpochTrace, LoaderFacts, RankTrace, RunTrace
+from ddpcheck.trace import EpochTrace, LoaderFacts, RankTrace, RunTrace
 
 Item = Hashable
 

@@ -9,7 +9,7 @@ from ddpcheck.checks.context import Context, EpochView
 from ddpcheck.checks.diagnose import missing_cause
 from ddpcheck.checks.ids import COVERAGE
 from ddpcheck.checks.verdict import Verdict, passed, skipped
-from ddpcheck.record import RunTrace
+from ddpcheck.trace import RunTrace
 
 
 @dataclass(frozen=True)

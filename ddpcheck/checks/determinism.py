@@ -10,7 +10,7 @@ from collections.abc import Hashable, Sequence
 from ddpcheck.checks.context import Context, batch_key, broken_reason, paired_ranks, same_sequence
 from ddpcheck.checks.ids import DETERMINISM
 from ddpcheck.checks.verdict import Verdict, passed, skipped
-from ddpcheck.record import EpochTrace, RunTrace
+from ddpcheck.trace import EpochTrace, RunTrace
 
 CAUSE = "the order changes from run to run: an unseeded generator or per-process random state"
 

@@ -14,7 +14,7 @@ from ddpcheck.checks.coverage import gap, missing_examples
 from ddpcheck.checks.diagnose import missing_cause
 from ddpcheck.checks.ids import SINGLE_PROCESS_EQUIVALENCE as CHECK
 from ddpcheck.checks.verdict import Verdict, passed, skipped
-from ddpcheck.record import RunTrace
+from ddpcheck.trace import RunTrace
 
 DEPENDS_ON_RANK = "the dataset depends on the rank: under DDP it yields samples a single process never does"
 

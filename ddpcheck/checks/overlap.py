@@ -12,7 +12,7 @@ from ddpcheck.checks.context import Context, EpochView
 from ddpcheck.checks.diagnose import duplicate_cause, identical_streams, overlap_evidence
 from ddpcheck.checks.ids import NO_OVERLAP, PADDING_BOUND
 from ddpcheck.checks.verdict import Verdict, passed, skipped
-from ddpcheck.record import RunTrace
+from ddpcheck.trace import RunTrace
 
 MAX_RANKS = 8
 

@@ -28,7 +28,7 @@ from ddpcheck.checks.reshuffle import check_reshuffle
 from ddpcheck.checks.steps import check_equal_steps
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.checks.workers import check_worker_sharding
-from ddpcheck.record import RunTrace
+from ddpcheck.trace import RunTrace
 
 
 class Check(Protocol):

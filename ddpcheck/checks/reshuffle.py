@@ -14,7 +14,7 @@ from ddpcheck.checks._format import ranks_text
 from ddpcheck.checks.context import Context, same_sequence
 from ddpcheck.checks.ids import RESHUFFLE
 from ddpcheck.checks.verdict import Verdict, passed, skipped
-from ddpcheck.record import RunTrace
+from ddpcheck.trace import RunTrace
 
 CHANCE = 1e-3  # a repeat rarer than this under an honest reshuffle is treated as a bug
 REPEATS = "set_epoch is not called, or the generator is re-seeded every epoch"

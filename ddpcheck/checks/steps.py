@@ -10,7 +10,7 @@ from ddpcheck.checks._format import epochs_text
 from ddpcheck.checks.context import Context
 from ddpcheck.checks.ids import EQUAL_STEPS
 from ddpcheck.checks.verdict import Verdict, passed, skipped
-from ddpcheck.record import RunTrace
+from ddpcheck.trace import RunTrace
 
 UNEVEN = (
     "ranks get different numbers of batches: the sampler gives ranks unequal shards "

@@ -15,7 +15,7 @@ from ddpcheck.checks._format import count_text, epochs_text, few, ids_text
 from ddpcheck.checks.context import Context
 from ddpcheck.checks.ids import WORKER_SHARDING
 from ddpcheck.checks.verdict import Verdict, not_applicable, passed, skipped
-from ddpcheck.record import EpochTrace, RunTrace
+from ddpcheck.trace import EpochTrace, RunTrace
 
 WORKERS = "the iterable dataset is not split across DataLoader workers (use get_worker_info())"
 REPEATS = (

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from ddpcheck.launch.preload import find_rank_state_holders
 from ddpcheck.launch.procs import (
     ExitWatch,
     FrameReader,
@@ -49,7 +50,6 @@ from ddpcheck.launch.rank import (
     stack_path,
 )
 from ddpcheck.launch.target import TargetRef
-from ddpcheck.preload import find_rank_state_holders
 
 JOIN_ALLOWANCE_S = 60.0  # on top of ``timeout``, for ranks to start and join the group
 _JOIN_POLL_S = 0.02

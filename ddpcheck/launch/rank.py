@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy.random  # noqa: F401 - imported once in the parent, not in every forked rank (~8 ms each)
 
+from ddpcheck.launch.preload import refresh_rank_state
 from ddpcheck.launch.procs import write_frame
 from ddpcheck.launch.target import TargetRef
-from ddpcheck.preload import refresh_rank_state
 
 STACK_SIGNAL = signal.SIGUSR1
 PROGRESS_BYTES = 240

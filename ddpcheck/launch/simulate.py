@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from ddpcheck.launch import rank as rank_side
 from ddpcheck.launch.group import GroupResult, RankOutcome, bind_loopback
+from ddpcheck.launch.preload import find_rank_state_holders, refresh_rank_state
 from ddpcheck.launch.procs import (
     ExitWatch,
     FrameReader,
@@ -58,7 +59,6 @@ from ddpcheck.launch.rank import (
     torchrun_env,
 )
 from ddpcheck.launch.shared_work import known_samplers, shared_permutations
-from ddpcheck.preload import find_rank_state_holders, refresh_rank_state
 
 _START_ALLOWANCE_S = 10.0  # on top of the first simulated rank's timeout: the fork, on a loaded machine
 _STACK_WAIT_S = 2.0

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from ddpcheck.checks.ids import ALL_CHECKS
 from ddpcheck.checks.verdict import Verdict
-from ddpcheck.record import RankFailure
 from ddpcheck.result import CheckResult, MetricRow, ResumeRow, WorldResult
+from ddpcheck.trace import RankFailure
 
 STATUS_WORD = {"pass": "PASS", "fail": "FAIL", "skip": "skip", "n/a": "n/a", "allowed": "allowed"}
 STATUS_RANK = ("fail", "allowed", "pass", "skip", "n/a")  # a cell with several verdicts shows the first

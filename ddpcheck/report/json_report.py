@@ -60,9 +60,9 @@ import os
 from typing import Any
 
 from ddpcheck.checks.verdict import Verdict
-from ddpcheck.record import RankFailure
 from ddpcheck.report._common import Cause, causes, check_columns, count, explains, show_backend
 from ddpcheck.result import CheckResult, MetricRow, ResumeRow, WorldResult
+from ddpcheck.trace import RankFailure
 
 SCHEMA_VERSION = 1
 _MAX_DEPTH = 32  # deeper (or cyclic) structures end in their repr instead of a RecursionError

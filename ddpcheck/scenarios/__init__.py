@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from ddpcheck.scenarios.protocol import Context, Outcome, Scenario
 
 if TYPE_CHECKING:
-    from ddpcheck.loaderfile import LoaderSpec
-    from ddpcheck.options import CheckOptions
+    from ddpcheck.checker.loaderfile import LoaderSpec
+    from ddpcheck.checker.options import CheckOptions
 
 # module: the name of its Factory; imported only when a run is built
 REGISTERED = (

@@ -26,9 +26,9 @@ whatever ``--backend`` says, and never under ``--simulate`` (the gathers need re
 Per world size: the reference is the metric over the single-process epoch in loader order; the
 naive DDP value gathers every rank's outputs with ``sync_dicts_ddp(outputs, world_size)`` (padding
 copies kept, rank-major order, what most code does); the corrected value gathers with
-``sync_dicts_ddp(outputs, world_size, ids_key="__ids__")``. Ids are those the recorder uses: the
+``sync_dicts_ddp(outputs, world_size, ids_key="__ids__")``. Ids are those recording uses: the
 ``sample_ids`` hook, the dataset index for map-style datasets, an ``id``/``idx``/``index`` field, or
-a content hash. :mod:`ddpcheck.divergence` turns the three values into rows and the verdict.
+a content hash. :mod:`ddpcheck.scenarios.divergence` turns the three values into rows and the verdict.
 """
 
 from __future__ import annotations
@@ -38,13 +38,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ddpcheck.checks.ids import METRIC_EQUIVALENCE
-from ddpcheck.checks.verdict import skipped
-from ddpcheck.divergence import Evaluation, judge_metrics, metric_rows
-from ddpcheck.launch import TargetRef, report_progress, run_ranks
-from ddpcheck.loaderfile import LoaderSpec, optional_hook
-from ddpcheck.record import RankFailure, compact_ids
-from ddpcheck.recorder import (
+from ddpcheck.checker.loaderfile import LoaderSpec, optional_hook
+from ddpcheck.checker.recording import (
     RecordOptions,
     _group_position,
     batches_with_ids,
@@ -53,11 +48,16 @@ from ddpcheck.recorder import (
     read_facts,
     set_epoch_everywhere,
 )
+from ddpcheck.checks.ids import METRIC_EQUIVALENCE
+from ddpcheck.checks.verdict import skipped
+from ddpcheck.launch import TargetRef, report_progress, run_ranks
+from ddpcheck.scenarios.divergence import Evaluation, judge_metrics, metric_rows
 from ddpcheck.scenarios.protocol import Context, Outcome, group_failures
+from ddpcheck.trace import RankFailure, compact_ids
 
 if TYPE_CHECKING:
-    from ddpcheck.options import CheckOptions
-    from ddpcheck.record import LoaderFacts
+    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.trace import LoaderFacts
 
 ID_KEY = "__ids__"
 METRIC_HOOKS = ("forward", "metric")

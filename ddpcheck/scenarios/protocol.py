@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from ddpcheck.checks.verdict import Verdict
-from ddpcheck.record import RankFailure, RunTrace
 from ddpcheck.result import MetricRow, ResumeRow
+from ddpcheck.trace import RankFailure, RunTrace
 
 if TYPE_CHECKING:
+    from ddpcheck.checker.loaderfile import LoaderSpec
+    from ddpcheck.checker.options import CheckOptions
     from ddpcheck.launch import GroupResult
-    from ddpcheck.loaderfile import LoaderSpec
-    from ddpcheck.options import CheckOptions
 
 
 @dataclass(frozen=True)

@@ -23,19 +23,19 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from ddpcheck.checker.loaderfile import LoaderSpec, optional_hook, unwrap_loader
+from ddpcheck.checker.recording import RESUME_HOOK as HOOK
+from ddpcheck.checker.recording import _group_position, has_state
 from ddpcheck.checks._format import count_text
 from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
 from ddpcheck.checks.verdict import Verdict, failed, not_applicable, passed, skipped
 from ddpcheck.launch import GroupResult, TargetRef, report_progress, run_ranks
-from ddpcheck.loaderfile import LoaderSpec, optional_hook, unwrap_loader
-from ddpcheck.recorder import RESUME_HOOK as HOOK
-from ddpcheck.recorder import _group_position, has_state
 from ddpcheck.result import ResumeRow
 from ddpcheck.scenarios.protocol import Context, Outcome, group_failures
 
 if TYPE_CHECKING:
-    from ddpcheck.options import CheckOptions
-    from ddpcheck.recorder import RecordOptions
+    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.checker.recording import RecordOptions
 
 HOW_TO_ENABLE = (
     "the loader has no state to resume from: give the loader, its sampler or its batch sampler "
@@ -123,9 +123,9 @@ def _ids_of(iterable: Any, hook: Any, facts: Any, options: RecordOptions, log: A
     """Ids of every batch ``iterable`` yields. For index identity the DataLoader underneath logs what it
     dispatched (``log``: every loader's, for a hook's iterable); batches an iterable skipped
     (``islice``) were logged too, so the yielded ones are the last entries."""
-    from ddpcheck.identity import make_id_extractor
-    from ddpcheck.index_log import log_of
-    from ddpcheck.recorder import is_collated
+    from ddpcheck.checker.identity import make_id_extractor
+    from ddpcheck.checker.index_log import log_of
+    from ddpcheck.checker.recording import is_collated
 
     if log is None:
         log = log_of(unwrap_loader(iterable))
@@ -166,8 +166,8 @@ def _call_hook(hook: Any, loader: Any, epoch: int, step: int, samples_seen: int)
 def _restart(
     spec: LoaderSpec, options: RecordOptions, rank: int, world_size: int
 ) -> tuple[Any, Any, Any, Any]:
+    from ddpcheck.checker.recording import build_loader, read_facts
     from ddpcheck.launch.rank import fresh_random_state
-    from ddpcheck.recorder import build_loader, read_facts
 
     fresh_random_state()
     outer, module = build_loader(spec, options, rank, world_size, fresh=True)
@@ -184,8 +184,8 @@ def _finish(
     rank: int,
     world_size: int,
 ) -> StopResult:
-    from ddpcheck.index_log import catch_all
-    from ddpcheck.recorder import set_epoch_everywhere
+    from ddpcheck.checker.index_log import catch_all
+    from ddpcheck.checker.recording import set_epoch_everywhere
 
     outer, module, hook, facts = _restart(spec, options, rank, world_size)
     note = ""
@@ -216,7 +216,7 @@ def resume_rank(
     ``mechanism`` is what the data run found (``LoaderFacts.resumable``): probing again here could
     start the loader's iterator before its first ``set_epoch``.
     """
-    from ddpcheck.recorder import build_loader, read_facts, set_epoch_everywhere
+    from ddpcheck.checker.recording import build_loader, read_facts, set_epoch_everywhere
 
     rank, world_size = _group_position()
     report_progress("resume: building the loader")
@@ -262,7 +262,7 @@ def resume_rank(
 
 
 def _stream(outer: Any, hook: Any, facts: Any, options: RecordOptions) -> Iterable[tuple[Hashable, ...]]:
-    from ddpcheck.recorder import batches_with_ids
+    from ddpcheck.checker.recording import batches_with_ids
 
     by_index = not options.ids_from_data
     for _, ids, _ in batches_with_ids(outer, hook, facts, None, unwrap_loader(outer), by_index=by_index):

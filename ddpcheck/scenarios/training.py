@@ -38,11 +38,8 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from ddpcheck.checks.ids import TRAINING_EQUIVALENCE
-from ddpcheck.checks.verdict import Verdict, skipped
-from ddpcheck.launch import TargetRef, report_progress, run_ranks
-from ddpcheck.loaderfile import LoaderSpec, factory_kwargs, get_factory, optional_hook
-from ddpcheck.recorder import (
+from ddpcheck.checker.loaderfile import LoaderSpec, factory_kwargs, get_factory, optional_hook
+from ddpcheck.checker.recording import (
     RecordOptions,
     _group_position,
     batches_with_ids,
@@ -50,12 +47,15 @@ from ddpcheck.recorder import (
     read_facts,
     set_epoch_everywhere,
 )
+from ddpcheck.checks.ids import TRAINING_EQUIVALENCE
+from ddpcheck.checks.verdict import Verdict, skipped
+from ddpcheck.launch import TargetRef, report_progress, run_ranks
 from ddpcheck.scenarios.protocol import Context, Outcome, group_failures
 
 if TYPE_CHECKING:
     import torch
 
-    from ddpcheck.options import CheckOptions
+    from ddpcheck.checker.options import CheckOptions
 
 TRAIN_HOOKS = ("make_model", "loss")
 TOLERANCE = 1e-10

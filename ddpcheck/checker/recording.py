@@ -17,10 +17,9 @@ from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Any, cast
 
-from ddpcheck.identity import make_id_extractor
-from ddpcheck.index_log import log_of
-from ddpcheck.launch.rank import report_progress
-from ddpcheck.loaderfile import (
+from ddpcheck.checker.identity import make_id_extractor
+from ddpcheck.checker.index_log import log_of
+from ddpcheck.checker.loaderfile import (
     BadLoaderFile,
     LoaderSpec,
     call_factory,
@@ -30,7 +29,8 @@ from ddpcheck.loaderfile import (
     optional_hook,
     unwrap_loader,
 )
-from ddpcheck.record import EpochTrace, IdBuffer, LoaderFacts, RankTrace
+from ddpcheck.launch.rank import report_progress
+from ddpcheck.trace import EpochTrace, IdBuffer, LoaderFacts, RankTrace
 
 MAX_ITEMS_PER_EPOCH = 50_000_000
 
@@ -547,7 +547,7 @@ def batches_with_ids(
     """The real loader's batches (workers, wrappers and all), each with its sample ids and worker.
 
     Ids: the ``sample_ids`` hook; for map-style datasets the indices the DataLoader iterator itself
-    dispatched for that batch (:mod:`ddpcheck.index_log`: exact with prefetching, out-of-order
+    dispatched for that batch (:mod:`ddpcheck.checker.index_log`: exact with prefetching, out-of-order
     delivery and persistent workers); else a field or a content hash.
     """
     info = info if info is not None else StreamInfo()

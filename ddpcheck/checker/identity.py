@@ -11,7 +11,7 @@ import hashlib
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-from ddpcheck.loaderfile import BadLoaderFile
+from ddpcheck.checker.loaderfile import BadLoaderFile
 
 ID_FIELDS = ("id", "idx", "index")
 

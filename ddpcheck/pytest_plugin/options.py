@@ -10,7 +10,13 @@ from typing import Any
 
 import pytest
 
-from ddpcheck.plugin.marker import MarkerError, Overrides, check_backend, check_timeout, parse_world_sizes
+from ddpcheck.pytest_plugin.marker import (
+    MarkerError,
+    Overrides,
+    check_backend,
+    check_timeout,
+    parse_world_sizes,
+)
 
 
 def parse_timeout(text: str) -> float:

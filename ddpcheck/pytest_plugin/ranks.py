@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddpcheck.plugin.marker import RANK_ARG, WORLD_ARG, DdpSpec
+from ddpcheck.pytest_plugin.marker import RANK_ARG, WORLD_ARG, DdpSpec
 
 if TYPE_CHECKING:
     import pytest

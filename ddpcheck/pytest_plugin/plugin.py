@@ -1,8 +1,8 @@
 """pytest plugin (entry point ``pytest11``): the ``ddp`` marker, rank fixtures and the ``ddpcheck`` fixture.
 
 Only the pytest surface lives here (hooks, options, fixtures), as in pytest-xdist's plugin.py; the
-machinery is in :mod:`ddpcheck.plugin`. torch and the launch layer are imported when a marked test runs,
-so a session without ``ddp`` tests pays nothing for having the plugin installed.
+machinery is beside it in :mod:`ddpcheck.pytest_plugin`. torch and the launch layer are imported when a
+marked test runs, so a session without ``ddp`` tests pays nothing for having the plugin installed.
 
     @pytest.mark.ddp(world_size=[1, 2, 4], backend="gloo", timeout=60)
     def test_all_reduce(ddp_rank, ddp_world_size):   # runs in every rank of a real process group
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ddpcheck.plugin.marker import (
+from ddpcheck.pytest_plugin.marker import (
     MARKER,
     MARKER_HELP,
     RANK_ARG,
@@ -31,10 +31,10 @@ from ddpcheck.plugin.marker import (
     parse_world_sizes,
     spec_from_marker,
 )
-from ddpcheck.plugin.options import add_ini, argtype, overrides, parse_timeout
+from ddpcheck.pytest_plugin.options import add_ini, argtype, overrides, parse_timeout
 
 if TYPE_CHECKING:
-    from ddpcheck.plugin.check import DdpCheck
+    from ddpcheck.pytest_plugin.check import DdpCheck
 
 _overrides_key = pytest.StashKey[Overrides]()
 _session_key = pytest.StashKey[ExitStack]()
@@ -75,7 +75,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from ddpcheck.plugin.check import plugin_session
+    from ddpcheck.pytest_plugin.check import plugin_session
 
     config.addinivalue_line("markers", MARKER_HELP)
     config.stash[_overrides_key] = overrides(config)
@@ -88,7 +88,7 @@ def pytest_configure(config: pytest.Config) -> None:
     stack = ExitStack()
     stack.enter_context(plugin_session(report_dir, Path(config.rootpath)))
     config.stash[_session_key] = stack
-    from ddpcheck.plugin.junit import SuiteProperties, needs_relocation
+    from ddpcheck.pytest_plugin.junit import SuiteProperties, needs_relocation
 
     if needs_relocation(config):
         config.pluginmanager.register(SuiteProperties(config), "ddpcheck-junit-properties")
@@ -141,9 +141,9 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     spec = _spec(pyfuncitem, pyfuncitem.config)
     if spec is None:
         return None
-    from ddpcheck.plugin.failure import raise_outcome
-    from ddpcheck.plugin.junit import add_properties
-    from ddpcheck.plugin.ranks import run_in_ranks
+    from ddpcheck.pytest_plugin.failure import raise_outcome
+    from ddpcheck.pytest_plugin.junit import add_properties
+    from ddpcheck.pytest_plugin.ranks import run_in_ranks
 
     world_size = _world_size(pyfuncitem)
     capture = pyfuncitem.config.getoption("capture", "fd") != "no"
@@ -163,7 +163,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
-    from ddpcheck.plugin.check import running_item
+    from ddpcheck.pytest_plugin.check import running_item
 
     with running_item(item):
         return (yield)
@@ -181,7 +181,7 @@ def ddp_rank(request: pytest.FixtureRequest) -> Any:
     Known only inside the ranks: other fixtures run once in the pytest process and see a placeholder.
     """
     _needs_marker(request, RANK_ARG)
-    from ddpcheck.plugin.ranks import RankUnknown
+    from ddpcheck.pytest_plugin.ranks import RankUnknown
 
     return RankUnknown()
 
@@ -200,6 +200,6 @@ def ddpcheck(request: pytest.FixtureRequest) -> DdpCheck:
     Fails the test with the report table on any finding; results go to JUnit properties and, with
     ``--ddpcheck-report DIR``, to report files named after the test.
     """
-    from ddpcheck.plugin.check import DdpCheck
+    from ddpcheck.pytest_plugin.check import DdpCheck
 
     return DdpCheck(request.node)

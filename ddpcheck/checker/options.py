@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ddpcheck.recorder import RecordOptions
+from ddpcheck.checker.recording import RecordOptions
 
 if TYPE_CHECKING:
     from ddpcheck.launch import ProgressCallback

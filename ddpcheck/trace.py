@@ -36,7 +36,7 @@ BITMAP_IDS = 1 << 26  # ids below this are counted in a bitmap (64 MB at most) w
 class IdBuffer:
     """One epoch's ids as they arrive, kept compact: an ``array('q')`` while batches come as arrays.
 
-    A batch that is an ``array('q')`` holds plain ints by construction (the recorder builds one only
+    A batch that is an ``array('q')`` holds plain ints by construction (recording builds one only
     from sources known to yield them); any other batch turns the buffer into a list, and
     :meth:`ids` then stores it with :func:`compact_ids`, exactly as a list of the same ids would be.
     ``distinct`` is incremental: the endless-loader guard asks it at doubling lengths, and it never
@@ -129,7 +129,7 @@ class LoaderFacts:
     in_order: bool = True  # False: DataLoader(in_order=False) with workers, batch order may vary by run
     recorded: str = "sampler"  # "sampler": the (batch) sampler's index stream; "loader": real iteration
     steps: int | None = None  # windows of this many batches per rank instead of whole epochs
-    resumable: str = ""  # where the data state lives, for the resume check ("" none; see recorder)
+    resumable: str = ""  # where the data state lives, for the resume check ("" none; see checker.recording)
 
 
 @dataclass(frozen=True)

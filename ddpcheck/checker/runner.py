@@ -13,19 +13,18 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from ddpcheck.checker.loaderfile import BadLoaderFile, LoaderSpec, defined_names, precheck
+from ddpcheck.checker.options import BadInput, CheckOptions, validate
+from ddpcheck.checker.recording import RankRecording, record_rank
 from ddpcheck.checks import run_checks
 from ddpcheck.checks.verdict import Verdict, allow
-from ddpcheck.divergence import defined_names
 from ddpcheck.figures import FigureData, figure_data
 from ddpcheck.launch import GroupCall, GroupResult, StartedGroups, TargetRef, started_groups
-from ddpcheck.loaderfile import BadLoaderFile, LoaderSpec, precheck
-from ddpcheck.options import BadInput, CheckOptions, validate
-from ddpcheck.record import RankFailure, RunTrace
-from ddpcheck.recorder import RankRecording, record_rank
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.scenarios import Outcome, Scenario
 from ddpcheck.scenarios import build as build_scenarios
 from ddpcheck.scenarios.protocol import Context as ScenarioContext
+from ddpcheck.trace import RankFailure, RunTrace
 
 Progress = Callable[[str], None]
 
@@ -67,7 +66,7 @@ def check_loader(
 
     try:
         if options.preload and (options.simulate or options.backend != "nccl"):  # nccl ranks are spawned
-            from ddpcheck.preload import preload_imports
+            from ddpcheck.launch.preload import preload_imports
 
             loaded = preload_imports(str(path), deadline_s=options.timeout)
             if loaded.imported:

@@ -14,13 +14,9 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
-from ddpcheck.checks import run_checks
-from ddpcheck.launch.rank import _error_message
-from ddpcheck.loaderfile import BadLoaderFile, LoaderSpec, precheck
-from ddpcheck.record import RankFailure, RunTrace
-from ddpcheck.recorder import RankRecording, record_rank
-from ddpcheck.result import EXIT_BAD_INPUT, CheckResult, WorldResult
-from ddpcheck.runner import (
+from ddpcheck.checker.loaderfile import BadLoaderFile, LoaderSpec, precheck
+from ddpcheck.checker.recording import RankRecording, record_rank
+from ddpcheck.checker.runner import (
     BadInput,
     CheckOptions,
     _jsonable_options,
@@ -29,6 +25,10 @@ from ddpcheck.runner import (
     _run,
     validate,
 )
+from ddpcheck.checks import run_checks
+from ddpcheck.launch.rank import _error_message
+from ddpcheck.result import EXIT_BAD_INPUT, CheckResult, WorldResult
+from ddpcheck.trace import RankFailure, RunTrace
 
 DETERMINISM_SKIP = "a joined launch runs once: start the launch twice and compare to check determinism"
 

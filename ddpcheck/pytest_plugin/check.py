@@ -1,6 +1,6 @@
 """Checking a loader from a test: ``assert_ddp_safe`` and the ``ddpcheck`` fixture's object.
 
-(Public names are re-exported by ``ddpcheck.pytest_support``, the module users import.)
+(Public names are re-exported by ``ddpcheck.pytest_plugin``, the module users import.)
 
 Both run the full checker (``check_loader``: real gloo ranks at every world size) on a loader factory
 defined at module level in a test file, or on a loader file, and fail with the report table when a
@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ddpcheck.checker.runner import CheckOptions
     from ddpcheck.result import CheckResult
-    from ddpcheck.runner import CheckOptions
 
 LoaderSource = Callable[..., Any] | str | os.PathLike[str]
-"""A module-level loader factory, or the path of a loader file (see ``ddpcheck.loaderfile``)."""
+"""A module-level loader factory, or the path of a loader file (see ``ddpcheck.checker.loaderfile``)."""
 
 _STEM_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _MAX_STEM = 120
@@ -147,7 +147,7 @@ def check_options(
 ) -> CheckOptions:
     """``CheckOptions`` from keyword options; an unknown option is a TypeError that lists the known ones."""
     __tracebackhide__ = True
-    from ddpcheck.runner import CheckOptions
+    from ddpcheck.checker.runner import CheckOptions
 
     allowed = sorted(f.name for f in fields(CheckOptions) if f.name not in ("world_sizes", "epochs", "extra"))
     unknown = sorted(set(options) - set(allowed))
@@ -171,7 +171,7 @@ def run_check(
     Returns the result whatever it says; :func:`assert_ddp_safe` is the failing variant.
     """
     __tracebackhide__ = True
-    from ddpcheck.runner import check_loader
+    from ddpcheck.checker.runner import check_loader
 
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
@@ -198,7 +198,7 @@ def record(result: CheckResult, item: Any = None) -> list[Path]:
     if session is not None:
         session.checks_per_item[nodeid] = count
     prefix = "ddpcheck" if count == 1 else f"ddpcheck#{count}"
-    from ddpcheck.plugin.junit import add_properties
+    from ddpcheck.pytest_plugin.junit import add_properties
 
     add_properties(item, result_properties(result, prefix))
     if session is None or session.report_dir is None:
@@ -242,7 +242,7 @@ def assert_ddp_safe(
     factory ``factory`` names (default ``make_loader``). ``options`` are the other ``CheckOptions``
     fields (``backend``, ``patch``, ``timeout``, ``determinism``, ...; an unknown one is a TypeError
     that lists them). Raises :class:`DdpCheckFailed` (an AssertionError) with the report
-    table; bad input (no such file, no factory) raises ``ddpcheck.runner.BadInput`` with one line.
+    table; bad input (no such file, no factory) raises ``ddpcheck.checker.runner.BadInput`` with one line.
     """
     __tracebackhide__ = True
     result = run_check(factory_or_path, world_sizes=world_sizes, epochs=epochs, factory=factory, **options)

@@ -13,11 +13,9 @@ Tolerance: by default integer metrics must match exactly and float metrics withi
 
 from __future__ import annotations
 
-import ast
 import math
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from ddpcheck.checks.ids import METRIC_EQUIVALENCE
 from ddpcheck.checks.verdict import Verdict
@@ -58,38 +56,6 @@ class Causes:
     @property
     def order_only(self) -> bool:
         return self.same_samples and self.order_differs
-
-
-def defined_names(path: str | Path) -> frozenset[str]:
-    """Names a loader file binds at module level, read from its source without running it.
-
-    Deciding from the source keeps files without hooks free of any extra process start.
-    Functions, classes, assignments and imports count, also inside top-level ``if``/``try``/``with``.
-    """
-    try:
-        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, UnicodeDecodeError):
-        return frozenset()
-    names: set[str] = set()
-    _collect_names(tree.body, names)
-    return frozenset(names)
-
-
-def _collect_names(body: Iterable[ast.stmt], names: set[str]) -> None:
-    for node in body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update((a.asname or a.name).split(".")[0] for a in node.names)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
-        elif isinstance(node, (ast.If, ast.Try, ast.With)):
-            for part in ("body", "orelse", "finalbody"):
-                _collect_names(getattr(node, part, []), names)
-            for handler in getattr(node, "handlers", []):
-                _collect_names(handler.body, names)
 
 
 # --------------------------------------------------------------------------- causes
