@@ -126,6 +126,7 @@ class LoaderFacts:
     pad_unit: int = 1  # samples per padding unit: a batch when the loader pads whole batches (even_batches)
     batch_level: bool = False  # True when whole batches are sharded (custom batch sampler)
     has_set_epoch: bool = False
+    shuffles: bool | None = None  # the sampler says it reshuffles every epoch (shuffle=True, RandomSampler)
     in_order: bool = True  # False: DataLoader(in_order=False) with workers, batch order may vary by run
     recorded: str = "sampler"  # "sampler": the (batch) sampler's index stream; "loader": real iteration
     steps: int | None = None  # windows of this many batches per rank instead of whole epochs

@@ -76,6 +76,8 @@ CASES = [
     _case("good_eval_no_shuffle.py"),
     _case("good_drop_last.py"),
     _case("good_repeat_augmentation.py"),  # the reference repeats each sample 3 times, by design
+    _case("good_multi_epochs_loader.py"),  # one iterator kept across epochs, started in __init__
+    _case("good_self_batching_loader.py"),  # no torch iterator: ids from the batches' id field
     # The same plain loader without --patch: every rank sees everything.
     _case(
         "good_plain_for_patch.py",
@@ -122,6 +124,13 @@ CASES = [
         simulate=WORKER_SLOW,
     ),
     _case("bug_reseeded_generator.py", RESHUFFLE, causes={RESHUFFLE: "re-seeded every epoch"}),
+    _case(
+        "bug_multi_epochs_workers.py",
+        RESHUFFLE,
+        fails_at_1=frozenset({RESHUFFLE}),
+        causes={RESHUFFLE: "drawn before set_epoch reaches the sampler"},
+        simulate=WORKER_SLOW,
+    ),
     _case("bug_fixed_assignment.py", RESHUFFLE, causes={RESHUFFLE: "assignment never changes"}),
     _case(
         "bug_rank_dependent_length.py",
@@ -384,3 +393,43 @@ def test_repeated_sampling_passes_with_words_that_stay_true() -> None:
     assert "up to 3 times per epoch" in at3[NO_OVERLAP].detail and "up to 3 ranks" in at3[NO_OVERLAP].detail
     assert "yields a sample twice" not in at3[WORKER_SHARDING].detail
     assert "16 distinct" in at3[COVERAGE].detail and "16 distinct" in at3[SINGLE_PROCESS_EQUIVALENCE].detail
+
+
+def test_samples_are_identified_by_data_where_a_rank_sees_no_indices(tmp_path: Path) -> None:
+    """Rank 0 iterates a torch DataLoader iterator (indices), the others form batches themselves (as
+    a framework whose rank 0 loads for everyone would): the run is redone identifying every sample by
+    the batches' id field, in the reference too, and the correct loader passes."""
+    path = tmp_path / "asymmetric.py"
+    path.write_text(
+        """
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
+
+class Numbered(Dataset):
+    def __len__(self):
+        return 40
+    def __getitem__(self, i):
+        return {"id": i + 1000, "x": torch.tensor(float(i))}
+
+class Asymmetric(DataLoader):
+    def __iter__(self):
+        if dist.get_rank() == 0:
+            yield from super().__iter__()
+            return
+        for indices in self.batch_sampler:
+            yield default_collate([self.dataset[i] for i in indices])
+
+def make_loader(rank, world_size):
+    ds = Numbered()
+    return Asymmetric(ds, batch_size=4, sampler=DistributedSampler(ds, world_size, rank, seed=1))
+""",
+        encoding="utf-8",
+    )
+    result = check_loader(str(path), CheckOptions(world_sizes=(1, 2), epochs=2))
+    failed = {v.check for run in result.runs for v in run.verdicts if v.failed}
+    assert failed == set() and not any(run.failures for run in result.runs)
+    assert any(
+        "indices not seen on every rank; samples identified by the batches' field:id" in n
+        for n in result.notes
+    )

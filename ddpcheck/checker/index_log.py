@@ -34,13 +34,16 @@ class IndexLog:
         self.ready.clear()
 
 
-def log_of(loader: Any) -> IndexLog:
+def log_of(loader: Any, early: IndexLog | None = None) -> IndexLog:
     """The loader's log, attached on first use and kept for the loader's life: a persistent-workers
-    iterator created in one epoch keeps logging in the next. Bypasses ``DataLoader.__setattr__``."""
+    iterator created in one epoch keeps logging in the next. Bypasses ``DataLoader.__setattr__``.
+
+    ``early``: the log that caught iterators built while the loader was (a loader that starts its
+    one iterator in ``__init__``, as timm's ``MultiEpochsDataLoader`` does); it becomes this log."""
     install()
     log = getattr(loader, _ATTR, None)
     if log is None:
-        log = IndexLog()
+        log = early if early is not None and early.iterators else IndexLog()
         object.__setattr__(loader, _ATTR, log)
     _drop_unlogged_initial_iterator(loader)
     return log
@@ -90,12 +93,12 @@ class catch_all:
     def __enter__(self) -> IndexLog:
         global _catch_all
         install()
-        _catch_all = self.log
+        self._outer, _catch_all = _catch_all, self.log
         return self.log
 
     def __exit__(self, *exc: object) -> None:
         global _catch_all
-        _catch_all = None
+        _catch_all = self._outer
 
 
 def install() -> None:

@@ -18,7 +18,7 @@ from itertools import islice
 from typing import Any, cast
 
 from ddpcheck.checker.identity import make_id_extractor
-from ddpcheck.checker.index_log import log_of
+from ddpcheck.checker.index_log import catch_all, log_of
 from ddpcheck.checker.loaderfile import (
     BadLoaderFile,
     LoaderSpec,
@@ -159,7 +159,8 @@ def record_rank(spec: LoaderSpec, options: RecordOptions) -> RankRecording:
     """Entry point inside a rank: rank and world size come from the initialised group."""
     rank, world_size = _group_position()
     report_progress("building the loader")
-    outer, module = build_loader(spec, options, rank, world_size)
+    with catch_all() as early:  # iterators the factory itself starts (one kept for every epoch)
+        outer, module = build_loader(spec, options, rank, world_size)
     loader = unwrap_loader(outer)
     hook = optional_hook(module, "sample_ids")
     if options.set_epoch:
@@ -173,7 +174,7 @@ def record_rank(spec: LoaderSpec, options: RecordOptions) -> RankRecording:
         and sampler_only_is_exact(outer, loader)
     )
     if not by_sampler:
-        log_of(loader)  # before the resume probe: a state_dict() call may already build the iterator
+        log_of(loader, early)  # before the resume probe: a state_dict() call may build the iterator
     facts = replace(
         facts,
         recorded="sampler" if by_sampler else "loader",
@@ -352,7 +353,23 @@ def _distinct(*objects: Any) -> list[Any]:
 
 def _inner_sampler(loader: Any) -> Any:
     batch_sampler = getattr(loader, "batch_sampler", None)
-    return getattr(batch_sampler, "sampler", None) if batch_sampler is not None else None
+    return _inner_sampler_of(batch_sampler) if batch_sampler is not None else None
+
+
+def _wrapped_batch_samplers(batch_sampler: Any) -> list[Any]:
+    """Batch samplers inside a wrapper's ``.sampler`` chain (timm's repeating wrapper holds one)."""
+    found: list[Any] = []
+    inner: Any = getattr(batch_sampler, "sampler", None)
+    while len(found) < 4 and hasattr(inner, "sampler") and hasattr(inner, "batch_size"):
+        found.append(inner)
+        inner = inner.sampler
+    return found
+
+
+def _inner_sampler_of(batch_sampler: Any) -> Any:
+    """The sampler a batch sampler chunks, looking through wrappers around batch samplers."""
+    wrapped = _wrapped_batch_samplers(batch_sampler)
+    return getattr(wrapped[-1] if wrapped else batch_sampler, "sampler", None)
 
 
 def set_epoch_everywhere(outer: Any, epoch: int) -> None:
@@ -421,8 +438,21 @@ def read_facts(outer: Any) -> LoaderFacts:
         pad_unit=pad_unit,
         batch_level=custom_batches,
         has_set_epoch=any(callable(getattr(p, "set_epoch", None)) for p in parts),
+        shuffles=_declared_shuffle(sampler),
         in_order=bool(getattr(loader, "in_order", True)) or int(loader.num_workers) == 0,
     )
+
+
+def _declared_shuffle(sampler: Any) -> bool | None:
+    """What the sampler says of its order: True for a reshuffling one, None where it says nothing."""
+    from torch.utils.data import RandomSampler, SequentialSampler
+
+    if isinstance(sampler, RandomSampler):
+        return True
+    if isinstance(sampler, SequentialSampler):
+        return False
+    shuffle = getattr(sampler, "shuffle", None)
+    return shuffle if isinstance(shuffle, bool) else None
 
 
 PROBE_BATCHES = 4
@@ -443,8 +473,10 @@ def plain_batching(batch_sampler: Any, dataset: Any) -> bool:
     plain_type = isinstance(batch_sampler, BatchSampler) and cls.__iter__ is BatchSampler.__iter__
     if cls is BatchSampler or plain_type:
         return True
-    inner = getattr(batch_sampler, "sampler", None)
     size = getattr(batch_sampler, "batch_size", None)
+    for wrapped in _wrapped_batch_samplers(batch_sampler):
+        size = size if size is not None else wrapped.batch_size
+    inner = _inner_sampler_of(batch_sampler)
     if inner is None or not isinstance(size, int) or isinstance(size, bool) or size < 1:
         return False
     try:
@@ -528,6 +560,9 @@ def is_collated(loader: Any) -> bool:
     return loader.batch_size is not None or loader.batch_sampler is not None
 
 
+MIXED_IDS = "mixed"  # a stream identified by index, then by data: only a rerun by data compares
+
+
 @dataclass
 class StreamInfo:
     """Filled in while :func:`batches_with_ids` runs: the id source."""
@@ -557,17 +592,20 @@ def batches_with_ids(
     by_index = by_index and facts.dataset_kind == "map" and hook is None
     collated = is_collated(loader)
     extract: Callable[[Any], list[Hashable]] | None = None
+    indexed = 0
     for batch in outer:
         batch_ids, worker = log.ready.popleft() if log.ready else (None, None)
-        if by_index:
-            if batch_ids is None:
-                raise BadLoaderFile(
-                    f"cannot tell which dataset indices {type(outer).__name__} yielded (it does not "
-                    "iterate a torch DataLoader underneath); define a sample_ids(batch) hook"
-                )
+        if by_index and batch_ids is None:
+            # No torch DataLoader iterator in this process handed this batch out (a loader that forms
+            # batches itself; a framework whose rank 0 loads for every rank): the batch's own data
+            # identifies it from here on, and the runner identifies every run that way.
+            by_index = False
+        if by_index and batch_ids is not None:
+            indexed += 1
             info.source = "index"
         else:
             if extract is None:
-                info.source, extract = make_id_extractor(hook, batch, collated)
+                source, extract = make_id_extractor(hook, batch, collated)
+                info.source = MIXED_IDS if indexed else source
             batch_ids = extract(batch)
         yield batch, batch_ids, worker

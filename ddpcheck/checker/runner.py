@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from ddpcheck.checker.loaderfile import BadLoaderFile, LoaderSpec, defined_names, precheck
 from ddpcheck.checker.options import BadInput, CheckOptions, validate
-from ddpcheck.checker.recording import RankRecording, record_rank
+from ddpcheck.checker.recording import MIXED_IDS, RankRecording, record_rank
 from ddpcheck.checks import run_checks
 from ddpcheck.checks.verdict import Verdict, allow
 from ddpcheck.figures import FigureData, figure_data
@@ -134,18 +134,23 @@ def _check_world(
         if windowed:
             reference = traces.pop(0)
         run = reference if ws == 1 and options.set_epoch else traces.pop(0)
-        if _rank_local_indices(reference, run):
-            # Each rank indexes its own dataset from 0 (datasets' split_dataset_by_node): indices cannot
-            # be compared across ranks. The batches' id field can; without one, the checks say why.
+        local = _rank_local_indices(reference, run)
+        if local or _identified_apart(reference, run):
+            # Indices cannot be compared: each rank indexes its own dataset from 0 (datasets'
+            # split_dataset_by_node), or some rank saw no indices at all (batches formed outside a
+            # torch iterator there). The batches' data can; for local indices only an id field will
+            # do (without one the checks say why).
             by_data = replace(options, ids_from_data=True)
             alt_reference, alt_run = _runs(
                 spec, [(replace(by_data, set_epoch=True), 1, ()), (by_data, ws, ())]
             )
-            if alt_run.ok and alt_reference.ok and alt_run.id_source.startswith("field:"):
-                say(
-                    f"world size {ws}: rank-local indices; samples identified by the batches' "
-                    f"{alt_run.id_source}"
-                )
+            usable = alt_run.id_source.startswith("field:") if local else True
+            if alt_run.ok and alt_reference.ok and alt_run.id_source == alt_reference.id_source and usable:
+                why = "rank-local indices" if local else "indices not seen on every rank"
+                said = f"world size {ws}: {why}; samples identified by {_describe_source(alt_run.id_source)}"
+                say(said)
+                if notes is not None:
+                    notes.append(said)
                 reference, run, options = alt_reference, alt_run, by_data
                 rerun_job = (by_data, ws, ()) if options.determinism else None
         if not (options.determinism and run.ok):
@@ -188,6 +193,17 @@ def _check_world(
     status = "ok" if result.ok else f"{failed} checks failed, {len(result.failures)} rank failures"
     say(f"world size {ws}: {status} ({result.seconds:.2f}s)")
     return result
+
+
+def _identified_apart(reference: RunTrace, run: RunTrace) -> bool:
+    """The run's samples were identified another way than the reference's, or its ranks disagree."""
+    return run.ok and reference.ok and run.id_source != reference.id_source
+
+
+def _describe_source(source: str) -> str:
+    if source.startswith("field:"):
+        return f"the batches' {source}"
+    return "a content hash of each sample" if source == "content-hash" else source
 
 
 def _rank_local_indices(reference: RunTrace, run: RunTrace) -> bool:
@@ -399,11 +415,19 @@ def to_run_trace(group: GroupResult, *, set_epoch: bool = True) -> RunTrace:
         world_size=group.world_size,
         backend=group.backend,
         ranks=tuple(r.trace for r in recordings),
-        id_source=recordings[0].id_source if recordings else "index",
+        id_source=_common_source(recordings),
         set_epoch=set_epoch,
         failures=failures,
         options={"bad_input": bad[0].message} if bad and len(bad) == len(group.outcomes) else {},
     )
+
+
+def _common_source(recordings: Sequence[RankRecording]) -> str:
+    """How the ranks identified samples: their one way, or ``mixed`` where they differ."""
+    sources = {r.id_source for r in recordings}
+    if not sources:
+        return "index"
+    return sources.pop() if len(sources) == 1 else MIXED_IDS
 
 
 def _raise_if_bad_input(reference: RunTrace) -> None:

@@ -19,6 +19,11 @@ from ddpcheck.trace import RunTrace
 CHANCE = 1e-3  # a repeat rarer than this under an honest reshuffle is treated as a bug
 REPEATS = "set_epoch is not called, or the generator is re-seeded every epoch"
 NO_SET_EPOCH = "the sampler has no set_epoch, so it cannot change its order between epochs"
+STALE_EPOCH = (
+    "the next epoch's order is drawn before set_epoch reaches the sampler: an iterator kept across "
+    "epochs (with prefetching workers) starts the next pass early; call set_epoch before that pass "
+    "is drawn, or build a fresh iterator each epoch"
+)
 FROZEN_SHARDS = "the sample-to-rank assignment never changes: each rank only reorders its own shard"
 
 
@@ -48,6 +53,25 @@ def _chance_text(log_p: float) -> str:
     return f"1 in {math.exp(-log_p):,.0f}" if log_p > -50 else "practically never"
 
 
+def _stale_epoch(reference: RunTrace, ctx: Context) -> Verdict | None:
+    """One process repeats its epoch although its sampler says it shuffles and the loop called
+    ``set_epoch``: the next epoch's order was drawn before the call reached the sampler (an iterator
+    kept across epochs that prefetches, as timm's ``MultiEpochsDataLoader`` with workers does)."""
+    facts = ctx.facts
+    if not (facts.shuffles and facts.has_set_epoch and reference.set_epoch and facts.steps is None):
+        return None
+    epoch = reference.ranks[0].epochs[0]
+    n = len(set(epoch.ids))
+    log_p = -_log_falling(n, len(epoch.ids))  # an honest reshuffle repeating the whole order
+    if log_p >= math.log(CHANCE):
+        return None
+    detail = (
+        f"epoch 1 repeats epoch 0 in one process ({n} {ctx.noun}, {_chance_text(log_p)} by chance), although "
+        f"its {facts.sampler or 'sampler'} shuffles and set_epoch was called before each epoch"
+    )
+    return Verdict(RESHUFFLE, "fail", detail, STALE_EPOCH, (0,), (0, 1), (), {"ranks": ctx.world_size})
+
+
 def check_reshuffle(
     reference: RunTrace, run: RunTrace, rerun: RunTrace | None = None, *, ctx: Context | None = None
 ) -> Verdict:
@@ -61,6 +85,9 @@ def check_reshuffle(
         e for e in range(ctx.num_epochs - 1) if not same_sequence(ref_epochs[e].ids, ref_epochs[e + 1].ids)
     ]
     if not pairs:
+        stale = _stale_epoch(reference, ctx)
+        if stale is not None:
+            return stale
         detail = "reference keeps its order (no shuffle); nothing to compare"
         if not (run.set_epoch and reference.set_epoch) and ctx.facts.has_set_epoch:
             detail += (
