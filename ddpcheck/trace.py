@@ -125,6 +125,9 @@ class LoaderFacts:
     padding: bool | None = None  # True when the sampler is known to pad, False when known to drop
     pad_unit: int = 1  # samples per padding unit: a batch when the loader pads whole batches (even_batches)
     batch_level: bool = False  # True when whole batches are sharded (custom batch sampler)
+    per_rank_batches: str = (
+        ""  # "Grouping over DistributedSampler": a custom batch sampler over a rank's share
+    )
     has_set_epoch: bool = False
     shuffles: bool | None = None  # the sampler says it reshuffles every epoch (shuffle=True, RandomSampler)
     in_order: bool = True  # False: DataLoader(in_order=False) with workers, batch order may vary by run

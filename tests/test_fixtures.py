@@ -78,6 +78,7 @@ CASES = [
     _case("good_repeat_augmentation.py"),  # the reference repeats each sample 3 times, by design
     _case("good_multi_epochs_loader.py"),  # one iterator kept across epochs, started in __init__
     _case("good_self_batching_loader.py"),  # no torch iterator: ids from the batches' id field
+    _case("good_grouped_batch_sampler.py"),  # batches grouped within each rank's share, by design
     # The same plain loader without --patch: every rank sees everything.
     _case(
         "good_plain_for_patch.py",
@@ -433,3 +434,15 @@ def make_loader(rank, world_size):
         "indices not seen on every rank; samples identified by the batches' field:id" in n
         for n in result.notes
     )
+
+
+def test_returning_several_loaders_is_bad_input_with_a_way_forward(tmp_path: Path) -> None:
+    path = tmp_path / "two.py"
+    path.write_text(
+        "from torch.utils.data import DataLoader\n"
+        "def make_loader():\n"
+        "    return [DataLoader(range(8), batch_size=2), DataLoader(range(4), batch_size=2)]\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(BadInput, match=r"returned list, not a torch DataLoader; .*factory of its own"):
+        check_loader(str(path), CheckOptions(world_sizes=(1,), epochs=1))

@@ -137,8 +137,19 @@ def call_factory(factory: Callable[..., Any], available: dict[str, Any]) -> Any:
             raise
         raise BadLoaderFile(f"{name}() raised {type(exc).__name__}: {exc}") from exc
     if not issubclass(type(loader), DataLoader) and _wrapped_loader(loader) is None:
-        raise BadLoaderFile(f"{name}() returned {type(loader).__name__}, not a torch DataLoader")
+        raise BadLoaderFile(
+            f"{name}() returned {type(loader).__name__}, not a torch DataLoader{_hint(loader)}"
+        )
     return loader
+
+
+def _hint(returned: Any) -> str:
+    """A way forward for objects people return that hold several loaders."""
+    if isinstance(getattr(returned, "flattened", None), list):  # Lightning's CombinedLoader
+        return "; check each of its loaders (its .flattened list) with a factory of its own"
+    if isinstance(returned, (list, tuple, dict)):
+        return "; return one DataLoader, and check each of several with a factory of its own (--factory)"
+    return ""
 
 
 WRAPPER_ATTRIBUTES = ("base_dataloader", "_dataloader", "dataloader", "_loader", "loader")

@@ -437,10 +437,24 @@ def read_facts(outer: Any) -> LoaderFacts:
         padding=padding,
         pad_unit=pad_unit,
         batch_level=custom_batches,
+        per_rank_batches=_per_rank_batches(batch_sampler, sampler) if custom_batches else "",
         has_set_epoch=any(callable(getattr(p, "set_epoch", None)) for p in parts),
         shuffles=_declared_shuffle(sampler),
         in_order=bool(getattr(loader, "in_order", True)) or int(loader.num_workers) == 0,
     )
+
+
+def _per_rank_batches(batch_sampler: Any, sampler: Any) -> str:
+    """A custom batch sampler that groups the stream of a rank-aware sampler (mmdet's
+    ``AspectRatioBatchSampler`` over ``DefaultSampler``, torchvision's ``GroupedBatchSampler`` over
+    ``DistributedSampler``, Lightning re-creating a batch sampler over one): it forms its batches from
+    each rank's share by design. Named as "Grouping over DistributedSampler"; "" otherwise."""
+    from torch.utils.data import DistributedSampler
+
+    rank_aware = isinstance(sampler, DistributedSampler) or (
+        hasattr(sampler, "rank") and (hasattr(sampler, "num_replicas") or hasattr(sampler, "world_size"))
+    )
+    return f"{type(batch_sampler).__name__} over {type(sampler).__name__}" if rank_aware else ""
 
 
 def _declared_shuffle(sampler: Any) -> bool | None:

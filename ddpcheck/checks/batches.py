@@ -8,7 +8,7 @@ exactly; only a run that changes between two seeded runs is judged by batch size
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
 from ddpcheck.checks._format import epochs_text, ids_text
 from ddpcheck.checks.context import Context, batch_key, broken_reason, same_streams
@@ -45,6 +45,9 @@ def check_batch_integrity(
             "(no custom batch structure to preserve)",
         )
     ref_epochs = reference.ranks[0].epochs[: ctx.num_epochs]
+    per_rank = next((r.facts.per_rank_batches for r in run.ranks if r.facts.per_rank_batches), "")
+    if per_rank and ctx.world_size > 1:
+        return _grouped_per_rank(run, ref_epochs, per_rank, ctx.num_epochs)
     ref_keys = [_keys(t) for t in ref_epochs]
     random_run = rerun is not None and not broken_reason(rerun, "") and not same_streams(run, rerun)
     every = set().union(*ref_keys)
@@ -88,3 +91,25 @@ def check_batch_integrity(
             "with the single-process loader's; they match",
         )
     return passed(BATCH_INTEGRITY, "every rank's batches are whole batches of the single-process loader")
+
+
+def _grouped_per_rank(run: RunTrace, ref_epochs: Sequence[EpochTrace], per_rank: str, epochs: int) -> Verdict:
+    """A batch sampler that groups each rank's share forms other batches than one process by design;
+    what still holds is that no batch outgrows the largest one the single process forms."""
+    largest = max((size for t in ref_epochs for size in t.batch_sizes), default=0)
+    for e in range(epochs):
+        for r, trace in enumerate(run.epoch(e)):
+            over = [size for size in trace.batch_sizes if size > largest]
+            if over:
+                detail = (
+                    f"rank {r} yields a batch of {over[0]} samples in epoch {e}; one process never "
+                    f"forms more than {largest} ({per_rank})"
+                )
+                cause = "batches grow under DDP: the batch size is not per rank"
+                return Verdict(BATCH_INTEGRITY, "fail", detail, cause, (r,), (e,), (), {"largest": largest})
+    return passed(
+        BATCH_INTEGRITY,
+        f"batches are formed within each rank's share by {per_rank} (the grouping pattern of mmdet's "
+        "AspectRatioBatchSampler and torchvision's GroupedBatchSampler), so they differ from one "
+        f"process's by design; none is larger than one process's largest ({largest})",
+    )

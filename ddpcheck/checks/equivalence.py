@@ -95,7 +95,8 @@ def check_single_process_equivalence(
         )
     n = len(views[0].ref_items)
     distinct = views[0].ref_distinct
-    size = f"{n} {noun}" if distinct == n else f"{n} {noun}: {distinct} distinct, each as often as there"
+    # the ids, not their counts: extra copies are padding_bound's and no_overlap's to judge
+    size = f"{n} {noun}" if distinct == n else f"{n} {noun}, {distinct} distinct: every one of them"
     dropped = max(g.missing for g in gaps)
     return passed(
         CHECK,

@@ -346,7 +346,11 @@ def _cause(rank: RankResume, stop: Stop, got: Batches) -> str:
     for epoch, batches in enumerate(rank.uninterrupted):
         if epoch != stop.epoch and flat and flat == _flat(batches[stop.step :]):
             if epoch < stop.epoch:
-                return f"the restored loader replays epoch {epoch}'s order: its epoch is not restored"
+                return (
+                    f"the restored loader replays epoch {epoch}'s order: its epoch is not restored, or "
+                    "its order comes from global random state (random, numpy, torch) that no "
+                    "state_dict saves (seed it from seed + epoch)"
+                )
             return (
                 f"the restored loader jumps ahead to epoch {epoch}'s order: the saved generator state "
                 "already belongs to the next permutation (saved after the epoch's permutation was drawn)"
