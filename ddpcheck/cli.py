@@ -361,6 +361,8 @@ def _short(text: str, limit: int = 80) -> str:
 
 
 def _refuse_own_report(junit: Path, report_dir: Path) -> None:
+    if str(junit) in ("", ".") or junit.is_dir():
+        raise UsageError(f"--junit {str(junit) or repr('')} is a directory; give a file path")
     try:
         target = os.path.realpath(junit)
         own = {os.path.realpath(report_dir / f"ddpcheck{suffix}") for suffix in OWN_REPORT_SUFFIXES}
@@ -372,11 +374,70 @@ def _refuse_own_report(junit: Path, report_dir: Path) -> None:
         )
 
 
+MAX_ERROR_LINE = 500  # characters of an error message shown on its one line (-v shows it all)
+
+
 def _error(message: str, exc: BaseException | None = None, verbose: bool = False) -> int:
     if verbose and exc is not None:
         traceback.print_exception(exc, file=sys.stderr)
-    print(f"ddpcheck: error: {message}", file=sys.stderr)
+    print(f"ddpcheck: error: {one_line(message)}", file=sys.stderr)
     return EXIT_BAD_INPUT
+
+
+def one_line(message: str, limit: int = MAX_ERROR_LINE) -> str:
+    """The first line of ``message``, cut to ``limit`` characters with a count of what was cut."""
+    first = message.splitlines()[0] if message.strip() else message
+    if len(first) <= limit:
+        return first
+    return f"{first[:limit]}... ({len(first) - limit:,} more characters)"
+
+
+class _Forgiving:
+    """stderr that a closed pipe, a closed descriptor or a full disk cannot turn into a traceback or
+    another exit code (``ddpcheck ... 2>&1 | head -1``): what cannot be written is dropped. The
+    reports on disk and the exit code carry the result."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except (OSError, ValueError):
+            self._drop()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except (OSError, ValueError):
+            self._drop()
+
+    def _drop(self) -> None:
+        self._stream = open(os.devnull, "w")  # noqa: SIM115 - stands in for stderr until exit
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _sane_standard_streams() -> None:
+    """Descriptors 0-2 that were closed at start point at /dev/null (so no file or socket of ours, and
+    no rank, ever takes their number); stderr forgives a reader that went away."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            try:
+                null = os.open(os.devnull, os.O_RDWR)
+                if null != fd:
+                    os.dup2(null, fd)
+                    os.close(null)
+            except OSError:
+                pass
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    if not isinstance(sys.stderr, _Forgiving):
+        sys.stderr = _Forgiving(sys.stderr if sys.stderr is not None else open(os.devnull, "w"))  # noqa: SIM115
 
 
 def _ensure_writable(directory: Path) -> None:
@@ -458,6 +519,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     exit code is known, so one arriving during interpreter shutdown cannot kill the process by signal;
     with an explicit ``argv`` (a caller in-process) the previous handlers are restored on return.
     """
+    _sane_standard_streams()
     previous = install_signal_handlers()
     try:
         try:
@@ -488,15 +550,22 @@ def exit_now(code: int) -> NoReturn:
     0.3-0.6 s and does nothing a finished command needs. Exit handlers (``atexit``, weakref finalizers,
     logging) still run, and output is flushed; nothing of ddpcheck's own is left to clean up here.
     """
+    import threading
+
+    # exit handlers that imported libraries registered may block: they get a few seconds, not forever
+    threading.Timer(EXIT_HANDLERS_S, os._exit, (code,)).start()
     try:
         atexit._run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except (OSError, ValueError):  # a closed pipe (``ddpcheck ... | head``)
+            except Exception:  # a closed pipe (``ddpcheck ... | head``), a stream that is None
                 pass
         os._exit(code)
+
+
+EXIT_HANDLERS_S = 5.0
 
 
 def ignore_interrupts() -> None:
@@ -528,6 +597,8 @@ def _main(argv: Sequence[str] | None) -> int:
         check_combination(args)
     except (ConfigError, UsageError) as exc:
         return _error(str(exc))
+    except Exception as exc:  # settings nobody foresaw (a file, a variable): still one line, exit 2
+        return _error(f"cannot read the settings: {type(exc).__name__}: {exc}")
     try:
         _ensure_writable(args.report_dir)
         if args.junit is not None:

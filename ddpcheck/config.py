@@ -115,8 +115,10 @@ def _table(path: Path) -> dict[str, Any] | None:
     try:
         with path.open("rb") as handle:
             data = tomllib.load(handle)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError, ValueError) as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from None
+    except (RecursionError, MemoryError):
+        raise ConfigError(f"cannot read {path}: nested too deeply") from None
     tool = data.get("tool", {})
     table = tool.get(TABLE) if isinstance(tool, dict) else None
     if table is None:

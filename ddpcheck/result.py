@@ -16,6 +16,7 @@ EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_RANK_FAILED = 3
+EXIT_INTERRUPTED = 130
 
 
 @dataclass(frozen=True)
@@ -88,13 +89,21 @@ class CheckResult:
     epochs: int = 2
     options: dict[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()  # things the user should know, e.g. "ids are content hashes"
+    interrupted: bool = False  # Ctrl-C or SIGTERM: only the world sizes in ``runs`` were checked
 
     @property
     def ok(self) -> bool:
-        return all(run.ok for run in self.runs)
+        return not self.interrupted and all(run.ok for run in self.runs)
+
+    @property
+    def verdict_word(self) -> str:
+        """``passed``, ``failed`` or ``interrupted``: what every report's headline says."""
+        return "interrupted" if self.interrupted else "passed" if self.ok else "failed"
 
     @property
     def exit_code(self) -> int:
+        if self.interrupted:
+            return EXIT_INTERRUPTED
         if any(run.failures for run in self.runs):
             return EXIT_RANK_FAILED
         if not self.ok:

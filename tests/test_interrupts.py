@@ -50,6 +50,9 @@ def test_interrupting_ddpcheck_stops_every_process_and_keeps_the_report(tmp_path
     report = json.loads((tmp_path / "ddpcheck.json").read_text())
     assert report["runs"] == [], "the reference run was still going: no world size finished"
     assert any("interrupted" in note for note in report["notes"])
+    # the report must not read as green: nothing was checked
+    assert report["interrupted"] is True and report["ok"] is False and report["exit_code"] == 130
+    assert "ddpcheck interrupted" in (tmp_path / "ddpcheck.md").read_text()
 
 
 def test_sigkill_of_ddpcheck_takes_its_ranks_and_workers_down(tmp_path: Path) -> None:

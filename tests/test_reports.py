@@ -351,6 +351,7 @@ KNOWN_JSON = {
     "schema": 1,
     "ok": False,
     "exit_code": 3,
+    "interrupted": False,
     "loader": "pkg/loader.py",
     "id_source": "field:id",
     "epochs": 3,

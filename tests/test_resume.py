@@ -60,6 +60,20 @@ def test_step_count_hook_is_right_at_the_same_world_size_and_not_elastic() -> No
     assert "not elastic" in verdict.cause
 
 
+def test_a_hook_that_continues_the_global_order_is_elastic() -> None:
+    result = _check("good_elastic_hook.py", (1, 2, 3), elastic=True)
+    assert _status(result, RESUME) == {1: "pass", 2: "pass", 3: "pass"}
+    assert _status(result, ELASTIC_RESUME) == {1: "pass", 2: "pass", 3: "pass"}
+
+
+def test_repeats_beyond_the_new_layouts_padding_are_not_elastic() -> None:
+    """Re-trained samples must not pass as padding: the new layout pads fewer than W' copies."""
+    result = _check("bug_elastic_floor_skip.py", (1, 2), elastic=True)
+    assert _status(result, RESUME) == {1: "pass", 2: "pass"}
+    verdict = _verdict(result, 2, ELASTIC_RESUME)
+    assert verdict.status == "fail" and "repeats 4 samples" in verdict.detail, verdict.detail
+
+
 @pytest.mark.parametrize(
     ("name", "epoch", "cause"),
     [

@@ -47,6 +47,15 @@ def canonical_id(value: Any) -> Hashable:
     for plain in (bool, int, float, str, bytes):  # subclasses (IntEnum aside): their plain value
         if isinstance(value, plain):
             return plain(value)  # type: ignore[call-overload,arg-type]
+    if type(value).__repr__ is object.__repr__:  # "<Key object at 0x...>" differs in every process
+        state = getattr(value, "__dict__", None)
+        if not isinstance(state, dict):
+            raise BadLoaderFile(
+                f"sample ids of class {type(value).__qualname__} have neither a value-based repr nor "
+                "attributes to compare (return ints or strings from sample_ids)"
+            )
+        items = sorted((str(k), canonical_id(v)) for k, v in state.items())
+        return (type(value).__qualname__, *items)
     return repr(value)
 
 
@@ -68,6 +77,10 @@ def plain_id(value: Any) -> Hashable:
             f"sample ids must be hashable, got {type(value).__name__} "
             "(return ints or strings from sample_ids)"
         ) from None
+    if isinstance(value, float) and value != value:
+        raise BadLoaderFile(
+            "a sample id is NaN, which equals nothing, not even itself (return ints or strings)"
+        )
     return canonical_id(value)
 
 

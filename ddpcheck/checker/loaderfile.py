@@ -112,11 +112,17 @@ def factory_kwargs(factory: Callable[..., Any], available: dict[str, Any]) -> di
     except (TypeError, ValueError):
         return {}
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    chosen = {k: v for k, v in available.items() if accepts_any or k in params}
+    by_keyword = {k for k, p in params.items() if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
+    chosen = {k: v for k, v in available.items() if (accepts_any and k not in params) or k in by_keyword}
     for name, param in params.items():
         if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
             continue
         if param.default is inspect.Parameter.empty and name not in chosen:
+            if param.kind is inspect.Parameter.POSITIONAL_ONLY and name in available:
+                raise BadLoaderFile(
+                    f"factory {getattr(factory, '__name__', '?')}() takes {name!r} positional-only; "
+                    "ddpcheck passes it by keyword (drop the '/')"
+                )
             raise BadLoaderFile(
                 f"factory {getattr(factory, '__name__', '?')}() has a required parameter {name!r}; "
                 f"ddpcheck can pass only {', '.join(SUPPLIED_KWARGS)}"
@@ -170,7 +176,7 @@ def _wrapped_loader(obj: Any, depth: int = 3) -> Any:
         if inner is None:
             return None
         if issubclass(type(inner), DataLoader):
-            return inner
+            return inner if callable(getattr(type(obj), "__iter__", None)) else None
         obj = inner
     return None
 

@@ -95,7 +95,7 @@ def check_loader(
                 ]
     except KeyboardInterrupt:
         notes.append("interrupted: world sizes after the last one shown were not checked")
-        raise Interrupted(result()) from None
+        raise Interrupted(replace(result(), interrupted=True)) from None
     return result()
 
 

@@ -9,6 +9,7 @@ workers), a parent-death signal (so it dies with a SIGKILLed parent), and a stac
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import os
@@ -210,8 +211,9 @@ def _capture_output(spec: RankSpec) -> None:
     if not spec.capture:
         return
     fd = os.open(output_path(spec.workdir, spec.rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # None where the parent started without them
+            stream.flush()
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
@@ -304,18 +306,34 @@ def worker_headline(text: str) -> str:
     return f"{exc_line} [DataLoader worker process {match.group(2)}{site}]"
 
 
+MAX_MESSAGE = 500  # characters of an exception's first line carried as its message
+MAX_TRACEBACK = 64 * 1024  # characters of a traceback carried (its start and its end)
+
+
 def _error_message(exc: BaseException) -> dict[str, Any]:
-    text = str(exc).strip()
+    try:
+        text = str(exc).strip()
+    except Exception as broken:  # an exception whose __str__ raises still has a traceback to show
+        text = f"<{type(exc).__name__}: str() raised {type(broken).__name__}>"
     message = text.splitlines()[0] if text else type(exc).__name__
     if isinstance(exc, SystemExit):
         message = f"the code called sys.exit({exc.code!r}) (a rank must return, not exit)"
     else:
         message = worker_headline(text) or message
+    if len(message) > MAX_MESSAGE:
+        message = f"{message[:MAX_MESSAGE]}... ({len(message) - MAX_MESSAGE:,} more characters)"
+    try:
+        trace = "".join(traceback.format_exception(exc))
+    except Exception:
+        trace = "".join(traceback.format_tb(exc.__traceback__)) + f"{type(exc).__name__}: {text}\n"
+    if len(trace) > MAX_TRACEBACK:
+        half = MAX_TRACEBACK // 2
+        trace = f"{trace[:half]}\n... ({len(trace) - MAX_TRACEBACK:,} characters cut) ...\n{trace[-half:]}"
     return {
         "exc_type": type(exc).__name__,
         "exc_module": type(exc).__module__,
         "message": message,
-        "traceback": "".join(traceback.format_exception(exc)),
+        "traceback": trace,
         "time": time.time(),
     }
 
@@ -364,6 +382,7 @@ def rank_main(spec: RankSpec, conn: Any, progress: Any, ready: Any = None) -> No
             pass
     if spec.init_group and code == 0:  # a failed rank leaves at once, as it would in a real job
         _final_barrier(spec)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # user code may have closed or replaced them
+            stream.flush()
     os._exit(code)

@@ -118,7 +118,7 @@ def summary_line(result: CheckResult, paint: Callable[[str, str], str] | None = 
         where = f"across world size {c.world_sizes[0]}"
     else:
         where = "across world sizes " + ",".join(str(n) for n in c.world_sizes)
-    word = "OK" if result.ok else "FAIL"
+    word = "INTERRUPTED" if result.interrupted else "OK" if result.ok else "FAIL"
     if paint is not None:
         word = paint(word, "pass" if result.ok else "fail")
     return f"ddpcheck: {', '.join(parts)} {where} -> {word} (exit {result.exit_code})"

@@ -103,7 +103,7 @@ def render_html(result: CheckResult) -> str:
     """The whole page as text."""
     found = causes(result)
     with_backend = show_backend(result)
-    word = "passed" if result.ok else "failed"
+    word = result.verdict_word
     facts = f"ids: {result.id_source} · epochs: {result.epochs} · exit code {result.exit_code}"
     parts = [
         "<!DOCTYPE html>",

@@ -5,7 +5,8 @@ Schema (``SCHEMA_VERSION = 1``); every key is always present::
     {
       "schema": 1,
       "ok": bool,                    # CheckResult.ok
-      "exit_code": int,              # 0 ok, 1 a check failed, 2 bad input, 3 a rank failed
+      "exit_code": int,              # 0 ok, 1 a check failed, 2 bad input, 3 a rank failed, 130 interrupted
+      "interrupted": bool,           # Ctrl-C or SIGTERM: world sizes after the last run were not checked
       "loader": str,
       "id_source": str,              # "index" | "hook" | "field:<name>" | "content-hash"
       "epochs": int,
@@ -109,6 +110,7 @@ def to_json_dict(result: CheckResult) -> dict[str, Any]:
         "schema": SCHEMA_VERSION,
         "ok": result.ok,
         "exit_code": result.exit_code,
+        "interrupted": result.interrupted,
         "loader": result.loader,
         "id_source": result.id_source,
         "epochs": result.epochs,

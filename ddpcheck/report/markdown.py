@@ -73,10 +73,10 @@ def render_markdown(result: CheckResult, *, figure_stem: str | None = None) -> s
     With ``figure_stem`` the pictures are linked as ``<figure_stem>-ws2-samples.svg`` and so on, the
     files :func:`~ddpcheck.report.write_reports` writes next to the Markdown file.
     """
-    icon = "✅" if result.ok else "❌"
+    icon = "⚠️" if result.interrupted else "✅" if result.ok else "❌"
     found = causes(result)
     blocks = [
-        f"## {icon} ddpcheck {'passed' if result.ok else 'failed'}",
+        f"## {icon} ddpcheck {result.verdict_word}",
         md_escape(summary_line(result)),
         f"Loader {md_code(result.loader)} · ids {md_code(result.id_source)} · epochs {result.epochs}",
     ]

@@ -526,6 +526,7 @@ class ResumeCheck:
         self.options = options
         self.record = options.record_options()
         self.saved: dict[int, tuple[list[RankResume], tuple[Stop, ...]]] = {}
+        self.pad_unit = 1  # samples one unit of padding holds (a whole batch where batches are padded)
 
     @classmethod
     def maybe(cls, spec: LoaderSpec, options: CheckOptions, names: frozenset[str]) -> ResumeCheck | None:
@@ -572,6 +573,7 @@ class ResumeCheck:
         verdict, rows = judge_resume(ws, ranks)
         if ranks and ranks[0].mechanism and self.options.elastic:
             self.saved[ws] = (ranks, stops)
+            self.pad_unit = max(ctx.run.ranks[0].facts.pad_unit, 1)
         return Outcome(verdicts=(verdict,), resume=rows)
 
     def finish(self) -> dict[int, Outcome]:
@@ -604,9 +606,9 @@ class ResumeCheck:
                         failures[new_ws] = failures.get(new_ws, ()) + bad
                         continue
                     rests = [o.value for o in group.outcomes]
-                    pad_room = _pad_room(ranks, stop) + (new_ws - 1) * max(
-                        (len(b) for r in ranks for b in r.uninterrupted[stop.epoch]), default=1
-                    )
+                    # the new layout pads the rest of the epoch out to whole units on every new rank:
+                    # at most new_ws - 1 units of copies (a sample, or a batch where batches are padded)
+                    pad_room = _pad_room(ranks, stop) + new_ws * self.pad_unit - 1
                     out.setdefault(new_ws, []).append(judge_elastic(ranks, new_ws, stop, rests, pad_room))
         result = {}
         for ws in set(out) | set(failures):
