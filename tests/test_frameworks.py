@@ -179,6 +179,13 @@ CASES = [
         truth="the same with split_by_worker over 2 workers per rank",
     ),
     Case(
+        "wds-webloader",
+        "wds_split.py",
+        "webdataset",
+        args=("--factory", "make_loader_webloader"),
+        truth="webdataset's WebLoader (a pipeline around a DataLoader): the same split, batched in it",
+    ),
+    Case(
         "wds-split-uneven",
         "wds_split.py",
         "webdataset",

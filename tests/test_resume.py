@@ -14,7 +14,15 @@ from ddpcheck.checker.options import CheckOptions
 from ddpcheck.checker.runner import check_loader
 from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
 from ddpcheck.result import CheckResult
-from ddpcheck.scenarios.resume import RankResume, Stop, StopResult, judge_elastic, judge_resume, stop_points
+from ddpcheck.scenarios.resume import (
+    RankResume,
+    Stop,
+    StopResult,
+    failure_text,
+    judge_elastic,
+    judge_resume,
+    stop_points,
+)
 
 RESUME_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "resume"
 FIXTURES = RESUME_FIXTURES.parent
@@ -195,3 +203,26 @@ def test_judge_resume_takes_out_of_order_batches_as_a_multiset() -> None:
     assert judge_resume(1, [in_order])[0].failed
     free = RankResume(0, "loader", in_order.uninterrupted, (shuffled,), in_order=False)
     assert judge_resume(1, [free])[0].status == "pass"
+
+
+def test_a_resume_that_skips_too_many_batches_says_by_how_many() -> None:
+    epochs = [[[0, 1], [2, 3], [4, 5], [6, 7]]]
+    stop = Stop(0, 1)
+    too_far = StopResult(stop, rest=((6, 7),))  # resumed at step 4 instead of step 2
+    verdict, _ = judge_resume(1, [_rank(0, epochs, [too_far])])
+    assert verdict.failed and "resumes at step 4 instead of step 2" in verdict.cause
+    assert "skips 2 batches too many" in verdict.cause
+
+
+def test_failure_text_is_one_readable_line() -> None:
+    assert failure_text(StopIteration()).startswith("StopIteration before the first batch")
+    worker = (
+        "Caught IndexError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
+        '  File "/home/u/data.py", line 7, in load\n    return rows[i]\nIndexError: list index out of range\n'
+    )
+    assert failure_text(IndexError(worker)) == (
+        "IndexError: list index out of range [DataLoader worker process 0, /home/u/data.py:7 in load]"
+    )
+    assert failure_text(ValueError("x" * 1000)).endswith("...") and "\n" not in failure_text(
+        ValueError("a\nb")
+    )

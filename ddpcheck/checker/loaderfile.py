@@ -153,6 +153,11 @@ def _hint(returned: Any) -> str:
     """A way forward for objects people return that hold several loaders."""
     if isinstance(getattr(returned, "flattened", None), list):  # Lightning's CombinedLoader
         return "; check each of its loaders (its .flattened list) with a factory of its own"
+    if type(returned).__module__.startswith("torchdata.nodes"):
+        return (
+            "; torchdata.nodes pipelines have no torch DataLoader underneath to record: build the same "
+            "pipeline with torchdata's StatefulDataLoader"
+        )
     if isinstance(returned, (list, tuple, dict)):
         return "; return one DataLoader, and check each of several with a factory of its own (--factory)"
     return ""
@@ -173,6 +178,13 @@ def _wrapped_loader(obj: Any, depth: int = 3) -> Any:
                 inner = None
             if inner is not None:
                 break
+        if inner is None:  # webdataset's WebLoader: a pipeline whose first stage is the DataLoader
+            try:
+                stages = vars(obj).get("pipeline")
+            except TypeError:
+                stages = None
+            if isinstance(stages, list) and stages:
+                inner = stages[0]
         if inner is None:
             return None
         if issubclass(type(inner), DataLoader):
@@ -185,7 +197,8 @@ def unwrap_loader(obj: Any) -> Any:
     """The torch DataLoader a framework object iterates underneath (the object itself when it is one).
 
     Accelerate's ``DataLoaderShard`` pretends to be a DataLoader through ``__class__`` but holds the
-    real one in ``base_dataloader``; Lightning Fabric's loader holds it in ``_dataloader``.
+    real one in ``base_dataloader``; Lightning Fabric's loader holds it in ``_dataloader``; webdataset's
+    ``WebLoader`` is a pipeline whose first stage is the DataLoader.
     """
     from torch.utils.data import DataLoader
 

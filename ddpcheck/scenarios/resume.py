@@ -30,6 +30,7 @@ from ddpcheck.checks._format import count_text
 from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
 from ddpcheck.checks.verdict import Verdict, failed, not_applicable, passed, skipped
 from ddpcheck.launch import GroupResult, TargetRef, report_progress, run_ranks
+from ddpcheck.launch.rank import worker_headline
 from ddpcheck.result import ResumeRow
 from ddpcheck.scenarios.protocol import Context, Outcome, group_failures
 
@@ -239,7 +240,7 @@ def resume_rank(
                     try:
                         states[stop] = _save(_holder(outer, mechanism).state_dict())
                     except Exception as exc:  # the loader's resume is broken: a verdict, not a crash
-                        failure = f"saving the state failed: {type(exc).__name__}: {exc}".splitlines()[0]
+                        failure = f"saving the state failed: {failure_text(exc)}"
                         broken = StopResult(stop, error=f"restoring failed: {failure}")
                         return RankResume(rank, mechanism, (), (broken,))
         uninterrupted.append(tuple(batches))
@@ -252,7 +253,7 @@ def resume_rank(
         try:
             result = _finish(spec, options, mechanism, stop, states.get(stop, b""), samples, rank, world_size)
         except Exception as exc:
-            result = StopResult(stop, error=f"restoring failed: {type(exc).__name__}: {exc}")
+            result = StopResult(stop, error=f"restoring failed: {failure_text(exc)}")
         resumed.append(result)
     keep = tuple((s, b) for s, b in states.items() if s.elastic) if rank == 0 else ()
     workers = int(getattr(unwrap_loader(outer), "num_workers", 0) or 0)
@@ -288,7 +289,7 @@ def elastic_rank(spec: LoaderSpec, options: RecordOptions, restore: Restore, mec
             world_size,
         )
     except Exception as exc:
-        return f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+        return failure_text(exc)
     return result.rest
 
 
@@ -326,6 +327,22 @@ class _StopJudgement:
         return not (self.ranks or self.error)
 
 
+def failure_text(exc: BaseException) -> str:
+    """One readable line for an exception raised while saving or restoring: a DataLoader worker's
+    exception by its own type, message and the user's frame, never torch's whole re-raised text."""
+    if isinstance(exc, StopIteration):
+        return (
+            "StopIteration before the first batch (the restored state points past the end of the "
+            "epoch, or at a snapshot of an earlier one)"
+        )
+    try:
+        text = str(exc).strip()
+    except Exception:
+        text = ""
+    line = worker_headline(text) or f"{type(exc).__name__}: {text}".strip().rstrip(":").splitlines()[0]
+    return line if len(line) <= 300 else line[:300] + "..."
+
+
 def _cause(rank: RankResume, stop: Stop, got: Batches) -> str:
     flat = _flat(got)
     expected = rank.uninterrupted[stop.epoch][stop.step :]
@@ -358,9 +375,29 @@ def _cause(rank: RankResume, stop: Stop, got: Batches) -> str:
     expected_epoch = rank.uninterrupted[stop.epoch]
     if flat and flat == _flat(expected_epoch)[: len(flat)] and stop.step > 0:
         return "the restored loader starts the epoch over: the saved position is not restored"
+    shifted = next(
+        (
+            k
+            for k in range(len(expected_epoch) + 1)
+            if k != stop.step and list(got) == list(expected_epoch[k:])
+        ),
+        None,
+    )
+    if shifted is not None:
+        off = shifted - stop.step
+        return (
+            f"the restored loader resumes at step {shifted + 1} instead of step {stop.step + 1}: it skips "
+            f"{abs(off)} {'batch' if abs(off) == 1 else 'batches'} too {'many' if off > 0 else 'few'} "
+            "(counting samples as batches, or an off-by-one in the step)"
+        )
     if Counter(flat) == Counter(_flat(expected_epoch[stop.step :])):
         return "the rest of the epoch has the right samples in another order"
     if set(flat) <= set(_flat(expected_epoch)):
+        if rank.mechanism == "hook":
+            return (
+                "resume_loader's rest of the epoch takes this epoch's samples in another order: check "
+                "which order it draws and how it skips what was trained"
+            )
         return (
             "the restored loader draws another order of the same epoch: the saved generator or "
             "position belongs to another point (saved after the epoch's permutation was drawn?)"
@@ -481,7 +518,17 @@ def judge_elastic(
     )
 
 
-def elastic_verdict(rows: Sequence[ResumeRow]) -> Verdict:
+NOT_ELASTIC = {
+    "hook": "resume_loader skips a per-rank count: at another world size the shards change, so the "
+    "position must come from samples_seen over the global order (not elastic)",
+}
+NOT_ELASTIC_STATE = (
+    "the saved data state is per rank: restored at another world size it does not continue the same "
+    "global order (not elastic)"
+)
+
+
+def elastic_verdict(rows: Sequence[ResumeRow], mechanism: str = "") -> Verdict:
     bad = [r for r in rows if r.status == "fail"]
     pairs = sorted({(r.world_size_from, r.world_size_to) for r in rows})
     if not rows:
@@ -494,8 +541,7 @@ def elastic_verdict(rows: Sequence[ResumeRow]) -> Verdict:
     return failed(
         ELASTIC_RESUME,
         bad[0].note + (f" ({len(bad)} of {len(rows)} restores fail)" if len(bad) > 1 else ""),
-        cause="the saved data state is per rank: restored at another world size it does not continue "
-        "the same global order (not elastic)",
+        cause=NOT_ELASTIC.get(mechanism, NOT_ELASTIC_STATE),
         epochs=(bad[0].epoch,),
     )
 
@@ -527,6 +573,7 @@ class ResumeCheck:
         self.record = options.record_options()
         self.saved: dict[int, tuple[list[RankResume], tuple[Stop, ...]]] = {}
         self.pad_unit = 1  # samples one unit of padding holds (a whole batch where batches are padded)
+        self.mechanism = ""  # where the data state lives: the elastic failure's cause depends on it
 
     @classmethod
     def maybe(cls, spec: LoaderSpec, options: CheckOptions, names: frozenset[str]) -> ResumeCheck | None:
@@ -574,6 +621,7 @@ class ResumeCheck:
         if ranks and ranks[0].mechanism and self.options.elastic:
             self.saved[ws] = (ranks, stops)
             self.pad_unit = max(ctx.run.ranks[0].facts.pad_unit, 1)
+            self.mechanism = ranks[0].mechanism
         return Outcome(verdicts=(verdict,), resume=rows)
 
     def finish(self) -> dict[int, Outcome]:
@@ -613,7 +661,7 @@ class ResumeCheck:
         result = {}
         for ws in set(out) | set(failures):
             rows = tuple(out.get(ws, ()))
-            verdicts = (elastic_verdict(rows),) if rows else ()
+            verdicts = (elastic_verdict(rows, self.mechanism),) if rows else ()
             result[ws] = Outcome(verdicts=verdicts, resume=rows, failures=failures.get(ws, ()))
         return result
 
