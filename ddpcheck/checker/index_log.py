@@ -34,19 +34,27 @@ class IndexLog:
         self.ready.clear()
 
 
-def log_of(loader: Any, early: IndexLog | None = None) -> IndexLog:
+def log_of(loader: Any) -> IndexLog:
     """The loader's log, attached on first use and kept for the loader's life: a persistent-workers
-    iterator created in one epoch keeps logging in the next. Bypasses ``DataLoader.__setattr__``.
-
-    ``early``: the log that caught iterators built while the loader was (a loader that starts its
-    one iterator in ``__init__``, as timm's ``MultiEpochsDataLoader`` does); it becomes this log."""
+    iterator created in one epoch keeps logging in the next. Bypasses ``DataLoader.__setattr__``."""
     install()
     log = getattr(loader, _ATTR, None)
     if log is None:
-        log = early if early is not None and early.iterators else IndexLog()
+        log = IndexLog()
         object.__setattr__(loader, _ATTR, log)
     _drop_unlogged_initial_iterator(loader)
     return log
+
+
+def adopt(loader: Any, early: IndexLog) -> None:
+    """``early`` caught the iterators built while the factory ran (a loader that starts its one iterator
+    in ``__init__``, as timm's ``MultiEpochsDataLoader`` does; Accelerate's stateful ``prepare``, whose
+    ``state_dict()`` builds the iterator the first loop then reuses): it becomes the loader's log, so
+    those iterators are used as training would use them, never rebuilt (with workers, building one
+    already draws the epoch's order)."""
+    if early.iterators and getattr(loader, _ATTR, None) is None:
+        early.clear()  # what the factory itself iterated is no batch of the loop
+        object.__setattr__(loader, _ATTR, early)
 
 
 def _drop_unlogged_initial_iterator(loader: Any) -> None:

@@ -18,7 +18,7 @@ from itertools import islice
 from typing import Any, cast
 
 from ddpcheck.checker.identity import make_id_extractor
-from ddpcheck.checker.index_log import catch_all, log_of
+from ddpcheck.checker.index_log import adopt, catch_all, log_of
 from ddpcheck.checker.loaderfile import (
     BadLoaderFile,
     LoaderSpec,
@@ -83,7 +83,9 @@ def build_loader(
             name = getattr(factory, "__name__", "factory")
             raise BadLoaderFile(f"{name}() takes no parameter {refused[0]!r} (given with --factory-arg)")
         available.update(options.factory_args)
-    loader = call_factory(factory, available)
+    with catch_all() as early:  # iterators the factory itself starts (one kept for every epoch)
+        loader = call_factory(factory, available)
+    adopt(unwrap_loader(loader), early)
     if options.patch:
         from ddpcheck.reference.patch import patch_dataloader_to_ddp
 
@@ -159,8 +161,7 @@ def record_rank(spec: LoaderSpec, options: RecordOptions) -> RankRecording:
     """Entry point inside a rank: rank and world size come from the initialised group."""
     rank, world_size = _group_position()
     report_progress("building the loader")
-    with catch_all() as early:  # iterators the factory itself starts (one kept for every epoch)
-        outer, module = build_loader(spec, options, rank, world_size)
+    outer, module = build_loader(spec, options, rank, world_size)
     loader = unwrap_loader(outer)
     hook = optional_hook(module, "sample_ids")
     if options.set_epoch:
@@ -174,7 +175,7 @@ def record_rank(spec: LoaderSpec, options: RecordOptions) -> RankRecording:
         and sampler_only_is_exact(outer, loader)
     )
     if not by_sampler:
-        log_of(loader, early)  # before the resume probe: a state_dict() call may build the iterator
+        log_of(loader)  # before the resume probe: a state_dict() call may already build the iterator
     facts = replace(
         facts,
         recorded="sampler" if by_sampler else "loader",
