@@ -570,10 +570,11 @@ def test_batch_integrity_whole_batches_pass_and_split_batches_fail() -> None:
     assert "samples" in verdicts["coverage"].detail
     verdict = verdicts["batch_integrity"]
     assert verdict.failed
-    assert verdict.cause == (
+    assert verdict.cause.startswith(
         "batches are split or re-formed across ranks: "
         "shard whole batches (wrap the batch sampler) instead of samples"
     )
+    assert "--allow batch_integrity" in verdict.cause
     assert verdict.ranks == (0, 1) and verdict.epochs == (0, 1)
     (example,) = verdict.examples
     assert isinstance(example, tuple) and sorted(example) == sorted(resplit[0][0][0])

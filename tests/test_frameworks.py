@@ -92,6 +92,25 @@ CASES = [
         "4 duplicates, within Accelerate's documented even_batches bound (fewer than W x batch)",
     ),
     Case(
+        "accelerate-dispatch",
+        "accelerate_dispatch.py",
+        "accelerate",
+        world_sizes=(1, 2, 3),
+        must_pass=frozenset({PADDING_BOUND, NO_OVERLAP, COVERAGE, EQUAL_STEPS, SINGLE_PROCESS_EQUIVALENCE}),
+        truth="dispatch_batches: only rank 0 iterates the DataLoader; a partition at W=2 (32+32) and W=3 "
+        "(22x3, 2 padding copies); samples identified by the id field since ranks 1+ see no indices",
+    ),
+    Case(
+        "accelerate-iterable-shard",
+        "accelerate_dispatch.py",
+        "accelerate",
+        world_sizes=(1, 2, 3),
+        args=("--factory", "make_loader_iterable"),
+        must_pass=frozenset({PADDING_BOUND, NO_OVERLAP, COVERAGE, EQUAL_STEPS}),
+        truth="IterableDatasetShard completes the last round of W x 8 from the start: 4 copies at W=2, "
+        "12 at W=3 (24x3 items), within its bound; equal steps, nothing missing",
+    ),
+    Case(
         "accelerate-no-seed",
         "accelerate_no_seed.py",
         "accelerate",

@@ -379,17 +379,41 @@ def set_epoch_everywhere(outer: Any, epoch: int) -> None:
     ``outer`` may be a framework wrapper (Accelerate's loader has its own ``set_epoch``).
     """
     loader = unwrap_loader(outer)
-    parts = _distinct(
-        outer if outer is not loader else None,
-        loader.sampler,
-        loader.batch_sampler,
-        _inner_sampler(loader),
-        loader.dataset,
-    )
+    parts = _distinct(outer if outer is not loader else None, *_sampling_parts(loader), loader.dataset)
     for part in parts:
         setter = getattr(part, "set_epoch", None)
         if callable(setter):
             setter(epoch)
+
+
+def _sampling_parts(loader: Any) -> list[Any]:
+    """The loader's sampler and batch sampler and whatever they wrap, through ``.sampler`` and
+    ``.batch_sampler`` (Accelerate's ``BatchSamplerShard`` holds the user's batch sampler in
+    ``.batch_sampler``; a Trainer calls that one's ``set_epoch`` itself), each once, a few levels deep."""
+    found: list[Any] = []
+    level = [loader.sampler, loader.batch_sampler]
+    for _ in range(4):
+        nested = []
+        for part in level:
+            if part is None or any(part is seen for seen in found):
+                continue
+            found.append(part)
+            nested += [getattr(part, "sampler", None), getattr(part, "batch_sampler", None)]
+        level = nested
+    return found
+
+
+def _iterable_shard_padding(dataset: Any) -> int:
+    """Accelerate's ``IterableDatasetShard`` without ``drop_last`` completes the epoch's last round of
+    batches with samples from its start, as ``even_batches`` does for map datasets: returns the
+    per-rank batch it pads in (0 when the dataset does not pad that way)."""
+    names = ("num_processes", "process_index", "batch_size", "drop_last")
+    if not all(hasattr(dataset, name) for name in names) or dataset.drop_last:
+        return 0
+    size, processes = dataset.batch_size, dataset.num_processes
+    if not (isinstance(size, int) and isinstance(processes, int) and size > 0 and processes > 0):
+        return 0
+    return max(size // processes, 1) if getattr(dataset, "split_batches", False) else size
 
 
 def _padded_batch(part: Any) -> int:
@@ -426,7 +450,10 @@ def read_facts(outer: Any) -> LoaderFacts:
             padding = bool(part.pad_data_to_num_gpus)
         elif getattr(part, "even_batches", None) is True:  # Accelerate: pads the last batch from the start
             padding, pad_unit = True, _padded_batch(part)
-    parts = _distinct(outer, loader.sampler, batch_sampler, sampler, dataset)
+    shard_unit = _iterable_shard_padding(dataset)
+    if shard_unit:
+        padding, pad_unit = True, shard_unit
+    parts = _distinct(outer, *_sampling_parts(loader), dataset)
     return LoaderFacts(
         dataset_kind="iterable" if iterable else "map",
         dataset_len=dataset_len,

@@ -17,8 +17,9 @@ from ddpcheck.checks.verdict import Verdict, not_applicable, passed, skipped
 from ddpcheck.trace import EpochTrace, LoaderFacts, RunTrace
 
 CAUSE = (
-    "batches are split or re-formed across ranks: "
-    "shard whole batches (wrap the batch sampler) instead of samples"
+    "batches are split or re-formed across ranks: shard whole batches (wrap the batch sampler) instead "
+    "of samples; where forming batches from each rank's own share is the design (a rank-aware batch "
+    "sampler such as transformers' BatchRebalanceSampler), --allow batch_integrity"
 )
 
 
