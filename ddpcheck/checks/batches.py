@@ -40,6 +40,11 @@ def check_batch_integrity(
     if ctx.unjudgeable:
         return skipped(BATCH_INTEGRITY, ctx.unjudgeable)
     if not any(_custom(r.facts) for r in reference.ranks):
+        if reference.ranks and reference.ranks[0].facts.dataset_kind == "iterable":
+            return not_applicable(
+                BATCH_INTEGRITY,
+                "an iterable dataset has no batch sampler (no custom batch structure to preserve)",
+            )
         return not_applicable(
             BATCH_INTEGRITY,
             "the single-process loader's batch sampler only chunks its sampler into batches "
