@@ -374,7 +374,7 @@ def _refuse_own_report(junit: Path, report_dir: Path) -> None:
         )
 
 
-MAX_ERROR_LINE = 500  # characters of an error message shown on its one line (-v shows it all)
+MAX_ERROR_LINE = 1000  # characters of an error message shown on its one line (-v shows it all)
 
 
 def _error(message: str, exc: BaseException | None = None, verbose: bool = False) -> int:
@@ -669,7 +669,12 @@ def _run(args: argparse.Namespace) -> int | tuple[CheckResult, bool]:
 
     try:
         if target.explicit or _in_launch():
-            joined, code = check_joined(args.loader, options, target)
+            try:
+                joined, code = check_joined(args.loader, options, target)
+            except ValueError as exc:  # an incomplete launch: --master-addr without rank and world size
+                if target.explicit and (args.rank is None or args.world_size is None):
+                    return _error("--master-addr/--master-port need --rank and --world-size too")
+                return _error(f"cannot join the launch: {exc}")
             if joined is None:  # not rank 0: rank 0 reports for everyone
                 return code
             return joined, False

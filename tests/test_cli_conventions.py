@@ -463,3 +463,78 @@ def test_a_full_stdout_is_one_line_and_the_exit_code_stands(tmp_path: Path) -> N
     assert "Traceback" not in proc.stderr
     assert "ddpcheck: could not print the result: No space left on device" in proc.stderr
     assert (tmp_path / "ddpcheck.json").exists()
+
+
+# --- standard streams a shell may hand over closed, full or already finished ---
+
+
+def _popen_ddpcheck(tmp_path: Path, loader: Path, **kw: object) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "ddpcheck", str(loader), "--world-sizes", "2", *FAST]
+    return subprocess.Popen([*command, "--report-dir", str(tmp_path)], **kw)  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize(("loader", "code"), [(GOOD, 0), (BUG, 1)])
+def test_both_streams_into_a_pipe_closed_early_keep_the_exit_code(
+    tmp_path: Path, loader: Path, code: int
+) -> None:
+    """``ddpcheck ... 2>&1 | head -1``: progress, the table and the report line all meet a closed pipe."""
+    proc = _popen_ddpcheck(tmp_path, loader, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    proc.stdout.read(1)
+    proc.stdout.close()
+    assert proc.wait(timeout=180) == code
+    assert json.loads((tmp_path / "ddpcheck.json").read_text())["exit_code"] == code
+
+
+@pytest.mark.parametrize("fd", [1, 2])
+def test_a_stream_closed_at_start_changes_nothing(tmp_path: Path, fd: int) -> None:
+    """``ddpcheck ... >&-`` or ``2>&-``: a good loader still passes, no rank reports a failure."""
+    proc = _popen_ddpcheck(tmp_path, GOOD, preexec_fn=lambda: os.close(fd))
+    assert proc.wait(timeout=180) == 0
+    report = json.loads((tmp_path / "ddpcheck.json").read_text())
+    assert report["exit_code"] == 0 and report["summary"]["rank_failures"] == 0
+
+
+def test_a_full_stderr_keeps_the_exit_code(tmp_path: Path) -> None:
+    with open("/dev/full", "w") as full:
+        proc = _popen_ddpcheck(tmp_path, BUG, stdout=subprocess.DEVNULL, stderr=full)
+        assert proc.wait(timeout=180) == 1
+
+
+def test_bad_input_errors_are_cut_to_one_readable_line(tmp_path: Path) -> None:
+    loader = tmp_path / "loud.py"
+    loader.write_text("def make_loader():\n    raise ValueError('x' * 100_000)\n", encoding="utf-8")
+    proc = _cli(str(loader), "--report-dir", str(tmp_path), "--quiet")
+    _one_line_error(proc, "raised ValueError: xxx")
+    assert len(proc.stderr) < 1000 and "more characters" in proc.stderr
+
+
+def test_junit_naming_a_directory_is_refused_before_any_rank_runs(tmp_path: Path) -> None:
+    _one_line_error(
+        _cli(str(GOOD), "--junit", str(tmp_path), "--report-dir", str(tmp_path)), "is a directory"
+    )
+
+
+def test_master_addr_alone_is_a_usage_error(tmp_path: Path) -> None:
+    proc = _cli(str(GOOD), "--master-addr", "127.0.0.1", "--report-dir", str(tmp_path))
+    _one_line_error(proc, "need --rank and --world-size")
+
+
+def test_a_deeply_nested_pyproject_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text("[tool.ddpcheck]\nepochs = " + "[" * 5000 + "]" * 5000 + "\n")
+    proc = _cli(str(GOOD), "--report-dir", str(tmp_path), cwd=tmp_path)
+    _one_line_error(proc, "pyproject.toml")
+
+
+def test_exit_handlers_get_seconds_not_forever() -> None:
+    """A library imported by the loader may register an exit handler that blocks; the exit code stands."""
+    script = (
+        "import atexit, time\n"
+        "import ddpcheck.cli as cli\n"
+        "cli.EXIT_HANDLERS_S = 0.5\n"
+        "atexit.register(time.sleep, 600)\n"
+        "cli.exit_now(1)\n"
+    )
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+    assert proc.returncode == 1 and time.monotonic() - started < 30

@@ -469,6 +469,37 @@ def test_canonical_ids_keep_equality_without_the_users_module() -> None:
     assert plain_id(7) == 7 and plain_id("x") == "x"
 
 
+def test_ids_without_a_value_based_repr_compare_by_their_attributes_and_nan_is_refused() -> None:
+    """``repr`` of a plain object holds its address, which differs in every process: its attributes
+    identify it instead. NaN equals nothing, not even itself: bad input."""
+    from ddpcheck.checker.identity import plain_id
+    from ddpcheck.checker.loaderfile import BadLoaderFile
+
+    class Key:
+        def __init__(self, k: int) -> None:
+            self.k = k
+
+    assert plain_id(Key(3)) == plain_id(Key(3)) != plain_id(Key(4))
+    assert "0x" not in repr(plain_id(Key(3)))
+    with pytest.raises(BadLoaderFile, match="NaN"):
+        plain_id(float("nan"))
+
+
+def test_an_exception_whose_str_raises_keeps_its_traceback() -> None:
+    from ddpcheck.launch.rank import _error_message
+
+    class Broken(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("str broken")
+
+    try:
+        raise Broken()
+    except Broken as exc:
+        message = _error_message(exc)
+    assert message["exc_type"] == "Broken" and "str() raised RuntimeError" in message["message"]
+    assert "raise Broken()" in message["traceback"]
+
+
 def test_the_janitor_kills_its_process_groups_and_removes_the_workdir_when_we_die(tmp_path: Path) -> None:
     """Closing the pipe without "done" is what the janitor sees when this process is SIGKILLed."""
     from ddpcheck.launch.procs import Janitor

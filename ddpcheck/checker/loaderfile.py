@@ -141,12 +141,22 @@ def call_factory(factory: Callable[..., Any], available: dict[str, Any]) -> Any:
     except Exception as exc:
         if getattr(exc, "harness_error", False):  # e.g. --simulate refusing a collective
             raise
-        raise BadLoaderFile(f"{name}() raised {type(exc).__name__}: {exc}") from exc
+        raise BadLoaderFile(f"{name}() raised {type(exc).__name__}: {_cut(exc)}") from exc
     if not issubclass(type(loader), DataLoader) and _wrapped_loader(loader) is None:
         raise BadLoaderFile(
             f"{name}() returned {type(loader).__name__}, not a torch DataLoader{_hint(loader)}"
         )
     return loader
+
+
+def _cut(exc: BaseException, limit: int = 300) -> str:
+    """An exception's text for a one-line error: its first line, at most ``limit`` characters."""
+    try:
+        text = str(exc).strip()
+    except Exception:
+        return "(its message could not be read)"
+    first = text.splitlines()[0] if text else ""
+    return first if len(first) <= limit else f"{first[:limit]}... ({len(first) - limit:,} more characters)"
 
 
 def _hint(returned: Any) -> str:
