@@ -310,7 +310,7 @@ BAD_INPUTS = {
     "no_factory.py": "--factory NAME",
     "required_param.py": "required parameter 'data_dir'",
     "factory_raises.py": "FileNotFoundError: /data/train.csv does not exist",
-    "not_a_loader.py": "returned list, not a torch DataLoader",
+    "not_a_loader.py": "returned list, not a torch DataLoader or a loader",
     "empty_dataset.py": "yields no samples",
     "unhashable_ids.py": "sample ids must be hashable",
     "not_python.txt": "must be a Python file",
@@ -444,5 +444,46 @@ def test_returning_several_loaders_is_bad_input_with_a_way_forward(tmp_path: Pat
         "    return [DataLoader(range(8), batch_size=2), DataLoader(range(4), batch_size=2)]\n",
         encoding="utf-8",
     )
-    with pytest.raises(BadInput, match=r"returned list, not a torch DataLoader; .*factory of its own"):
+    with pytest.raises(
+        BadInput, match=r"returned list, not a torch DataLoader or a loader; .*factory of its own"
+    ):
         check_loader(str(path), CheckOptions(world_sizes=(1,), epochs=1))
+
+
+def test_a_one_pass_generator_is_bad_input_with_a_way_forward(tmp_path: Path) -> None:
+    path = tmp_path / "gen.py"
+    path.write_text("def make_loader():\n    return (b for b in [[0, 1], [2, 3]])\n", encoding="utf-8")
+    with pytest.raises(BadInput, match=r"returned generator, .*runs once"):
+        check_loader(str(path), CheckOptions(world_sizes=(1,), epochs=1))
+
+
+def test_a_loader_of_its_own_without_a_dataloader_is_checked_by_its_data(tmp_path: Path) -> None:
+    """Any object whose iter() is an epoch of batches is a loader (torchdata.nodes' Loader is one);
+    with no indices to read, its samples are identified by the batches' id field."""
+    path = tmp_path / "own.py"
+    path.write_text(
+        """
+import torch
+from torch.utils.data import DistributedSampler
+
+class Own:
+    def __init__(self, rank, world_size):
+        self.sampler = DistributedSampler(range(30), world_size, rank, seed=2)
+    def set_epoch(self, epoch):
+        self.sampler.set_epoch(epoch)
+    def __iter__(self):
+        order = list(self.sampler)
+        for i in range(0, len(order), 4):
+            yield {"id": torch.tensor(order[i : i + 4])}
+
+def make_loader(rank, world_size):
+    return Own(rank, world_size)
+""",
+        encoding="utf-8",
+    )
+    result = check_loader(str(path), CheckOptions(world_sizes=(1, 2, 3), epochs=2))
+    failed = {v.check for run in result.runs for v in run.verdicts if v.failed}
+    assert failed == set() and not any(run.failures for run in result.runs)
+    assert result.id_source == "field:id"
+    reshuffle = next(v for v in result.runs[1].verdicts if v.check == RESHUFFLE)
+    assert reshuffle.status == "pass" and "order changes" in reshuffle.detail

@@ -183,6 +183,17 @@ CASES = [
         args=("--factory", "make_loader_workers"),
         truth="the same with 2 workers per rank",
     ),
+    Case(
+        "torchdata-nodes",
+        "torchdata_nodes.py",
+        "torchdata.nodes",
+        world_sizes=(1, 2, 3),
+        exit_code=1,
+        must_fail=_at((1, 2, 3), RESUME),
+        must_pass=frozenset({COVERAGE, NO_OVERLAP, PADDING_BOUND, EQUAL_STEPS, RESHUFFLE, DETERMINISM}),
+        truth="nodes.Loader (no DataLoader underneath) over a DistributedSampler: a partition, reshuffled "
+        "by SamplerWrapper; a state saved after an epoch's last batch restores into a whole further epoch",
+    ),
     # --- webdataset -----------------------------------------------------------------------------
     Case(
         "wds-split",

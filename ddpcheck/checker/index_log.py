@@ -41,7 +41,10 @@ def log_of(loader: Any) -> IndexLog:
     log = getattr(loader, _ATTR, None)
     if log is None:
         log = IndexLog()
-        object.__setattr__(loader, _ATTR, log)
+        try:
+            object.__setattr__(loader, _ATTR, log)
+        except (AttributeError, TypeError):  # a loader with __slots__: no torch iterator to log anyway
+            pass
     _drop_unlogged_initial_iterator(loader)
     return log
 
@@ -54,7 +57,10 @@ def adopt(loader: Any, early: IndexLog) -> None:
     already draws the epoch's order)."""
     if early.iterators and getattr(loader, _ATTR, None) is None:
         early.clear()  # what the factory itself iterated is no batch of the loop
-        object.__setattr__(loader, _ATTR, early)
+        try:
+            object.__setattr__(loader, _ATTR, early)
+        except (AttributeError, TypeError):
+            pass
 
 
 def _drop_unlogged_initial_iterator(loader: Any) -> None:

@@ -142,11 +142,34 @@ def call_factory(factory: Callable[..., Any], available: dict[str, Any]) -> Any:
         if getattr(exc, "harness_error", False):  # e.g. --simulate refusing a collective
             raise
         raise BadLoaderFile(f"{name}() raised {type(exc).__name__}: {_cut(exc)}") from exc
-    if not issubclass(type(loader), DataLoader) and _wrapped_loader(loader) is None:
+    if (
+        not issubclass(type(loader), DataLoader)
+        and _wrapped_loader(loader) is None
+        and not batch_iterable(loader)
+    ):
+        returned = type(loader).__name__
         raise BadLoaderFile(
-            f"{name}() returned {type(loader).__name__}, not a torch DataLoader{_hint(loader)}"
+            f"{name}() returned {returned}, not a torch DataLoader or a loader{_hint(loader)}"
         )
     return loader
+
+
+def batch_iterable(obj: Any) -> bool:
+    """A loader with no torch DataLoader underneath (torchdata.nodes' ``Loader``, a hand-written loader
+    class): an object whose every ``iter()`` is a new epoch of batches. A one-pass iterator (a
+    generator) or a plain container of batches is not one."""
+    from collections.abc import Iterator
+
+    if obj is None or isinstance(obj, (str, bytes, bytearray, list, tuple, dict, set, frozenset, Iterator)):
+        return False
+    return callable(getattr(type(obj), "__iter__", None))
+
+
+def is_torch_loader(obj: Any) -> bool:
+    """A torch DataLoader (a subclass counts), or a framework object that iterates one underneath."""
+    from torch.utils.data import DataLoader
+
+    return issubclass(type(obj), DataLoader) or _wrapped_loader(obj) is not None
 
 
 def _cut(exc: BaseException, limit: int = 300) -> str:
@@ -163,11 +186,10 @@ def _hint(returned: Any) -> str:
     """A way forward for objects people return that hold several loaders."""
     if isinstance(getattr(returned, "flattened", None), list):  # Lightning's CombinedLoader
         return "; check each of its loaders (its .flattened list) with a factory of its own"
-    if type(returned).__module__.startswith("torchdata.nodes"):
-        return (
-            "; torchdata.nodes pipelines have no torch DataLoader underneath to record: build the same "
-            "pipeline with torchdata's StatefulDataLoader"
-        )
+    from collections.abc import Iterator
+
+    if isinstance(returned, Iterator):
+        return "; an iterator (a generator) runs once: return an object whose iter() starts each epoch anew"
     if isinstance(returned, (list, tuple, dict)):
         return "; return one DataLoader, and check each of several with a factory of its own (--factory)"
     return ""

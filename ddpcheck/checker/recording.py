@@ -25,6 +25,7 @@ from ddpcheck.checker.loaderfile import (
     call_factory,
     factory_kwargs,
     get_factory,
+    is_torch_loader,
     load_module,
     optional_hook,
     unwrap_loader,
@@ -379,7 +380,8 @@ def set_epoch_everywhere(outer: Any, epoch: int) -> None:
     ``outer`` may be a framework wrapper (Accelerate's loader has its own ``set_epoch``).
     """
     loader = unwrap_loader(outer)
-    parts = _distinct(outer if outer is not loader else None, *_sampling_parts(loader), loader.dataset)
+    dataset = getattr(loader, "dataset", None)
+    parts = _distinct(outer if outer is not loader else None, *_sampling_parts(loader), dataset)
     for part in parts:
         setter = getattr(part, "set_epoch", None)
         if callable(setter):
@@ -391,7 +393,7 @@ def _sampling_parts(loader: Any) -> list[Any]:
     ``.batch_sampler`` (Accelerate's ``BatchSamplerShard`` holds the user's batch sampler in
     ``.batch_sampler``; a Trainer calls that one's ``set_epoch`` itself), each once, a few levels deep."""
     found: list[Any] = []
-    level = [loader.sampler, loader.batch_sampler]
+    level = [getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)]
     for _ in range(4):
         nested = []
         for part in level:
@@ -431,6 +433,8 @@ def read_facts(outer: Any) -> LoaderFacts:
     from torch.utils.data import DistributedSampler, IterableDataset
 
     loader = unwrap_loader(outer)
+    if not is_torch_loader(loader):
+        return _own_loader_facts(outer)
     dataset = loader.dataset
     iterable = isinstance(dataset, IterableDataset)
     try:
@@ -469,6 +473,18 @@ def read_facts(outer: Any) -> LoaderFacts:
         has_set_epoch=any(callable(getattr(p, "set_epoch", None)) for p in parts),
         shuffles=_declared_shuffle(sampler),
         in_order=bool(getattr(loader, "in_order", True)) or int(loader.num_workers) == 0,
+    )
+
+
+def _own_loader_facts(loader: Any) -> LoaderFacts:
+    """A loader with no torch DataLoader underneath (torchdata.nodes' ``Loader``): nothing to read off
+    but what it says of itself; its samples are identified by their data, as an iterable dataset's."""
+    return LoaderFacts(
+        dataset_kind="iterable",
+        sampler=None,
+        batch_sampler=None,
+        has_set_epoch=callable(getattr(loader, "set_epoch", None)),
+        drop_last=None,
     )
 
 
@@ -599,6 +615,8 @@ def _guard_size(n: int) -> None:
 def is_collated(loader: Any) -> bool:
     """True when the loader yields batches; False for ``batch_size=None`` (one sample per item)."""
     loader = unwrap_loader(loader)
+    if not is_torch_loader(loader):
+        return True  # a loader of its own yields batches
     return loader.batch_size is not None or loader.batch_sampler is not None
 
 

@@ -360,6 +360,12 @@ def _cause(rank: RankResume, stop: Stop, got: Batches) -> str:
             "restored into that epoch runs all of it again (a loader that fetches a batch ahead ends its "
             "inner iterator before the last batch is handed out)"
         )
+    if not expected and flat:
+        return (
+            "stopped after the epoch's last step, the restored loader yields another whole epoch: a "
+            "state saved at an epoch's end restarts the pass (a loader that restarts when it runs out), "
+            "so a job restored there trains an extra epoch"
+        )
     for epoch, batches in enumerate(rank.uninterrupted):
         if epoch != stop.epoch and flat and flat == _flat(batches[stop.step :]):
             if epoch < stop.epoch:
