@@ -406,7 +406,8 @@ def _cause(rank: RankResume, stop: Stop, got: Batches) -> str:
             )
         return (
             "the restored loader draws another order of the same epoch: the saved generator or "
-            "position belongs to another point (saved after the epoch's permutation was drawn?)"
+            "position belongs to another point (saved after the epoch's permutation was drawn?), or the "
+            "state leaves out buffered samples (a shuffle buffer: HF datasets' is lost on resume)"
         )
     return "the resumed stream differs from the uninterrupted one"
 
