@@ -28,6 +28,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
+from ddpcheck.messages import one_line
+
 if TYPE_CHECKING:
     from ddpcheck.result import CheckResult
 
@@ -380,16 +382,8 @@ MAX_ERROR_LINE = 1000  # characters of an error message shown on its one line (-
 def _error(message: str, exc: BaseException | None = None, verbose: bool = False) -> int:
     if verbose and exc is not None:
         traceback.print_exception(exc, file=sys.stderr)
-    print(f"ddpcheck: error: {one_line(message)}", file=sys.stderr)
+    print(f"ddpcheck: error: {one_line(message, MAX_ERROR_LINE)}", file=sys.stderr)
     return EXIT_BAD_INPUT
-
-
-def one_line(message: str, limit: int = MAX_ERROR_LINE) -> str:
-    """The first line of ``message``, cut to ``limit`` characters with a count of what was cut."""
-    first = message.splitlines()[0] if message.strip() else message
-    if len(first) <= limit:
-        return first
-    return f"{first[:limit]}... ({len(first) - limit:,} more characters)"
 
 
 class _Forgiving:

@@ -28,6 +28,7 @@ from types import ModuleType
 from typing import Any
 
 from ddpcheck.launch.target import load_file
+from ddpcheck.messages import exception_text, one_line
 
 SUPPLIED_KWARGS = ("rank", "world_size", "batch_size")
 
@@ -141,7 +142,9 @@ def call_factory(factory: Callable[..., Any], available: dict[str, Any]) -> Any:
     except Exception as exc:
         if getattr(exc, "harness_error", False):  # e.g. --simulate refusing a collective
             raise
-        raise BadLoaderFile(f"{name}() raised {type(exc).__name__}: {_cut(exc)}") from exc
+        raise BadLoaderFile(
+            f"{name}() raised {type(exc).__name__}: {one_line(exception_text(exc), 300)}"
+        ) from exc
     if (
         not issubclass(type(loader), DataLoader)
         and _wrapped_loader(loader) is None
@@ -170,16 +173,6 @@ def is_torch_loader(obj: Any) -> bool:
     from torch.utils.data import DataLoader
 
     return issubclass(type(obj), DataLoader) or _wrapped_loader(obj) is not None
-
-
-def _cut(exc: BaseException, limit: int = 300) -> str:
-    """An exception's text for a one-line error: its first line, at most ``limit`` characters."""
-    try:
-        text = str(exc).strip()
-    except Exception:
-        return "(its message could not be read)"
-    first = text.splitlines()[0] if text else ""
-    return first if len(first) <= limit else f"{first[:limit]}... ({len(first) - limit:,} more characters)"
 
 
 def _hint(returned: Any) -> str:

@@ -30,6 +30,7 @@ import numpy.random  # noqa: F401 - imported once in the parent, not in every fo
 from ddpcheck.launch.preload import refresh_rank_state
 from ddpcheck.launch.procs import write_frame
 from ddpcheck.launch.target import TargetRef
+from ddpcheck.messages import exception_text, one_line
 
 STACK_SIGNAL = signal.SIGUSR1
 PROGRESS_BYTES = 240
@@ -311,17 +312,13 @@ MAX_TRACEBACK = 64 * 1024  # characters of a traceback carried (its start and it
 
 
 def _error_message(exc: BaseException) -> dict[str, Any]:
-    try:
-        text = str(exc).strip()
-    except Exception as broken:  # an exception whose __str__ raises still has a traceback to show
-        text = f"<{type(exc).__name__}: str() raised {type(broken).__name__}>"
+    text = exception_text(exc)  # one whose __str__ raises still has a traceback to show
     message = text.splitlines()[0] if text else type(exc).__name__
     if isinstance(exc, SystemExit):
         message = f"the code called sys.exit({exc.code!r}) (a rank must return, not exit)"
     else:
         message = worker_headline(text) or message
-    if len(message) > MAX_MESSAGE:
-        message = f"{message[:MAX_MESSAGE]}... ({len(message) - MAX_MESSAGE:,} more characters)"
+    message = one_line(message, MAX_MESSAGE)
     try:
         trace = "".join(traceback.format_exception(exc))
     except Exception:

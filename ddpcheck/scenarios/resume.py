@@ -31,6 +31,7 @@ from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
 from ddpcheck.checks.verdict import Verdict, failed, not_applicable, passed, skipped
 from ddpcheck.launch import GroupResult, TargetRef, report_progress, run_ranks
 from ddpcheck.launch.rank import worker_headline
+from ddpcheck.messages import exception_text, one_line
 from ddpcheck.result import ResumeRow
 from ddpcheck.scenarios.protocol import Context, Outcome, group_failures
 
@@ -335,12 +336,8 @@ def failure_text(exc: BaseException) -> str:
             "StopIteration before the first batch (the restored state points past the end of the "
             "epoch, or at a snapshot of an earlier one)"
         )
-    try:
-        text = str(exc).strip()
-    except Exception:
-        text = ""
-    line = worker_headline(text) or f"{type(exc).__name__}: {text}".strip().rstrip(":").splitlines()[0]
-    return line if len(line) <= 300 else line[:300] + "..."
+    text = exception_text(exc)
+    return one_line(worker_headline(text) or f"{type(exc).__name__}: {text}".strip().rstrip(":"), 300)
 
 
 def _cause(rank: RankResume, stop: Stop, got: Batches) -> str:
