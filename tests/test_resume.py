@@ -223,6 +223,5 @@ def test_failure_text_is_one_readable_line() -> None:
     assert failure_text(IndexError(worker)) == (
         "IndexError: list index out of range [DataLoader worker process 0, /home/u/data.py:7 in load]"
     )
-    assert failure_text(ValueError("x" * 1000)).endswith("(712 more characters)") and "\n" not in failure_text(
-        ValueError("a\nb")
-    )
+    assert failure_text(ValueError("x" * 1000)).endswith("(712 more characters)")
+    assert "\n" not in failure_text(ValueError("a\nb"))
