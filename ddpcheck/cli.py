@@ -666,6 +666,8 @@ def _run(args: argparse.Namespace) -> int | tuple[CheckResult, bool]:
             try:
                 joined, code = check_joined(args.loader, options, target)
             except ValueError as exc:  # an incomplete launch: --master-addr without rank and world size
+                if isinstance(exc, BadInput):
+                    raise
                 if target.explicit and (args.rank is None or args.world_size is None):
                     return _error("--master-addr/--master-port need --rank and --world-size too")
                 return _error(f"cannot join the launch: {exc}")
