@@ -511,8 +511,10 @@ def install_signal_handlers() -> dict[int, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     """The command. With ``argv=None`` (the process's own command line) interrupts are ignored once the
     exit code is known, so one arriving during interpreter shutdown cannot kill the process by signal;
-    with an explicit ``argv`` (a caller in-process) the previous handlers are restored on return.
+    with an explicit ``argv`` (a caller in-process) the previous handlers and streams are restored on
+    return.
     """
+    streams = sys.stdout, sys.stderr
     _sane_standard_streams()
     previous = install_signal_handlers()
     try:
@@ -536,6 +538,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         sys.unraisablehook = _interrupts.previous_hook
+        sys.stdout, sys.stderr = streams
     return code
 
 
