@@ -487,3 +487,31 @@ def make_loader(rank, world_size):
     assert result.id_source == "field:id"
     reshuffle = next(v for v in result.runs[1].verdicts if v.check == RESHUFFLE)
     assert reshuffle.status == "pass" and "order changes" in reshuffle.detail
+
+
+def test_equal_samples_without_indices_or_ids_are_bad_input_not_a_false_overlap(tmp_path: Path) -> None:
+    """Rank 1 sees no indices and every sample has the same content: content hashes would call the
+    whole epoch one sample seen everywhere. ddpcheck says how to identify samples instead."""
+    path = tmp_path / "same.py"
+    path.write_text(
+        """
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler, default_collate
+
+class Asymmetric(DataLoader):
+    def __iter__(self):
+        if dist.get_rank() == 0:
+            yield from super().__iter__()
+            return
+        for indices in self.batch_sampler:
+            yield default_collate([self.dataset[i] for i in indices])
+
+def make_loader(rank, world_size):
+    data = [torch.zeros(2) for _ in range(24)]
+    return Asymmetric(data, batch_size=4, sampler=DistributedSampler(data, world_size, rank, seed=1))
+""",
+        encoding="utf-8",
+    )
+    with pytest.raises(BadInput, match=r"cannot be told apart .*sample_ids"):
+        check_loader(str(path), CheckOptions(world_sizes=(1, 2), epochs=1))

@@ -145,6 +145,12 @@ def _check_world(
                 spec, [(replace(by_data, set_epoch=True), 1, ()), (by_data, ws, ())]
             )
             usable = alt_run.id_source.startswith("field:") if local else True
+            if not local and _hashes_collide(reference, alt_reference):
+                raise BadInput(
+                    f"at world size {ws} some rank sees no dataset indices, and the samples cannot be told "
+                    "apart by their content (equal samples): give the batches an id field or define "
+                    "sample_ids(batch)"
+                )
             if alt_run.ok and alt_reference.ok and alt_run.id_source == alt_reference.id_source and usable:
                 why = "rank-local indices" if local else "indices not seen on every rank"
                 said = f"world size {ws}: {why}; samples identified by {_describe_source(alt_run.id_source)}"
@@ -193,6 +199,17 @@ def _check_world(
     status = "ok" if result.ok else f"{failed} checks failed, {len(result.failures)} rank failures"
     say(f"world size {ws}: {status} ({result.seconds:.2f}s)")
     return result
+
+
+def _hashes_collide(by_index: RunTrace, by_data: RunTrace) -> bool:
+    """Content hashes that make distinct indices look like one sample: identifying by data would call
+    equal samples duplicates (a false overlap), so it is no identification at all."""
+    if by_data.id_source != "content-hash" or by_index.id_source != "index":
+        return False
+    if not (by_index.ok and by_data.ok and by_index.ranks and by_data.ranks):
+        return False
+    indexed, hashed = by_index.ranks[0].epochs[0].ids, by_data.ranks[0].epochs[0].ids
+    return len(set(hashed)) < len(set(indexed))
 
 
 def _identified_apart(reference: RunTrace, run: RunTrace) -> bool:
