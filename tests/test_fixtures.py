@@ -396,22 +396,12 @@ def test_repeated_sampling_passes_with_words_that_stay_true() -> None:
     assert "16 distinct" in at3[COVERAGE].detail and "16 distinct" in at3[SINGLE_PROCESS_EQUIVALENCE].detail
 
 
-def test_samples_are_identified_by_data_where_a_rank_sees_no_indices(tmp_path: Path) -> None:
-    """Rank 0 iterates a torch DataLoader iterator (indices), the others form batches themselves (as
-    a framework whose rank 0 loads for everyone would): the run is redone identifying every sample by
-    the batches' id field, in the reference too, and the correct loader passes."""
-    path = tmp_path / "asymmetric.py"
-    path.write_text(
-        """
+# Rank 0 iterates a torch DataLoader iterator (indices); the others form batches themselves, as a
+# framework whose rank 0 loads for everyone would.
+ASYMMETRIC = """
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
-
-class Numbered(Dataset):
-    def __len__(self):
-        return 40
-    def __getitem__(self, i):
-        return {"id": i + 1000, "x": torch.tensor(float(i))}
+from torch.utils.data import DataLoader, DistributedSampler, default_collate
 
 class Asymmetric(DataLoader):
     def __iter__(self):
@@ -420,9 +410,19 @@ class Asymmetric(DataLoader):
             return
         for indices in self.batch_sampler:
             yield default_collate([self.dataset[i] for i in indices])
+"""
 
+
+def test_samples_are_identified_by_data_where_a_rank_sees_no_indices(tmp_path: Path) -> None:
+    """Rank 0 iterates a torch DataLoader iterator (indices), the others form batches themselves (as
+    a framework whose rank 0 loads for everyone would): the run is redone identifying every sample by
+    the batches' id field, in the reference too, and the correct loader passes."""
+    path = tmp_path / "asymmetric.py"
+    path.write_text(
+        ASYMMETRIC
+        + """
 def make_loader(rank, world_size):
-    ds = Numbered()
+    ds = [{"id": i + 1000, "x": torch.tensor(float(i))} for i in range(40)]
     return Asymmetric(ds, batch_size=4, sampler=DistributedSampler(ds, world_size, rank, seed=1))
 """,
         encoding="utf-8",
@@ -494,19 +494,8 @@ def test_equal_samples_without_indices_or_ids_are_bad_input_not_a_false_overlap(
     whole epoch one sample seen everywhere. ddpcheck says how to identify samples instead."""
     path = tmp_path / "same.py"
     path.write_text(
-        """
-import torch
-import torch.distributed as dist
-from torch.utils.data import DataLoader, DistributedSampler, default_collate
-
-class Asymmetric(DataLoader):
-    def __iter__(self):
-        if dist.get_rank() == 0:
-            yield from super().__iter__()
-            return
-        for indices in self.batch_sampler:
-            yield default_collate([self.dataset[i] for i in indices])
-
+        ASYMMETRIC
+        + """
 def make_loader(rank, world_size):
     data = [torch.zeros(2) for _ in range(24)]
     return Asymmetric(data, batch_size=4, sampler=DistributedSampler(data, world_size, rank, seed=1))
