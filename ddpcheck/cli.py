@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import ast
 import atexit
+import contextlib
 import errno
+import gc
 import keyword
 import os
 import signal
@@ -23,7 +25,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
@@ -514,6 +516,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with an explicit ``argv`` (a caller in-process) the previous handlers and streams are restored on
     return.
     """
+    global _own_process
+    _own_process = argv is None
     streams = sys.stdout, sys.stderr
     _sane_standard_streams()
     previous = install_signal_handlers()
@@ -650,9 +654,10 @@ def _run(args: argparse.Namespace) -> int | tuple[CheckResult, bool]:
     """Run the checker; an int is an exit code with nothing to publish."""
     from dataclasses import replace
 
-    from ddpcheck.checker.joined import JoinTarget, check_joined
-    from ddpcheck.checker.runner import BadInput, Interrupted, check_loader
-    from ddpcheck.progress import make_display
+    with gc_paused(freeze=_own_process):
+        from ddpcheck.checker.joined import JoinTarget, check_joined
+        from ddpcheck.checker.runner import BadInput, Interrupted, check_loader
+        from ddpcheck.progress import make_display
 
     options = _options(args)
     target = JoinTarget(args.rank, args.world_size, args.master_addr, args.master_port)
@@ -685,6 +690,26 @@ def _run(args: argparse.Namespace) -> int | tuple[CheckResult, bool]:
         return exc.partial, True
     finally:
         display.close()  # before anything else is printed
+
+
+@contextlib.contextmanager
+def gc_paused(*, freeze: bool) -> Iterator[None]:
+    """No cyclic garbage collection while torch is imported: a collection then walks over up to a
+    million objects that all stay alive (50-90 ms each, several per import). ``freeze`` (the command's
+    own process) moves what was imported out of collection for good, so the first collection
+    afterwards does not walk it either (see ``ddpcheck.launch.preload.frozen_heap``)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if freeze:
+            gc.freeze()
+        if enabled:
+            gc.enable()
+
+
+_own_process = False  # main() runs as the process's own command (argv=None): process-wide state is ours
 
 
 def _in_launch() -> bool:

@@ -2,13 +2,16 @@
 
 Ids stay ``array('q')`` from the rank's sampler to the checks; the checks count with numpy instead
 of Python sets, and give exactly the verdicts the set arithmetic gives; the endless-loader guard
-counts distinct ids incrementally.
+counts distinct ids incrementally; ranks inherit a heap that garbage collection leaves alone.
 """
 
 from __future__ import annotations
 
+import gc
 import itertools
 import pickle
+import subprocess
+import sys
 from array import array
 from collections.abc import Hashable
 from dataclasses import replace
@@ -21,10 +24,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, TensorDataset
 
+from ddpcheck.checker.options import CheckOptions
 from ddpcheck.checker.recording import _sampler_batches, record_indices
+from ddpcheck.checker.runner import check_loader
 from ddpcheck.checks import run_checks
 from ddpcheck.checks.arrays import epoch_counts, same_id_set
 from ddpcheck.checks.context import Context
+from ddpcheck.cli import gc_paused
 from ddpcheck.trace import EpochTrace, IdBuffer, RankTrace, RunTrace, compact_ids
 from tests.trace_builders import reference, run
 
@@ -285,3 +291,52 @@ def test_a_sampled_simulated_rerun_judges_determinism_and_says_it_sampled(
     else:
         assert verdict.status == "fail"
         assert f"of {sampled} sampled ranks differ" in verdict.detail
+
+
+_FREEZE_PROBE = """
+import gc
+import os
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+def make_loader(rank, world_size):
+    with open(os.path.join(os.environ["FREEZE_PROBE_DIR"], f"rank{rank}-of-{world_size}"), "w") as f:
+        f.write(str(gc.get_freeze_count()))
+    dataset = TensorDataset(torch.arange(16))
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False)
+    return DataLoader(dataset, batch_size=4, sampler=sampler)
+"""
+
+
+def test_ranks_inherit_a_frozen_heap_and_an_in_process_caller_gets_its_own_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A collection in a rank must not walk (and so copy) the heap it inherited; the caller's own
+    garbage collection is left as it was."""
+    loader = tmp_path / "probe.py"
+    loader.write_text(_FREEZE_PROBE)
+    monkeypatch.setenv("FREEZE_PROBE_DIR", str(tmp_path))
+    assert gc.get_freeze_count() == 0
+    result = check_loader(str(loader), CheckOptions(world_sizes=(1, 2), epochs=1))
+    assert result.ok, result
+    seen = {p.name: int(p.read_text()) for p in tmp_path.glob("rank*")}
+    assert set(seen) == {"rank0-of-1", "rank0-of-2", "rank1-of-2"}
+    assert all(count > 1000 for count in seen.values()), seen  # torch's objects, at least
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
+
+
+def test_the_command_pauses_collection_while_importing_and_freezes_what_it_imported() -> None:
+    assert gc.isenabled()
+    with gc_paused(freeze=False):
+        assert not gc.isenabled()
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    code = (
+        "import gc; from ddpcheck.cli import gc_paused\n"
+        "with gc_paused(freeze=True):\n"
+        "    import json, xml.etree.ElementTree\n"
+        "print(gc.isenabled(), gc.get_freeze_count() > 1000)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "True"]

@@ -20,6 +20,7 @@ from ddpcheck.checks import run_checks
 from ddpcheck.checks.verdict import Verdict, allow
 from ddpcheck.figures import FigureData, figure_data
 from ddpcheck.launch import GroupCall, GroupResult, StartedGroups, TargetRef, started_groups
+from ddpcheck.launch.preload import frozen_heap
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.scenarios import Outcome, Scenario
 from ddpcheck.scenarios import build as build_scenarios
@@ -64,6 +65,7 @@ def check_loader(
             notes=tuple(notes),
         )
 
+    heap = contextlib.ExitStack()
     try:
         if options.preload and (options.simulate or options.backend != "nccl"):  # nccl ranks are spawned
             from ddpcheck.launch.preload import preload_imports
@@ -72,6 +74,7 @@ def check_loader(
             if loaded.imported:
                 say(f"imported {', '.join(loaded.imported)} once ({loaded.seconds:.1f}s); ranks inherit them")
             notes.extend(loaded.notes())
+        heap.enter_context(frozen_heap())  # from the first fork on
         say(f"reference run (1 process) of {path}")
         # The reference is always the correct loop (set_epoch called); with --no-set-epoch only the
         # runs skip it, so reshuffle fails exactly when the order depends on that call.
@@ -96,6 +99,8 @@ def check_loader(
     except KeyboardInterrupt:
         notes.append("interrupted: world sizes after the last one shown were not checked")
         raise Interrupted(replace(result(), interrupted=True)) from None
+    finally:
+        heap.close()
     return result()
 
 
