@@ -4,9 +4,12 @@ Target (issue 13, tightening issue 3): world sizes 1,2,3,4,8 x 2 epochs on a 100
 at most 0.10x the spawn script's wall time and under 2.5 s on 2 cores; ``--simulate`` at world size
 1024 on 1,000,000 samples under 10 s. Every number depends on the machine being otherwise idle: the
 script prints the load average so a busy run can be told apart. Both sides are timed as whole
-commands (interpreter start and torch import included), the way a user meets them.
+commands (interpreter start and torch import included), the way a user meets them: with ddpcheck's
+bytecode compiled, as ``pip install`` leaves a wheel (an editable checkout under
+PYTHONDONTWRITEBYTECODE, as on this machine, would recompile its ~60 modules on every run, about
+0.1 s; ``--no-compile`` measures that).
 
-    python benchmarks/bench_checker.py [--world-sizes 1,2,3,4,8] [--repeats 3]
+    python benchmarks/bench_checker.py [--world-sizes 1,2,3,4,8] [--repeats 3] [--no-compile]
 """
 
 from __future__ import annotations
@@ -60,13 +63,27 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
     return elapsed
 
 
+def compile_ddpcheck() -> Path:
+    """Byte-compile the ddpcheck package this interpreter imports (its own __pycache__ directories)."""
+    import compileall
+
+    import ddpcheck
+
+    root = Path(ddpcheck.__file__).resolve().parent
+    if not compileall.compile_dir(str(root), quiet=1):
+        raise SystemExit(f"could not byte-compile {root}")
+    return root
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-sizes", default="1,2,3,4,8")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-simulate", action="store_true")
+    parser.add_argument("--no-compile", action="store_true", help="leave ddpcheck's bytecode as it is")
     args = parser.parse_args()
+    compiled = None if args.no_compile else compile_ddpcheck()
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "spawn_baseline.py"
         script.write_text(SPAWN_SCRIPT)
@@ -92,6 +109,7 @@ def main() -> None:
         f"world sizes {args.world_sizes}, {args.epochs} epochs, 100,000 samples, {os.cpu_count()} cores, "
         f"load average {load:.1f}"
     )
+    print(f"  ddpcheck's bytecode: {f'compiled ({compiled})' if compiled else 'as found (--no-compile)'}")
     print(f"  ddpcheck (whole command, median of {len(ours)}):       {ours_s:7.2f} s")
     print(f"  torch.multiprocessing.spawn script (median of {len(base)}): {base_s:7.2f} s")
     print(

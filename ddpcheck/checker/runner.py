@@ -67,6 +67,7 @@ def check_loader(
 
     heap = contextlib.ExitStack()
     try:
+        heap.enter_context(frozen_heap())  # what is loaded now stays out of the preload's collections
         if options.preload and (options.simulate or options.backend != "nccl"):  # nccl ranks are spawned
             from ddpcheck.launch.preload import preload_imports
 
@@ -74,7 +75,7 @@ def check_loader(
             if loaded.imported:
                 say(f"imported {', '.join(loaded.imported)} once ({loaded.seconds:.1f}s); ranks inherit them")
             notes.extend(loaded.notes())
-        heap.enter_context(frozen_heap())  # from the first fork on
+        heap.enter_context(frozen_heap())  # and what it imported, from the first fork on
         say(f"reference run (1 process) of {path}")
         # The reference is always the correct loop (set_epoch called); with --no-set-epoch only the
         # runs skip it, so reshuffle fails exactly when the order depends on that call.
