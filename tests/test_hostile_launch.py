@@ -179,6 +179,28 @@ def test_a_simulated_rank_that_loops_forever_ends_at_its_deadline_with_a_stack()
     assert not children_of(os.getpid()) - before
 
 
+def _spin_in_python_forever() -> None:
+    while True:
+        sum(range(10))
+
+
+def test_stacks_are_written_between_bytecodes_where_faulthandler_could_read_a_half_made_frame() -> None:
+    """A rank spinning in Python calls a function ~10 million times a second: the stack comes from the
+    Python-level handler (every frame whole), in faulthandler's layout, main thread first."""
+    from ddpcheck.launch.rank import format_stacks
+    from ddpcheck.pytest_plugin.failure import trim_stack
+
+    result = run_ranks(_spin_in_python_forever, 1, timeout=1)
+    (hung,) = result.outcomes
+    assert hung.kind == "hang"
+    first = hung.stack.split("\n\n")[0]
+    assert first.startswith("Current thread 0x") and "(most recent call first):" in first
+    assert "in _spin_in_python_forever" in first and "Fatal Python error" not in hung.stack
+    here = format_stacks(sys._getframe())
+    assert here.splitlines()[1].endswith(f"in {sys._getframe().f_code.co_name}")
+    assert sys._getframe().f_code.co_name in trim_stack(here)
+
+
 @pytest.mark.slow
 def test_the_command_lines_timeout_bounds_a_simulated_rank_that_spins(tmp_path: Path) -> None:
     """``--timeout`` reaches simulated ranks too (it once stayed at the 120 s default there)."""

@@ -41,7 +41,9 @@ from ddpcheck.launch.procs import (
 )
 from ddpcheck.launch.rank import (
     JOINING,
+    NATIVE_STACK_SIGNAL,
     PROGRESS_BYTES,
+    PYTHON_STACK_WAIT_S,
     STACK_SIGNAL,
     RankSpec,
     output_path,
@@ -597,19 +599,22 @@ def _mark_secondary(outcomes: list[RankOutcome]) -> None:
 
 
 def _dump_stacks(procs: list[Any], ranks: list[int], workdir: str) -> None:
-    """Ask each rank for its stacks (faulthandler on SIGUSR1) and wait until every dump has landed."""
+    """Ask each rank for its stacks and wait until every dump has landed: first from Python (safe at
+    any moment, see :func:`~ddpcheck.launch.rank.install_stack_dumps`), then from faulthandler for
+    the ranks whose main thread is held in C code and wrote nothing."""
     if not ranks:
         return
-    for r in ranks:
-        try:
-            os.kill(procs[r].pid, STACK_SIGNAL)
-        except (ProcessLookupError, TypeError):
-            pass
-    deadline = time.monotonic() + _STACK_WAIT_S
+    started = time.monotonic()
     pending = set(ranks)
-    while pending and time.monotonic() < deadline:
-        time.sleep(0.02)
-        pending = {r for r in pending if _size(stack_path(workdir, r)) == 0 and procs[r].is_alive()}
+    for signum, until in ((STACK_SIGNAL, PYTHON_STACK_WAIT_S), (NATIVE_STACK_SIGNAL, _STACK_WAIT_S)):
+        for r in sorted(pending):
+            try:
+                os.kill(procs[r].pid, signum)
+            except (ProcessLookupError, TypeError):
+                pass
+        while pending and time.monotonic() < started + until:
+            time.sleep(0.02)
+            pending = {r for r in pending if _size(stack_path(workdir, r)) == 0 and procs[r].is_alive()}
     time.sleep(0.05)  # a dump is written in one burst; let the last one finish
 
 

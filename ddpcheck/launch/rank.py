@@ -32,7 +32,9 @@ from ddpcheck.launch.procs import write_frame
 from ddpcheck.launch.target import TargetRef
 from ddpcheck.messages import exception_text, one_line
 
-STACK_SIGNAL = signal.SIGUSR1
+STACK_SIGNAL = signal.SIGUSR1  # every thread's stack, written between two bytecodes of the main thread
+NATIVE_STACK_SIGNAL = signal.SIGUSR2  # faulthandler's dump, for a main thread held in C code
+PYTHON_STACK_WAIT_S = 0.5  # how long the parent waits for the first dump before asking for the second
 PROGRESS_BYTES = 240
 _PR_SET_PDEATHSIG = 1
 
@@ -335,6 +337,46 @@ def _error_message(exc: BaseException) -> dict[str, Any]:
     }
 
 
+def install_stack_dumps(stack_file: Any) -> None:
+    """A fatal error writes the stacks; :data:`STACK_SIGNAL` (a hang) writes them from a Python-level
+    handler, :data:`NATIVE_STACK_SIGNAL` from faulthandler's own.
+
+    faulthandler's handler runs at any instruction, and one arriving while the interrupted thread
+    pushes a Python frame can read it half-made and crash the process (seen with CPython 3.11 under
+    load, in a rank spinning in a Python loop). The Python-level handler runs between bytecodes, so
+    every frame is whole; it cannot run while the main thread is held in C code (a collective), which
+    is why the parent falls back to the native signal when nothing was written.
+    """
+    faulthandler.enable(file=stack_file, all_threads=True)
+    faulthandler.register(NATIVE_STACK_SIGNAL, file=stack_file, all_threads=True, chain=False)
+    fd = stack_file.fileno()
+
+    def dump(signum: int, frame: Any) -> None:
+        with contextlib.suppress(OSError):
+            os.write(fd, format_stacks(frame).encode("utf-8", "replace"))
+
+    signal.signal(STACK_SIGNAL, dump)
+
+
+def format_stacks(frame: Any) -> str:
+    """Every thread's stack in faulthandler's layout ("most recent call first"); ``frame`` is the main
+    thread's, where the signal interrupted it."""
+    import threading
+
+    current = threading.get_ident()
+    stacks = [(current, frame), *((i, f) for i, f in sys._current_frames().items() if i != current)]
+    blocks = []
+    for ident, top in stacks:
+        lines = [
+            f"{'Current thread' if ident == current else 'Thread'} 0x{ident:016x} (most recent call first):"
+        ]
+        while top is not None:
+            lines.append(f'  File "{top.f_code.co_filename}", line {top.f_lineno} in {top.f_code.co_name}')
+            top = top.f_back
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"
+
+
 def rank_main(spec: RankSpec, conn: Any, progress: Any, ready: Any = None) -> None:
     """Process entry point of one rank."""
     global _progress_buffer, _progress_rank
@@ -352,9 +394,7 @@ def rank_main(spec: RankSpec, conn: Any, progress: Any, ready: Any = None) -> No
     if spec.forked:
         _single_thread_torch()
     fresh_random_state()
-    stack_file = open(stack_path(spec.workdir, spec.rank), "w")  # noqa: SIM115 - lives as long as the rank
-    faulthandler.enable(file=stack_file, all_threads=True)
-    faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True, chain=False)
+    install_stack_dumps(open(stack_path(spec.workdir, spec.rank), "w"))  # noqa: SIM115 - lives as the rank
     code = 0
     try:
         report_progress(JOINING)

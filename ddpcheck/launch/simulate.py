@@ -18,7 +18,6 @@ every rank draws identically is computed once (:mod:`ddpcheck.launch.shared_work
 from __future__ import annotations
 
 import contextlib
-import faulthandler
 import multiprocessing as mp
 import os
 import shutil
@@ -49,7 +48,9 @@ from ddpcheck.launch.procs import (
     write_frame,
 )
 from ddpcheck.launch.rank import (
+    NATIVE_STACK_SIGNAL,
     PROGRESS_BYTES,
+    PYTHON_STACK_WAIT_S,
     STACK_SIGNAL,
     force_loopback,
     fresh_random_state,
@@ -365,13 +366,15 @@ def _outcomes(
 
 def _dump_stack(proc: Any, workdir: str) -> str:
     path = os.path.join(workdir, "ranks.stack")
-    with contextlib.suppress(OSError):
-        os.kill(proc.pid, STACK_SIGNAL)
-    deadline = time.monotonic() + _STACK_WAIT_S
-    while time.monotonic() < deadline and proc.is_alive():
+    started = time.monotonic()
+    signals = [(STACK_SIGNAL, started), (NATIVE_STACK_SIGNAL, started + PYTHON_STACK_WAIT_S)]
+    while signals and time.monotonic() < started + _STACK_WAIT_S and proc.is_alive():
         if os.path.exists(path) and os.path.getsize(path) > 0:
             time.sleep(0.05)  # a dump is written in one burst; let it finish
             break
+        if time.monotonic() >= signals[0][1]:
+            with contextlib.suppress(OSError):
+                os.kill(proc.pid, signals.pop(0)[0])
         time.sleep(0.02)
     return read_tail(path, _STACK_TAIL)
 
@@ -403,9 +406,7 @@ def _child_main(
         sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
     rank_side._single_thread_torch()
-    stack_file = open(os.path.join(workdir, "ranks.stack"), "w")  # noqa: SIM115 - lives as long as the child
-    faulthandler.enable(file=stack_file, all_threads=True)
-    faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True, chain=False)
+    rank_side.install_stack_dumps(open(os.path.join(workdir, "ranks.stack"), "w"))  # noqa: SIM115
     rank_side._progress_buffer, rank_side._progress_rank = progress, 0
     port_holder = bind_loopback()  # MASTER_PORT names a loopback port that is ours, not a stranger's
     port = port_holder.getsockname()[1]
