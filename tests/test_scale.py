@@ -340,3 +340,37 @@ def test_the_command_pauses_collection_while_importing_and_freezes_what_it_impor
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True", "True"]
+
+
+_COUNTED_FAILURE = """
+import os
+
+from torch.utils.data import DataLoader
+
+
+class Broken:
+    def __iter__(self):
+        raise RuntimeError("broken sampler")
+
+    def __len__(self):
+        return 4
+
+
+def make_loader(rank, world_size):
+    with open(os.environ["CALLS_FILE"], "a") as f:
+        f.write(f"{rank}/{world_size}\\n")
+    return DataLoader(list(range(4)), batch_size=2, sampler=Broken())
+"""
+
+
+def test_a_failed_simulated_reference_is_not_rerun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Simulated groups take every core, so world size 1's determinism rerun follows its run instead
+    of running beside it; a run that failed is judged alone, not repeated (a hang would cost its
+    deadline twice)."""
+    loader = tmp_path / "counted.py"
+    loader.write_text(_COUNTED_FAILURE)
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("CALLS_FILE", str(calls))
+    result = check_loader(str(loader), CheckOptions(world_sizes=(1,), epochs=1, simulate=True))
+    assert [f.kind for run in result.runs for f in run.failures] == ["error"]
+    assert calls.read_text().splitlines() == ["0/1"]
