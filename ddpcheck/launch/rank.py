@@ -18,6 +18,7 @@ import signal
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -352,8 +353,10 @@ def install_stack_dumps(stack_file: Any) -> None:
     fd = stack_file.fileno()
 
     def dump(signum: int, frame: Any) -> None:
-        with contextlib.suppress(OSError):
+        try:
             os.write(fd, format_stacks(frame).encode("utf-8", "replace"))
+        except BaseException:  # nothing may reach the user code it interrupted
+            pass
 
     signal.signal(STACK_SIGNAL, dump)
 
@@ -361,8 +364,6 @@ def install_stack_dumps(stack_file: Any) -> None:
 def format_stacks(frame: Any) -> str:
     """Every thread's stack in faulthandler's layout ("most recent call first"); ``frame`` is the main
     thread's, where the signal interrupted it."""
-    import threading
-
     current = threading.get_ident()
     stacks = [(current, frame), *((i, f) for i, f in sys._current_frames().items() if i != current)]
     blocks = []
