@@ -79,8 +79,11 @@ def _drop_unlogged_initial_iterator(loader: Any) -> None:
 
 
 def _indices(item: Any) -> list[Hashable] | None:
-    if item is None:
-        return None
+    return None if item is None else index_items(item)
+
+
+def index_items(item: Any) -> list[Any]:
+    """What a sampler yielded, as a list: one index (an int, a 0-d tensor or array) or a batch of them."""
     if isinstance(item, int):
         return [item]
     if hasattr(item, "tolist"):

@@ -18,7 +18,7 @@ from itertools import islice
 from typing import Any, cast
 
 from ddpcheck.checker.identity import make_id_extractor
-from ddpcheck.checker.index_log import adopt, catch_all, log_of
+from ddpcheck.checker.index_log import adopt, catch_all, index_items, log_of
 from ddpcheck.checker.loaderfile import (
     BadLoaderFile,
     LoaderSpec,
@@ -580,16 +580,7 @@ def _len_or_none(obj: Any) -> int | None:
 
 
 def _as_indices(item: Any) -> list[int]:
-    if isinstance(item, int):
-        return [item]
-    if hasattr(item, "tolist"):
-        item = item.tolist()
-        if isinstance(item, int):
-            return [item]
-    try:
-        return [operator.index(i) for i in item]
-    except TypeError:
-        return [operator.index(item)]
+    return [operator.index(i) for i in index_items(item)]
 
 
 def record_indices(loader: Any, epoch: int) -> EpochTrace:

@@ -20,7 +20,7 @@ from ddpcheck.checks import run_checks
 from ddpcheck.checks.verdict import Verdict, allow
 from ddpcheck.figures import FigureData, figure_data
 from ddpcheck.launch import GroupCall, GroupResult, StartedGroups, TargetRef, started_groups
-from ddpcheck.launch.preload import frozen_heap
+from ddpcheck.launch.preload import frozen_heap, preload_imports
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.scenarios import Outcome, Scenario
 from ddpcheck.scenarios import build as build_scenarios
@@ -69,8 +69,6 @@ def check_loader(
     try:
         heap.enter_context(frozen_heap())  # what is loaded now stays out of the preload's collections
         if options.preload and (options.simulate or options.backend != "nccl"):  # nccl ranks are spawned
-            from ddpcheck.launch.preload import preload_imports
-
             loaded = preload_imports(str(path), deadline_s=options.timeout)
             if loaded.imported:
                 say(f"imported {', '.join(loaded.imported)} once ({loaded.seconds:.1f}s); ranks inherit them")
