@@ -75,6 +75,7 @@ CASES = [
     _case("good_iterable_sharded.py"),
     _case("good_eval_no_shuffle.py"),
     _case("good_drop_last.py"),
+    _case("good_explicit_batch_sampler.py"),  # the same, with BatchSampler(..., drop_last=True) by hand
     _case("good_repeat_augmentation.py"),  # the reference repeats each sample 3 times, by design
     _case("good_multi_epochs_loader.py"),  # one iterator kept across epochs, started in __init__
     _case("good_self_batching_loader.py"),  # no torch iterator: ids from the batches' id field

@@ -458,11 +458,12 @@ def read_facts(outer: Any) -> LoaderFacts:
     if shard_unit:
         padding, pad_unit = True, shard_unit
     parts = _distinct(outer, *_sampling_parts(loader), dataset)
+    batch_size, drop_last = _batching(loader, None if custom_batches else batch_sampler)
     return LoaderFacts(
         dataset_kind="iterable" if iterable else "map",
         dataset_len=dataset_len,
-        batch_size=loader.batch_size,
-        drop_last=bool(loader.drop_last),
+        batch_size=batch_size,
+        drop_last=drop_last,
         sampler=type(sampler).__name__ if sampler is not None else None,
         batch_sampler=type(batch_sampler).__name__ if batch_sampler is not None else None,
         num_workers=int(loader.num_workers),
@@ -474,6 +475,18 @@ def read_facts(outer: Any) -> LoaderFacts:
         shuffles=_declared_shuffle(sampler),
         in_order=bool(getattr(loader, "in_order", True)) or int(loader.num_workers) == 0,
     )
+
+
+def _batching(loader: Any, plain_batch_sampler: Any) -> tuple[int | None, bool]:
+    """Batch size and ``drop_last``. Given ``batch_sampler=BatchSampler(sampler, B, drop_last=True)``,
+    torch keeps them on the batch sampler and sets its own to None and False, yet every rank still
+    drops its last partial batch, as with ``DataLoader(batch_size=B, drop_last=True)``."""
+    if loader.batch_size is None and plain_batch_sampler is not None:
+        for part in (plain_batch_sampler, *_wrapped_batch_samplers(plain_batch_sampler)):
+            size = getattr(part, "batch_size", None)
+            if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+                return size, getattr(part, "drop_last", False) is True
+    return loader.batch_size, bool(loader.drop_last)
 
 
 def _own_loader_facts(loader: Any) -> LoaderFacts:
