@@ -599,22 +599,26 @@ def _mark_secondary(outcomes: list[RankOutcome]) -> None:
 
 
 def _dump_stacks(procs: list[Any], ranks: list[int], workdir: str) -> None:
-    """Ask each rank for its stacks and wait until every dump has landed: first from Python (safe at
-    any moment, see :func:`~ddpcheck.launch.rank.install_stack_dumps`), then from faulthandler for
-    the ranks whose main thread is held in C code and wrote nothing."""
-    if not ranks:
+    dump_stacks([(procs[r], stack_path(workdir, r)) for r in ranks])
+
+
+def dump_stacks(targets: Sequence[tuple[Any, str]]) -> None:
+    """Ask each process (``(proc, its stack file)``) for its stacks and wait until every dump has
+    landed: first from Python (safe at any moment, see :func:`~ddpcheck.launch.rank.install_stack_dumps`),
+    then from faulthandler for those whose main thread is held in C code and wrote nothing."""
+    if not targets:
         return
     started = time.monotonic()
-    pending = set(ranks)
+    pending = list(targets)
     for signum, until in ((STACK_SIGNAL, PYTHON_STACK_WAIT_S), (NATIVE_STACK_SIGNAL, _STACK_WAIT_S)):
-        for r in sorted(pending):
+        for proc, _ in pending:
             try:
-                os.kill(procs[r].pid, signum)
+                os.kill(proc.pid, signum)
             except (ProcessLookupError, TypeError):
                 pass
         while pending and time.monotonic() < started + until:
             time.sleep(0.02)
-            pending = {r for r in pending if _size(stack_path(workdir, r)) == 0 and procs[r].is_alive()}
+            pending = [(proc, path) for proc, path in pending if _size(path) == 0 and proc.is_alive()]
     time.sleep(0.05)  # a dump is written in one burst; let the last one finish
 
 

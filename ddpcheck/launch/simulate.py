@@ -32,7 +32,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ddpcheck.launch import rank as rank_side
-from ddpcheck.launch.group import GroupResult, RankOutcome, bind_loopback
+from ddpcheck.launch.group import GroupResult, RankOutcome, bind_loopback, dump_stacks
 from ddpcheck.launch.preload import find_rank_state_holders, refresh_rank_state
 from ddpcheck.launch.procs import (
     ExitWatch,
@@ -48,10 +48,7 @@ from ddpcheck.launch.procs import (
     write_frame,
 )
 from ddpcheck.launch.rank import (
-    NATIVE_STACK_SIGNAL,
     PROGRESS_BYTES,
-    PYTHON_STACK_WAIT_S,
-    STACK_SIGNAL,
     force_loopback,
     fresh_random_state,
     make_killable,
@@ -62,7 +59,6 @@ from ddpcheck.launch.rank import (
 from ddpcheck.launch.shared_work import known_samplers, shared_permutations
 
 _START_ALLOWANCE_S = 10.0  # on top of the first simulated rank's timeout: the fork, on a loaded machine
-_STACK_WAIT_S = 2.0
 _OUTPUT_TAIL = 20_000
 _STACK_TAIL = 200_000
 
@@ -366,16 +362,7 @@ def _outcomes(
 
 def _dump_stack(proc: Any, workdir: str) -> str:
     path = os.path.join(workdir, "ranks.stack")
-    started = time.monotonic()
-    signals = [(STACK_SIGNAL, started), (NATIVE_STACK_SIGNAL, started + PYTHON_STACK_WAIT_S)]
-    while signals and time.monotonic() < started + _STACK_WAIT_S and proc.is_alive():
-        if os.path.exists(path) and os.path.getsize(path) > 0:
-            time.sleep(0.05)  # a dump is written in one burst; let it finish
-            break
-        if time.monotonic() >= signals[0][1]:
-            with contextlib.suppress(OSError):
-                os.kill(proc.pid, signals.pop(0)[0])
-        time.sleep(0.02)
+    dump_stacks([(proc, path)])
     return read_tail(path, _STACK_TAIL)
 
 
