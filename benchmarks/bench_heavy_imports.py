@@ -33,8 +33,9 @@ VARIANTS = ("torch-only", "lightning-import", "lightning-preloaded", "lightning-
 
 def run_variant(variant: str, world_sizes: tuple[int, ...], epochs: int) -> dict[str, Any]:
     """One measurement, in this (fresh) interpreter."""
-    from ddpcheck.checker.runner import CheckOptions, check_loader
+    from ddpcheck.checker.options import CheckOptions
     from ddpcheck.launch.preload import preload_imports
+    from ddpcheck.session import check_loader
 
     options = CheckOptions(world_sizes=world_sizes, epochs=epochs, preload=variant != "lightning-plain")
     started = time.perf_counter()

@@ -1,7 +1,7 @@
 """ddpcheck: prove a PyTorch data pipeline is correct under DistributedDataParallel.
 
 The reference utilities are re-exported here (``from ddpcheck import DDPSamplerWrapper``). The
-checker is ``ddpcheck.checker.runner.check_loader`` and the ``ddpcheck`` command line. Re-exports resolve
+checker is ``ddpcheck.session.check_loader`` and the ``ddpcheck`` command line. Re-exports resolve
 lazily, so importing ``ddpcheck`` (as pytest does for the plugin entry point) does not import torch.
 """
 
@@ -31,7 +31,7 @@ _EXPORTS = {
     "no_sync": "ddpcheck.reference.model",
     "move_to_device": "ddpcheck.reference.model",
     "assert_ddp_safe": "ddpcheck.pytest_plugin",
-    "check_loader": "ddpcheck.checker.runner",
+    "check_loader": "ddpcheck.session",
     "CheckOptions": "ddpcheck.checker.options",
 }
 
@@ -39,7 +39,6 @@ __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
     from ddpcheck.checker.options import CheckOptions
-    from ddpcheck.checker.runner import check_loader
     from ddpcheck.pytest_plugin import assert_ddp_safe
     from ddpcheck.reference.dist import (
         connect,
@@ -57,6 +56,7 @@ if TYPE_CHECKING:
     )
     from ddpcheck.reference.sampler import DDPSamplerWrapper
     from ddpcheck.reference.sync import mp_sync, mp_sync_dict, sync_dicts_ddp
+    from ddpcheck.session import check_loader
 
 
 def __getattr__(name: str) -> Any:

@@ -14,23 +14,20 @@ from __future__ import annotations
 
 import argparse
 import ast
-import atexit
-import contextlib
 import errno
-import gc
 import keyword
 import os
 import signal
 import sys
 import tempfile
-import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import FrameType
-from typing import TYPE_CHECKING, Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
+from ddpcheck import hygiene
 from ddpcheck.messages import one_line
+from ddpcheck.report.formats import PRINTED as PRINTED_FORMATS
 
 if TYPE_CHECKING:
     from ddpcheck.result import CheckResult
@@ -45,8 +42,6 @@ MAX_EPOCHS = 10_000
 MAX_COUNT = 2**31 - 1  # steps, batch size: what a C int holds
 MAX_TRAIN_STEPS = 100_000
 OWN_REPORT_SUFFIXES = (".json", ".md", ".html", ".txt")
-INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
-FORMATS = ("table", "json", "markdown", "github")
 
 
 def _world_sizes(text: str) -> tuple[int, ...]:
@@ -277,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--report-dir", type=Path, default=Path("reports"), help="where report files go")
     out.add_argument(
         "--format",
-        choices=FORMATS,
+        choices=PRINTED_FORMATS,
         default="table",
         help="what to print on stdout (github: GitHub Actions annotations for failing checks)",
     )
@@ -388,54 +383,6 @@ def _error(message: str, exc: BaseException | None = None, verbose: bool = False
     return EXIT_BAD_INPUT
 
 
-class _Forgiving:
-    """stderr that a closed pipe, a closed descriptor or a full disk cannot turn into a traceback or
-    another exit code (``ddpcheck ... 2>&1 | head -1``): what cannot be written is dropped. The
-    reports on disk and the exit code carry the result."""
-
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
-
-    def write(self, text: str) -> int:
-        try:
-            return int(self._stream.write(text))
-        except (OSError, ValueError):
-            self._drop()
-            return len(text)
-
-    def flush(self) -> None:
-        try:
-            self._stream.flush()
-        except (OSError, ValueError):
-            self._drop()
-
-    def _drop(self) -> None:
-        self._stream = open(os.devnull, "w")  # noqa: SIM115 - stands in for stderr until exit
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
-
-
-def _sane_standard_streams() -> None:
-    """Descriptors 0-2 that were closed at start point at /dev/null (so no file or socket of ours, and
-    no rank, ever takes their number); stderr forgives a reader that went away."""
-    for fd in (0, 1, 2):
-        try:
-            os.fstat(fd)
-        except OSError:
-            try:
-                null = os.open(os.devnull, os.O_RDWR)
-                if null != fd:
-                    os.dup2(null, fd)
-                    os.close(null)
-            except OSError:
-                pass
-    if sys.stdout is None:
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
-    if not isinstance(sys.stderr, _Forgiving):
-        sys.stderr = _Forgiving(sys.stderr if sys.stderr is not None else open(os.devnull, "w"))  # noqa: SIM115
-
-
 def _ensure_writable(directory: Path) -> None:
     """Fail before any rank starts when reports could not be written afterwards."""
     try:
@@ -448,68 +395,6 @@ def _ensure_writable(directory: Path) -> None:
         raise OSError(f"cannot write reports to {directory!r}: {exc}") from None
 
 
-class _Interrupts:
-    """SIGINT/SIGTERM policy: the first raises KeyboardInterrupt (the run stops, ranks are cleaned up);
-    those that follow within ``GRACE`` seconds, or at any time once reports are being written, are only
-    noted, so neither cleanup nor a report write is cut short; the exit code is 130 either way.
-
-    A signal mask would not do: torch and the launch layer run threads, and a signal delivered to any
-    of them still makes the main thread's Python handler run.
-    """
-
-    GRACE = 10.0
-
-    def __init__(self) -> None:
-        self.first: float | None = None
-        self.noted: list[int] = []
-        self.publishing = False
-        self.swallowed = False
-
-    def handle(self, signum: int, frame: FrameType | None) -> None:
-        now = time.monotonic()
-        if self.publishing or (self.first is not None and now - self.first < self.GRACE):
-            self.noted.append(signum)
-            return
-        self.first = now
-        raise KeyboardInterrupt
-
-    def unraisable(self, info: Any) -> None:
-        """A KeyboardInterrupt that landed where Python swallows exceptions (an at-fork hook, ``__del__``)
-        would be lost with a stray traceback: keep quiet and raise it at the next progress line."""
-        if info.exc_type is not KeyboardInterrupt:
-            self.previous_hook(info)
-        elif not self.publishing:
-            self.swallowed = True
-
-    def checkpoint(self) -> None:
-        """Called by the runner's progress lines, a point where an interrupt is handled properly."""
-        if self.swallowed and not self.publishing:
-            self.swallowed = False
-            raise KeyboardInterrupt
-
-    previous_hook: Any = staticmethod(sys.__unraisablehook__)
-
-    @property
-    def happened(self) -> bool:
-        return self.first is not None or bool(self.noted)
-
-
-_interrupts = _Interrupts()
-
-
-def install_signal_handlers() -> dict[int, Any]:
-    """SIGINT and SIGTERM go to :class:`_Interrupts` from here on; returns the previous handlers."""
-    global _interrupts
-    _interrupts = _Interrupts()
-    _interrupts.previous_hook = sys.unraisablehook
-    sys.unraisablehook = _interrupts.unraisable
-    previous: dict[int, Any] = {}
-    for signum in INTERRUPTS:
-        previous[signum] = signal.getsignal(signum)
-        signal.signal(signum, _interrupts.handle)
-    return previous
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """The command. With ``argv=None`` (the process's own command line) interrupts are ignored once the
     exit code is known, so one arriving during interpreter shutdown cannot kill the process by signal;
@@ -519,70 +404,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     global _own_process
     _own_process = argv is None
     streams = sys.stdout, sys.stderr
-    _sane_standard_streams()
-    previous = install_signal_handlers()
+    hygiene.sane_standard_streams()
+    previous = hygiene.install_signal_handlers()
     try:
         try:
             code = _main(argv)
         except KeyboardInterrupt:
-            _interrupts.publishing = True
+            hygiene.interrupts.publishing = True
             code = _interrupted_before_results()
         except SystemExit as exc:  # argparse: --help, --version (0) or a usage error (2)
             code = exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
     except KeyboardInterrupt:  # a second interrupt inside the handler above
         code = EXIT_INTERRUPTED
-    _interrupts.publishing = True
-    if _interrupts.happened and code != EXIT_INTERRUPTED:
+    hygiene.interrupts.publishing = True
+    if hygiene.interrupts.happened and code != EXIT_INTERRUPTED:
         print("ddpcheck: interrupted", file=sys.stderr)
         code = EXIT_INTERRUPTED
     if argv is None:
-        ignore_interrupts()
-        exit_now(code)
+        hygiene.ignore_interrupts()
+        hygiene.exit_now(code)
     else:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        sys.unraisablehook = _interrupts.previous_hook
+        sys.unraisablehook = hygiene.interrupts.previous_hook
         sys.stdout, sys.stderr = streams
     return code
-
-
-def exit_now(code: int) -> NoReturn:
-    """End the process without tearing the interpreter down: with torch imported that teardown costs
-    0.3-0.6 s and does nothing a finished command needs. Exit handlers (``atexit``, weakref finalizers,
-    logging) still run, and output is flushed; nothing of ddpcheck's own is left to clean up here.
-    """
-    import threading
-
-    # exit handlers that imported libraries registered may block: they get a few seconds, not forever
-    threading.Timer(EXIT_HANDLERS_S, os._exit, (code,)).start()
-    try:
-        atexit._run_exitfuncs()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # a closed pipe (``ddpcheck ... | head``), a stream that is None
-                pass
-        os._exit(code)
-
-
-EXIT_HANDLERS_S = 5.0
-
-
-def ignore_interrupts() -> None:
-    """SIG_IGN for both, so interpreter shutdown (which resets Python handlers) cannot die by a signal.
-
-    A signal that arrived just before is still handled once afterwards, and with SIG_IGN in place Python
-    reports it as an OSError ("ignored due to race condition"): absorb it at a checkpoint here.
-    """
-    for _ in range(10):
-        try:
-            for signum in INTERRUPTS:
-                signal.signal(signum, signal.SIG_IGN)
-            sum(range(100))  # a point where Python processes a signal that was already on its way
-            return
-        except (OSError, KeyboardInterrupt):
-            continue
 
 
 def _interrupted_before_results() -> int:
@@ -615,48 +461,46 @@ def _main(argv: Sequence[str] | None) -> int:
     if isinstance(outcome, int):
         return outcome
     result, interrupted = outcome
-    _interrupts.publishing = True  # from here to exit: reports first, and no interrupt can lose them
+    hygiene.interrupts.publishing = True  # from here to exit: reports first, and no interrupt can lose them
     return _publish(result, args, interrupted)
 
 
-def _options(args: argparse.Namespace) -> Any:
-    from ddpcheck.checker.runner import CheckOptions
+NEGATED = {
+    "set_epoch": "no_set_epoch",
+    "determinism": "no_determinism",
+    "resume": "no_resume",
+    "preload": "no_preload",
+}
 
-    extra: dict[str, Any] = {"option_sources": args.option_sources}
+
+def _options(args: argparse.Namespace) -> Any:
+    """The run's ``CheckOptions``: every option named like its field, the ``--no-X`` ones negated."""
+    from dataclasses import fields
+
+    from ddpcheck.checker.options import CheckOptions
+
+    values: dict[str, Any] = {}
+    for field in fields(CheckOptions):
+        if field.name in NEGATED:
+            values[field.name] = not getattr(args, NEGATED[field.name])
+        elif hasattr(args, field.name):
+            values[field.name] = getattr(args, field.name)
+    values["allow"] = tuple(args.allow)
+    values["factory_args"] = tuple(dict(args.factory_args or {}).items())
+    values["extra"] = {"option_sources": args.option_sources}
     if args.config_file:
-        extra["config_file"] = args.config_file
-    return CheckOptions(
-        world_sizes=args.world_sizes,
-        epochs=args.epochs,
-        backend=args.backend,
-        factory=args.factory,
-        patch=args.patch,
-        simulate=args.simulate,
-        load_data=args.load_data,
-        set_epoch=not args.no_set_epoch,
-        timeout=args.timeout,
-        determinism=not args.no_determinism,
-        batch_size=args.batch_size,
-        extra=extra,
-        metrics=args.metrics,
-        metric_tolerance=args.metric_tolerance,
-        train_steps=args.train_steps,
-        steps=args.steps,
-        allow=tuple(args.allow),
-        resume=not args.no_resume,
-        elastic=args.elastic,
-        factory_args=tuple(dict(args.factory_args or {}).items()),
-        preload=not args.no_preload,
-    )
+        values["extra"]["config_file"] = args.config_file
+    return CheckOptions(**values)
 
 
 def _run(args: argparse.Namespace) -> int | tuple[CheckResult, bool]:
     """Run the checker; an int is an exit code with nothing to publish."""
     from dataclasses import replace
 
-    with gc_paused(freeze=_own_process):
-        from ddpcheck.checker.joined import JoinTarget, check_joined
-        from ddpcheck.checker.runner import BadInput, Interrupted, check_loader
+    with hygiene.gc_paused(freeze=_own_process):
+        from ddpcheck.checker.options import BadInput
+        from ddpcheck.session import Interrupted, check_loader
+        from ddpcheck.session.joined import JoinTarget, check_joined
         from ddpcheck.progress import make_display
 
     options = _options(args)
@@ -666,7 +510,7 @@ def _run(args: argparse.Namespace) -> int | tuple[CheckResult, bool]:
     display = make_display(sys.stderr, quiet=args.quiet, color=color, epochs=args.epochs)
 
     def progress(message: str) -> None:
-        _interrupts.checkpoint()
+        hygiene.interrupts.checkpoint()
         display.message(f"ddpcheck: {message}")
 
     try:
@@ -690,23 +534,6 @@ def _run(args: argparse.Namespace) -> int | tuple[CheckResult, bool]:
         return exc.partial, True
     finally:
         display.close()  # before anything else is printed
-
-
-@contextlib.contextmanager
-def gc_paused(*, freeze: bool) -> Iterator[None]:
-    """No cyclic garbage collection while torch is imported: a collection then walks over up to a
-    million objects that all stay alive (50-90 ms each, several per import). ``freeze`` (the command's
-    own process) moves what was imported out of collection for good, so the first collection
-    afterwards does not walk it either (see ``ddpcheck.launch.preload.frozen_heap``)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if freeze:
-            gc.freeze()
-        if enabled:
-            gc.enable()
 
 
 _own_process = False  # main() runs as the process's own command (argv=None): process-wide state is ours
@@ -753,7 +580,7 @@ def _publish(result: CheckResult, args: argparse.Namespace, interrupted: bool) -
     if args.format == "table":
         _print_out(render_table(result, color=use_color(args.color, sys.stdout), width=terminal_width()))
     elif args.format == "github":
-        _print_out(github_annotations(result, args.loader, args.factory))
+        _print_out(render(result, "github"))
     else:
         _print_out(render(result, args.format))
     if args.verbose:
@@ -787,65 +614,6 @@ def _print_rank_tracebacks(result: CheckResult) -> None:
                 print(f"--- world size {run.world_size}, rank {failure.rank} ({failure.kind}) ---",
                       file=sys.stderr)  # fmt: skip
                 print(failure.stack.rstrip(), file=sys.stderr)
-
-
-# --- GitHub Actions annotations (--format github) ---
-
-
-def escape_data(text: str) -> str:
-    """A workflow command's message, escaped as the runner expects."""
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-
-
-def escape_property(text: str) -> str:
-    """A workflow command's property value (file, title): ``:`` and ``,`` would end it."""
-    return escape_data(text).replace(":", "%3A").replace(",", "%2C")
-
-
-def factory_line(path: str, factory: str) -> int:
-    """The line of ``def <factory>`` in the loader file (the first, at any depth); 1 when not found."""
-    try:
-        tree = ast.parse(Path(path).read_bytes(), filename=path)
-    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
-        return 1
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == factory:
-            return node.lineno
-    return 1
-
-
-def _annotation_path(path: str) -> str:
-    """Relative to the checkout when inside it: GitHub places annotations by repository path."""
-    workspace = os.environ.get("GITHUB_WORKSPACE")
-    if workspace:
-        absolute = os.path.abspath(path)
-        root = os.path.abspath(workspace)
-        if os.path.commonpath([absolute, root]) == root:
-            return os.path.relpath(absolute, root)
-    return path
-
-
-def github_annotations(result: CheckResult, loader: str, factory: str) -> str:
-    """One ``::error`` per failing check and per crashed rank, or a ``::notice`` that all passed."""
-    file = escape_property(_annotation_path(loader))
-    line = factory_line(loader, factory)
-    out = []
-    for run in result.runs:
-        where = f"(W={run.world_size})"
-        for verdict in run.verdicts:
-            if verdict.failed:
-                message = verdict.detail + (f" Likely cause: {verdict.cause}" if verdict.cause else "")
-                title = escape_property(f"ddpcheck {verdict.check} {where}")
-                out.append(f"::error file={file},line={line},title={title}::{escape_data(message)}")
-        for failure in run.failures:
-            title = escape_property(f"ddpcheck rank {failure.rank} {failure.kind} {where}")
-            out.append(f"::error file={file},line={line},title={title}::{escape_data(failure.message)}")
-    if not out:
-        sizes = ",".join(str(run.world_size) for run in result.runs)
-        out.append(
-            f"::notice file={file},line={line},title=ddpcheck::every check passes at world sizes {sizes}"
-        )
-    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""One readable line out of any text or exception: what every error message of ddpcheck shows.
+"""One readable line out of any text or exception, and counted nouns: how every message of ddpcheck reads.
 
 Plain string work, imported by the command line before torch and by ranks alike.
 """
@@ -20,3 +20,16 @@ def exception_text(exc: BaseException) -> str:
         return str(exc).strip()
     except Exception as broken:
         return f"<{type(exc).__name__}: str() raised {type(broken).__name__}>"
+
+
+def singular(noun: str) -> str:
+    """``samples`` -> ``sample``, ``batches`` -> ``batch``, ``padding copies`` -> ``padding copy``."""
+    for plural, one in (("ches", "ch"), ("ies", "y"), ("s", "")):
+        if noun.endswith(plural):
+            return noun[: -len(plural)] + one
+    return noun
+
+
+def count_text(n: int, noun: str) -> str:
+    """``1 sample`` / ``3 samples``; ``noun`` is the plural."""
+    return f"{n} {singular(noun) if n == 1 else noun}"

@@ -10,6 +10,7 @@ from typing import Any
 
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.figures import FigureData
+from ddpcheck.messages import count_text
 from ddpcheck.trace import RankFailure
 
 EXIT_OK = 0
@@ -33,12 +34,37 @@ class MetricRow:
     cause: str = ""
 
     @property
+    def effects(self) -> str:
+        """``duplicated 3; dropped 1`` / ``order only``: what the naive gather got wrong, tersely."""
+        return "; ".join(
+            gather_effects(self.duplicated, self.dropped, order_only=self.order_only, terse=True)
+        )
+
+    @property
     def naive_diff(self) -> float:
         return self.naive - self.reference
 
     @property
     def corrected_diff(self) -> float:
         return self.corrected - self.reference
+
+
+def gather_effects(
+    duplicated: int, dropped: int, extra: int = 0, *, order_only: bool = False, terse: bool = False
+) -> list[str]:
+    """What a naive gather of every rank's outputs differs by: one phrase per effect, in one order.
+
+    ``terse`` for table cells (``duplicated 3``), else for sentences (``3 padding duplicates``).
+    """
+    counted = (
+        (duplicated, "duplicated", "padding duplicates"),
+        (dropped, "dropped", "dropped samples"),
+        (extra, "unexpected", "unexpected samples"),
+    )
+    parts = [f"{word} {n}" if terse else count_text(n, noun) for n, word, noun in counted if n]
+    if order_only:
+        parts.append("order only" if terse else "rank-major order")
+    return parts
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-GOOD = ROOT / "fixtures" / "good_distributed_sampler.py"
+from tests.conftest import GOOD
 
 
 def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

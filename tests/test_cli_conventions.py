@@ -14,18 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from ddpcheck.cli import (
-    MAX_REAL_RANKS,
-    build_parser,
-    escape_data,
-    escape_property,
-    factory_line,
-    parse,
-    use_color,
-)
+from ddpcheck.cli import MAX_REAL_RANKS, build_parser, parse, use_color
+from ddpcheck.report.github import escape_data, escape_property, factory_line
+from tests.conftest import GOOD, ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
-GOOD = ROOT / "fixtures" / "good_distributed_sampler.py"
 BUG = ROOT / "fixtures" / "bug_ignores_rank.py"
 FAST = ("--no-determinism", "--no-resume", "--train-steps", "0", "--no-metrics")
 
@@ -391,7 +383,7 @@ def test_an_interrupt_at_any_moment_is_130_without_traceback(
 def test_the_entry_points_import_no_torch_before_the_handlers_are_in_place() -> None:
     """The console script imports ddpcheck.cli and calls main(), which installs the handlers first:
     importing the module must stay cheap (no torch, no checker), or a signal during it is a traceback."""
-    heavy = "('torch', 'ddpcheck.checker.runner')"
+    heavy = "('torch', 'ddpcheck.session')"
     code = f"import sys, ddpcheck.cli; print(sorted(m for m in {heavy} if m in sys.modules))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == "[]", proc.stderr
@@ -405,7 +397,7 @@ def test_the_command_skips_interpreter_teardown_but_not_exit_handlers(tmp_path: 
     """``exit_now`` ends the process with its code after running atexit handlers and flushing output."""
     script = (
         "import atexit, sys\n"
-        "from ddpcheck.cli import exit_now\n"
+        "from ddpcheck.hygiene import exit_now\n"
         "atexit.register(lambda: print('handler ran', flush=False))\n"
         "sys.stdout.write('unflushed output')\n"
         "exit_now(3)\n"
@@ -530,10 +522,10 @@ def test_exit_handlers_get_seconds_not_forever() -> None:
     """A library imported by the loader may register an exit handler that blocks; the exit code stands."""
     script = (
         "import atexit, time\n"
-        "import ddpcheck.cli as cli\n"
-        "cli.EXIT_HANDLERS_S = 0.5\n"
+        "import ddpcheck.hygiene as hygiene\n"
+        "hygiene.EXIT_HANDLERS_S = 0.5\n"
         "atexit.register(time.sleep, 600)\n"
-        "cli.exit_now(1)\n"
+        "hygiene.exit_now(1)\n"
     )
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from ddpcheck.checker.loaderfile import defined_names
-from ddpcheck.checker.runner import CheckOptions, check_loader
+from ddpcheck.checker.options import CheckOptions
 from ddpcheck.checks.ids import METRIC_EQUIVALENCE
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.result import CheckResult, WorldResult
@@ -29,9 +29,8 @@ from ddpcheck.scenarios.divergence import (
     metric_rows,
 )
 from ddpcheck.scenarios.metric import default_metric, default_outputs, metric_values
-
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "fixtures"
+from ddpcheck.session import check_loader
+from tests.conftest import FIXTURES, ROOT
 
 
 def _check(path: Path | str, world_sizes: tuple[int, ...], **options: object) -> CheckResult:

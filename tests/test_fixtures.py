@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from ddpcheck.checker.runner import BadInput, CheckOptions, check_loader
+from ddpcheck.checker.options import BadInput, CheckOptions
 from ddpcheck.checks.ids import (
     BATCH_INTEGRITY,
     COVERAGE,
@@ -33,9 +33,9 @@ from ddpcheck.checks.ids import (
     WORKER_SHARDING,
 )
 from ddpcheck.result import CheckResult
+from ddpcheck.session import check_loader
+from tests.conftest import FIXTURES, ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "fixtures"
 WORLD_SIZES = (1, 2, 3, 4)
 
 IGNORES_RANK = "the sampler ignores the rank"

@@ -31,8 +31,8 @@ from ddpcheck.checks.ids import (
     WORKER_SHARDING,
 )
 from ddpcheck.cli import main
+from tests.conftest import FRAMEWORKS
 
-FRAMEWORKS = Path(__file__).resolve().parent.parent / "fixtures" / "frameworks"
 EXTRA = "the 'integrations' extra (pip install -c constraints.txt -e '.[integrations]')"
 OML = (
     "pip install --no-deps -c constraints.txt open-metric-learning==4.0.0 "

@@ -24,6 +24,7 @@ import pytest
 
 from ddpcheck.launch import run_ranks
 from ddpcheck.launch.simulate import simulate_ranks
+from tests.conftest import HOSTILE
 from tests.proc_utils import (
     children_of,
     listening_addresses,
@@ -32,7 +33,6 @@ from tests.proc_utils import (
     wait_until_gone,
 )
 
-HOSTILE = Path(__file__).parent / "data" / "hostile"
 TAG = "DDPCHECK_HOSTILE_TAG"
 TORCHRUN_KEYS = (
     "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -256,16 +256,18 @@ def test_a_simulated_factorys_children_are_gone_after_the_run(tmp_path: Path) ->
 
 def test_a_user_sigterm_handler_in_a_simulated_factory_does_not_swallow_ddpchecks(tmp_path: Path) -> None:
     tag = uuid.uuid4().hex
+    marker = tmp_path / "handler-installed"
     proc = subprocess.Popen(
         [sys.executable, "-m", "ddpcheck", str(HOSTILE / "sigterm_handler.py"), "--simulate",
          "--world-sizes", "2", "--report-dir", str(tmp_path), "--format", "json"],
-        env={**os.environ, TAG: tag}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, TAG: tag, "DDPCHECK_TEST_MARKER": str(marker)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and len(_tagged(tag)) < 2:  # ddpcheck and its simulated group
-            time.sleep(0.1)
-        time.sleep(1.0)  # the factory has installed its handler and sleeps
+        while time.monotonic() < deadline and not marker.exists():  # the factory's handler is in place
+            time.sleep(0.05)
+        assert marker.exists(), "the simulated factory never installed its handler"
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=20)
     except subprocess.TimeoutExpired:
@@ -508,7 +510,7 @@ def test_ids_without_a_value_based_repr_compare_by_their_attributes_and_nan_is_r
 
 
 def test_an_exception_whose_str_raises_keeps_its_traceback() -> None:
-    from ddpcheck.launch.rank import _error_message
+    from ddpcheck.launch.rank import error_message
 
     class Broken(Exception):
         def __str__(self) -> str:
@@ -517,7 +519,7 @@ def test_an_exception_whose_str_raises_keeps_its_traceback() -> None:
     try:
         raise Broken()
     except Broken as exc:
-        message = _error_message(exc)
+        message = error_message(exc)
     assert message["exc_type"] == "Broken" and "str() raised RuntimeError" in message["message"]
     assert "raise Broken()" in message["traceback"]
 

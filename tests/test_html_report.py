@@ -21,17 +21,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddpcheck.checker.runner import CheckOptions, check_loader
+from ddpcheck.checker.options import CheckOptions
 from ddpcheck.checks.verdict import Verdict, allow, not_applicable
 from ddpcheck.figures import NO_RANK, SEVERAL, FigureData, figure_data
 from ddpcheck.report import render_html, render_markdown, write_reports
 from ddpcheck.report._common import count
 from ddpcheck.result import CheckResult, MetricRow, ResumeRow, WorldResult
+from ddpcheck.session import check_loader
 from ddpcheck.trace import EpochTrace, RankFailure, RankTrace, RunTrace
+from tests.conftest import FIXTURES
 from tests.trace_builders import ddp_run, per_rank, permutations, rebuild, reference, run
 
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = ROOT / "fixtures"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SVG_NS = "{http://www.w3.org/2000/svg}"
 

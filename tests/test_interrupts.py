@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import DATA
 from tests.proc_utils import processes_with_env, wait_until_gone
 
-SLOW = Path(__file__).parent / "data" / "slow_loader.py"
+SLOW = DATA / "slow_loader.py"
 TAG = "DDPCHECK_TEST_TAG"
 
 

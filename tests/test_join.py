@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-GOOD = ROOT / "fixtures" / "good_distributed_sampler.py"
-BUGGY = Path(__file__).parent / "data" / "seed_per_rank.py"
+from tests.conftest import DATA, GOOD
+
+BUGGY = DATA / "seed_per_rank.py"
 
 
 def _free_port() -> int:

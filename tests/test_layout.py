@@ -1,4 +1,5 @@
-"""The package's layout holds: no import cycles, and each layer imports only what its role allows.
+"""The package's layout holds: no import cycles, each layer imports only downwards and only what its
+role allows, and no private name or private module crosses a package.
 
 Read from the source (``ast``), so a lazy import inside a function counts as much as a top-level one.
 """
@@ -12,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "ddpcheck"
+from tests.conftest import ROOT
+
+PACKAGE = ROOT / "ddpcheck"
 
 
 def _module_name(path: Path) -> str:
@@ -108,9 +111,93 @@ def test_each_layer_imports_only_what_its_role_allows(layer: str, forbidden: tup
     assert offending == set()
 
 
+# Top to bottom; a module imports only from its own package or from a lower level.
+LEVELS = (
+    (
+        "ddpcheck.cli", "ddpcheck.__main__", "ddpcheck.pytest_plugin", "ddpcheck.testing",
+        "ddpcheck.strategies", "ddpcheck.hygiene", "ddpcheck.progress", "ddpcheck.config",
+    ),
+    ("ddpcheck.session",),
+    ("ddpcheck.scenarios",),
+    ("ddpcheck.checker",),
+    ("ddpcheck.launch", "ddpcheck.checks", "ddpcheck.reference", "ddpcheck.report"),
+    ("ddpcheck.trace", "ddpcheck.result", "ddpcheck.figures", "ddpcheck.layout", "ddpcheck.messages",
+     *CHECK_DATA, "ddpcheck"),
+)  # fmt: skip
+
+
+def _unit(module: str) -> tuple[int, str]:
+    """(level, package) of a module: the most specific entry of LEVELS that contains it."""
+    best: tuple[int, str] | None = None
+    for level, names in enumerate(LEVELS):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and (
+                best is None or len(name) > len(best[1])
+            ):
+                best = (level, name)
+    assert best is not None, f"{module} is in no level of LEVELS: place it"
+    return best
+
+
+def test_each_module_imports_only_downwards() -> None:
+    graph = _imports()
+    upwards = {
+        (module, dep) for module, deps in graph.items() for dep in deps if _unit(dep)[0] < _unit(module)[0]
+    }
+    assert upwards == set()
+
+
+def test_the_level_of_a_module_is_its_most_specific_entry() -> None:
+    assert _unit("ddpcheck.session.run") == (1, "ddpcheck.session")
+    assert _unit("ddpcheck.checks.verdict") == (5, "ddpcheck.checks.verdict")  # plain data, not a check
+    assert _unit("ddpcheck.checks.overlap") == (4, "ddpcheck.checks")
+    assert _private("ddpcheck.checks._format") and _private("ddpcheck.launch.rank._error_message")
+    assert not _private("ddpcheck.launch.rank.error_message") and not _private("ddpcheck.__version__")
+
+
+def _private_imports() -> set[tuple[str, str]]:
+    """(module, what) for every private name or private module it takes from another package."""
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    found = set()
+    for name, path in modules.items():
+        mine = _unit(name)[1]
+        tree = ast.parse(path.read_bytes())
+        aliases: dict[str, str] = {}  # local name -> ddpcheck module it is bound to
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ddpcheck"):
+                source = node.module
+                for alias in node.names:
+                    target = f"{source}.{alias.name}"
+                    if target in modules:
+                        aliases[alias.asname or alias.name] = target
+                    if _unit(source)[1] != mine and (_private(source) or _private(alias.name)):
+                        found.add((name, target))
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("ddpcheck"):
+                        if alias.asname:
+                            aliases[alias.asname] = alias.name
+                        if _unit(alias.name)[1] != mine and _private(alias.name):
+                            found.add((name, alias.name))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                bound = aliases.get(node.value.id)
+                if bound and _unit(bound)[1] != mine and _private(node.attr):
+                    found.add((name, f"{bound}.{node.attr}"))
+    return found
+
+
+def _private(dotted: str) -> bool:
+    return any(part.startswith("_") and not part.startswith("__") for part in dotted.split("."))
+
+
+def test_no_private_name_crosses_a_package() -> None:
+    assert _private_imports() == set()
+
+
 def test_the_pytest_surface_imports_neither_torch_nor_the_checker() -> None:
     """pytest imports the entry point in every session: it must stay cheap."""
-    heavy = "('torch', 'ddpcheck.checker.runner', 'ddpcheck.launch')"
+    heavy = "('torch', 'ddpcheck.session', 'ddpcheck.launch')"
     code = f"import sys, ddpcheck.pytest_plugin.plugin; print(sorted(m for m in {heavy} if m in sys.modules))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

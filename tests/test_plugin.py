@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-GOOD_LOADER = Path(__file__).resolve().parents[1] / "fixtures" / "good_distributed_sampler.py"
-JUNIT_XSD = Path(__file__).resolve().parents[2] / "shared" / "schemas" / "junit-10.xsd"
+from tests.conftest import GOOD, JUNIT_XSD
+
 TAG = "DDPCHECK_PLUGIN_TEST_TAG"
 
 SUITE = """
@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from ddpcheck.pytest_plugin import assert_ddp_safe
 
-GOOD_LOADER = {good!r}
+GOOD = {good!r}
 
 
 @pytest.mark.ddp(world_size=[1, 2, 3, 4])
@@ -131,7 +131,7 @@ def make_crashing(rank, world_size):
 
 
 def test_check_good_file(ddpcheck):
-    ddpcheck.check(GOOD_LOADER)
+    ddpcheck.check(GOOD)
 
 
 def test_assert_good_factory():
@@ -310,7 +310,7 @@ class SuiteRun:
 def suite(tmp_path_factory: pytest.TempPathFactory) -> SuiteRun:
     """Run the scenario file once, in a pytest subprocess, with JUnit XML and report files."""
     root = tmp_path_factory.mktemp("suite")
-    (root / "test_suite.py").write_text(textwrap.dedent(SUITE.format(good=str(GOOD_LOADER))))
+    (root / "test_suite.py").write_text(textwrap.dedent(SUITE.format(good=str(GOOD))))
     tag = uuid.uuid4().hex
     assert tagged_processes(tag) == []
     proc = subprocess.run(
@@ -424,7 +424,7 @@ def test_checker_fixture_and_assert(suite: SuiteRun) -> None:
 def test_junit_carries_check_results(suite: SuiteRun) -> None:
     good = suite.cases["test_check_good_file"].properties
     assert good["ddpcheck.result"] == "pass"
-    assert good["ddpcheck.loader"] == str(GOOD_LOADER)
+    assert good["ddpcheck.loader"] == str(GOOD)
     assert good["ddpcheck.ws2.no_overlap"] == "pass"
     buggy = suite.cases["test_check_buggy_factory"].properties
     assert buggy["ddpcheck.result"] == "fail"
@@ -594,7 +594,7 @@ def test_loader_paths_resolve_against_the_rootdir(tmp_path: Path) -> None:
     """`cd tests && pytest` must find "fixtures/loader.py" as a run from the project root does."""
     (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
     (tmp_path / "fixtures").mkdir()
-    (tmp_path / "fixtures" / "loader.py").write_text(GOOD_LOADER.read_text())
+    (tmp_path / "fixtures" / "loader.py").write_text(GOOD.read_text())
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_rel.py").write_text(
         textwrap.dedent(
@@ -651,7 +651,7 @@ def test_buggy():
 def test_junit_families(tmp_path: Path, family: str) -> None:
     """The default xunit2 file validates against junit-10.xsd (the schema pytest's own suite uses; it has
     no <error>, so this run has failures only); xunit1 keeps per-test properties."""
-    (tmp_path / "test_one.py").write_text(JUNIT_SUITE.format(good=str(GOOD_LOADER)))
+    (tmp_path / "test_one.py").write_text(JUNIT_SUITE.format(good=str(GOOD)))
     proc = _run_pytest(tmp_path, "-q", "--junitxml=junit.xml", "-o", f"junit_family={family}")
     assert proc.returncode == 1, proc.stdout[-3000:]
     cases = junit_cases(tmp_path / "junit.xml")

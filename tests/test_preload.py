@@ -19,11 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from ddpcheck.checker.runner import BadInput, CheckOptions, check_loader
+from ddpcheck.checker.options import BadInput, CheckOptions
 from ddpcheck.launch import run_ranks
 from ddpcheck.launch.preload import preload_imports, refresh_rank_state, top_level_imports
+from ddpcheck.session import check_loader
+from tests.conftest import DATA
 
-SITE = Path(__file__).parent / "data" / "preload" / "site"
+SITE = DATA / "preload" / "site"
 PACKAGES = (
     "ddpc_slowpkg",
     "ddpc_failpkg",

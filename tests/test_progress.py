@@ -24,8 +24,7 @@ from ddpcheck.checker.loaderfile import LoaderSpec
 from ddpcheck.checker.recording import RecordOptions, record_rank
 from ddpcheck.launch import TargetRef, report_progress, run_ranks
 from ddpcheck.progress import Display, LiveDisplay, PlainDisplay, make_display, parse_position
-
-DATA = Path(__file__).parent / "data"
+from tests.conftest import DATA
 
 # A loader whose sampler takes 0.1 s per index: a reference epoch of 3 s, 1.5 s per rank at W=2.
 SLEEPY = """

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT
 
 
 def test_the_readme_sample_output_is_printed_verbatim(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddpcheck.checker.runner import CheckOptions, check_loader
+from ddpcheck.checker.options import CheckOptions
 from ddpcheck.checks.ids import (
     DATA_CHECKS,
     METRIC_EQUIVALENCE,
@@ -38,11 +38,9 @@ from ddpcheck.report._common import evidence
 from ddpcheck.report.json_report import jsonable
 from ddpcheck.report.junit import xml_text
 from ddpcheck.result import CheckResult, MetricRow, ResumeRow, WorldResult
+from ddpcheck.session import check_loader
 from ddpcheck.trace import RankFailure
-
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = ROOT / "fixtures"
-JUNIT_XSD = ROOT.parent / "shared" / "schemas" / "junit-10.xsd"
+from tests.conftest import FIXTURES, JUNIT_XSD
 
 STACK = (
     "Traceback (most recent call last):\n"

@@ -6,12 +6,9 @@ Each fixture's truth is stated in its docstring and follows from how the loader 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from ddpcheck.checker.options import CheckOptions
-from ddpcheck.checker.runner import check_loader
 from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
 from ddpcheck.result import CheckResult
 from ddpcheck.scenarios.resume import (
@@ -23,9 +20,8 @@ from ddpcheck.scenarios.resume import (
     judge_resume,
     stop_points,
 )
-
-RESUME_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "resume"
-FIXTURES = RESUME_FIXTURES.parent
+from ddpcheck.session import check_loader
+from tests.conftest import FIXTURES, RESUME_FIXTURES
 
 
 def _check(name: str, world_sizes: tuple[int, ...] = (1, 2), **kw: object) -> CheckResult:

@@ -26,11 +26,11 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Rando
 
 from ddpcheck.checker.options import CheckOptions
 from ddpcheck.checker.recording import _sampler_batches, record_indices
-from ddpcheck.checker.runner import check_loader
 from ddpcheck.checks import run_checks
 from ddpcheck.checks.arrays import epoch_counts, same_id_set
 from ddpcheck.checks.context import Context
-from ddpcheck.cli import gc_paused
+from ddpcheck.hygiene import gc_paused
+from ddpcheck.session import check_loader
 from ddpcheck.trace import EpochTrace, IdBuffer, RankTrace, RunTrace, compact_ids
 from tests.trace_builders import reference, run
 
@@ -247,7 +247,7 @@ def test_a_hung_simulated_rank_stops_only_its_own_part() -> None:
 
 
 def test_a_huge_simulated_world_reruns_a_sample_first_last_and_spread() -> None:
-    from ddpcheck.checker.runner import RERUN_SAMPLE_FROM, rerun_sample
+    from ddpcheck.session.record import RERUN_SAMPLE_FROM, rerun_sample
 
     assert rerun_sample(RERUN_SAMPLE_FROM - 1) == ()
     sample = rerun_sample(1024)
@@ -275,7 +275,8 @@ def test_a_sampled_simulated_rerun_judges_determinism_and_says_it_sampled(
     tmp_path: Path, seeded: bool
 ) -> None:
     from ddpcheck.checker.options import CheckOptions
-    from ddpcheck.checker.runner import check_loader, rerun_sample
+    from ddpcheck.session import check_loader
+    from ddpcheck.session.record import rerun_sample
 
     loader = tmp_path / "loader.py"
     # unseeded: every rank of every run draws its own seed (a fresh process's random state)
@@ -333,7 +334,7 @@ def test_the_command_pauses_collection_while_importing_and_freezes_what_it_impor
         assert not gc.isenabled()
     assert gc.isenabled() and gc.get_freeze_count() == 0
     code = (
-        "import gc; from ddpcheck.cli import gc_paused\n"
+        "import gc; from ddpcheck.hygiene import gc_paused\n"
         "with gc_paused(freeze=True):\n"
         "    import json, xml.etree.ElementTree\n"
         "print(gc.isenabled(), gc.get_freeze_count() > 1000)\n"

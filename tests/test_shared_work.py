@@ -11,8 +11,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DistributedSampler, RandomSampler
 
 from ddpcheck.launch.shared_work import known_samplers, shared_permutations
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import ROOT
 
 
 def _draws(seed: int) -> tuple[list[int], list[int]]:
@@ -130,7 +129,7 @@ def test_a_simulated_run_with_a_wrong_shortcut_is_redone_and_says_so(
     """Forked simulated children inherit the broken shortcut; the runner must notice and redo the run."""
     import ddpcheck.launch.shared_work as shared_work
     from ddpcheck.checker.options import CheckOptions
-    from ddpcheck.checker.runner import check_loader
+    from ddpcheck.session import check_loader
 
     monkeypatch.setattr(shared_work, "_direct_share", lambda sampler: [0] * sampler.num_samples)
     monkeypatch.setattr(shared_work, "VERIFY_FIRST", 0)  # found late: the draws before it went unchecked
@@ -151,7 +150,7 @@ def test_a_simulated_run_with_a_wrong_shortcut_is_redone_and_says_so(
 
 def test_a_simulated_run_says_which_sampler_it_computed_directly(tmp_path: Path) -> None:
     from ddpcheck.checker.options import CheckOptions
-    from ddpcheck.checker.runner import check_loader
+    from ddpcheck.session import check_loader
 
     options = CheckOptions(world_sizes=(8, 64), simulate=True, resume=False, train_steps=0, metrics=False)
     result = check_loader(str(ROOT / "fixtures" / "good_distributed_sampler.py"), options)

@@ -12,14 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddpcheck.checker.runner import BadInput, CheckOptions, check_loader
+from ddpcheck.checker.options import BadInput, CheckOptions
 from ddpcheck.checks.ids import TRAINING_EQUIVALENCE
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.scenarios.training import RankTraining, ReferenceTraining, judge_training, relative_difference
-
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "fixtures"
+from ddpcheck.session import check_loader
+from tests.conftest import FIXTURES
 
 
 def _check(path: Path | str, world_sizes: tuple[int, ...], **options: object) -> CheckResult:

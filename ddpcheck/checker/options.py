@@ -1,11 +1,11 @@
 """What a ddpcheck run is asked to do: plain options, validated before anything starts.
 
-The runner and the scenarios (metric, training, resume) read them; nothing here launches or judges.
+The session and the scenarios (metric, training, resume) read them; nothing here launches or judges.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from ddpcheck.checker.recording import RecordOptions
@@ -50,16 +50,8 @@ class CheckOptions:
     on_progress: ProgressCallback | None = field(default=None, compare=False, repr=False)
 
     def record_options(self) -> RecordOptions:
-        return RecordOptions(
-            epochs=self.epochs,
-            load_data=self.load_data,
-            set_epoch=self.set_epoch,
-            patch=self.patch,
-            batch_size=self.batch_size,
-            steps=self.steps,
-            ids_from_data=self.ids_from_data,
-            factory_args=self.factory_args,
-        )
+        """What the ranks need of these options (the fields both share, by name)."""
+        return RecordOptions(**{f.name: getattr(self, f.name) for f in fields(RecordOptions)})
 
 
 def validate(options: CheckOptions) -> None:

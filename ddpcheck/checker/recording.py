@@ -56,7 +56,7 @@ class RankRecording:
     id_source: str
 
 
-def _group_position() -> tuple[int, int]:
+def group_position() -> tuple[int, int]:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
@@ -160,7 +160,7 @@ _ITERATION_METHODS = ("__iter__", "_get_iterator", "_index_sampler", "__len__")
 
 def record_rank(spec: LoaderSpec, options: RecordOptions) -> RankRecording:
     """Entry point inside a rank: rank and world size come from the initialised group."""
-    rank, world_size = _group_position()
+    rank, world_size = group_position()
     report_progress("building the loader")
     outer, module = build_loader(spec, options, rank, world_size)
     loader = unwrap_loader(outer)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-from ddpcheck.checks._format import epochs_text, ids_text
 from ddpcheck.checks.context import Context, batch_key, broken_reason, same_streams
 from ddpcheck.checks.ids import BATCH_INTEGRITY
 from ddpcheck.checks.verdict import Verdict, not_applicable, passed, skipped
+from ddpcheck.checks.wording import epochs_text, ids_text
 from ddpcheck.trace import EpochTrace, LoaderFacts, RunTrace
 
 CAUSE = (

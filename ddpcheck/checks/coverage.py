@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ddpcheck.checks._format import count_text, epochs_text, few, ids_text
 from ddpcheck.checks.context import Context, EpochView
 from ddpcheck.checks.diagnose import missing_cause
 from ddpcheck.checks.ids import COVERAGE
 from ddpcheck.checks.verdict import Verdict, passed, skipped
+from ddpcheck.checks.wording import epochs_text, few, ids_text
+from ddpcheck.messages import count_text
 from ddpcheck.trace import RunTrace
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from ddpcheck.checks._format import few, ranks_text
 from ddpcheck.checks.context import Context, EpochView, Item
+from ddpcheck.checks.wording import few, ranks_text
 
 IGNORES_RANK = "the sampler ignores the rank (no DistributedSampler, or num_replicas/rank not passed)"
 SAME_STREAM = f"every rank sees the same stream: {IGNORES_RANK}"

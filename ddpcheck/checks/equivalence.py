@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-from ddpcheck.checks._format import count_text, epochs_text, few, ids_text
 from ddpcheck.checks.context import Context, EpochView, Item
 from ddpcheck.checks.coverage import gap, missing_examples
 from ddpcheck.checks.diagnose import missing_cause
 from ddpcheck.checks.ids import SINGLE_PROCESS_EQUIVALENCE as CHECK
 from ddpcheck.checks.verdict import Verdict, passed, skipped
+from ddpcheck.checks.wording import epochs_text, few, ids_text
+from ddpcheck.messages import count_text
 from ddpcheck.trace import RunTrace
 
 DEPENDS_ON_RANK = "the dataset depends on the rank: under DDP it yields samples a single process never does"

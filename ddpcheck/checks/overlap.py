@@ -7,11 +7,12 @@ per extra *rank* that sees it and names who shares what; ``padding_bound`` count
 
 from __future__ import annotations
 
-from ddpcheck.checks._format import count_text, epochs_text, few, ids_text, singular
 from ddpcheck.checks.context import Context, EpochView
 from ddpcheck.checks.diagnose import duplicate_cause, identical_streams, overlap_evidence
 from ddpcheck.checks.ids import NO_OVERLAP, PADDING_BOUND
 from ddpcheck.checks.verdict import Verdict, passed, skipped
+from ddpcheck.checks.wording import epochs_text, few, ids_text
+from ddpcheck.messages import count_text, singular
 from ddpcheck.trace import RunTrace
 
 MAX_RANKS = 8

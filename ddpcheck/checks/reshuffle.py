@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from ddpcheck.checks._format import ranks_text
 from ddpcheck.checks.context import Context, same_sequence
 from ddpcheck.checks.ids import RESHUFFLE
 from ddpcheck.checks.verdict import Verdict, passed, skipped
+from ddpcheck.checks.wording import ranks_text
 from ddpcheck.trace import RunTrace
 
 CHANCE = 1e-3  # a repeat rarer than this under an honest reshuffle is treated as a bug

@@ -6,10 +6,10 @@ in that collective forever. A wrong ``len(loader)`` breaks schedulers and progre
 
 from __future__ import annotations
 
-from ddpcheck.checks._format import epochs_text
 from ddpcheck.checks.context import Context
 from ddpcheck.checks.ids import EQUAL_STEPS
 from ddpcheck.checks.verdict import Verdict, passed, skipped
+from ddpcheck.checks.wording import epochs_text
 from ddpcheck.trace import RunTrace
 
 UNEVEN = (

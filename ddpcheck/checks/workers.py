@@ -11,10 +11,11 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from ddpcheck.checks._format import count_text, epochs_text, few, ids_text
 from ddpcheck.checks.context import Context
 from ddpcheck.checks.ids import WORKER_SHARDING
 from ddpcheck.checks.verdict import Verdict, not_applicable, passed, skipped
+from ddpcheck.checks.wording import epochs_text, few, ids_text
+from ddpcheck.messages import count_text
 from ddpcheck.trace import EpochTrace, RunTrace
 
 WORKERS = "the iterable dataset is not split across DataLoader workers (use get_worker_info())"

@@ -314,7 +314,7 @@ MAX_MESSAGE = 500  # characters of an exception's first line carried as its mess
 MAX_TRACEBACK = 64 * 1024  # characters of a traceback carried (its start and its end)
 
 
-def _error_message(exc: BaseException) -> dict[str, Any]:
+def error_message(exc: BaseException) -> dict[str, Any]:
     text = exception_text(exc)  # one whose __str__ raises still has a traceback to show
     message = text.splitlines()[0] if text else type(exc).__name__
     if isinstance(exc, SystemExit):
@@ -410,7 +410,7 @@ def rank_main(spec: RankSpec, conn: Any, progress: Any, ready: Any = None) -> No
     except BaseException as exc:
         code = 1
         try:
-            send_result(conn, "error", _error_message(exc))
+            send_result(conn, "error", error_message(exc))
         except Exception:
             pass
     finally:

@@ -241,7 +241,7 @@ def _collect_part(part: _Part, timeout: float) -> None:
     try:
         _collect(part.proc, FrameReader(part.read_fd), collected, timeout)
     except BaseException as exc:  # the thread's failure must not pass for a clean ending
-        collected.fatal = rank_side._error_message(exc)
+        collected.fatal = rank_side.error_message(exc)
     part.collected = collected
 
 
@@ -403,7 +403,7 @@ def _child_main(
         write_frame(fd, ("done", done))
     except BaseException as exc:  # ddpcheck's own failure around the ranks, not a rank's
         with contextlib.suppress(BaseException):
-            write_frame(fd, ("fatal", rank_side._error_message(exc)))
+            write_frame(fd, ("fatal", rank_side.error_message(exc)))
     with contextlib.suppress(BaseException):
         sys.stdout.flush()
         sys.stderr.flush()
@@ -442,7 +442,7 @@ def _run_all(
                 write_frame(fd, ("needs", str(exc)))
                 return {}
             except BaseException as exc:  # SystemExit and KeyboardInterrupt too: this rank failed
-                status, payload = "error", rank_side._error_message(exc)
+                status, payload = "error", rank_side.error_message(exc)
             finally:
                 if dist.is_initialized():
                     dist.destroy_process_group()

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ddpcheck.checker.runner import CheckOptions
+    from ddpcheck.checker.options import CheckOptions
     from ddpcheck.result import CheckResult
 
 LoaderSource = Callable[..., Any] | str | os.PathLike[str]
@@ -147,7 +147,7 @@ def check_options(
 ) -> CheckOptions:
     """``CheckOptions`` from keyword options; an unknown option is a TypeError that lists the known ones."""
     __tracebackhide__ = True
-    from ddpcheck.checker.runner import CheckOptions
+    from ddpcheck.checker.options import CheckOptions
 
     allowed = sorted(f.name for f in fields(CheckOptions) if f.name not in ("world_sizes", "epochs", "extra"))
     unknown = sorted(set(options) - set(allowed))
@@ -171,7 +171,7 @@ def run_check(
     Returns the result whatever it says; :func:`assert_ddp_safe` is the failing variant.
     """
     __tracebackhide__ = True
-    from ddpcheck.checker.runner import check_loader
+    from ddpcheck.session import check_loader
 
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
@@ -242,7 +242,7 @@ def assert_ddp_safe(
     factory ``factory`` names (default ``make_loader``). ``options`` are the other ``CheckOptions``
     fields (``backend``, ``patch``, ``timeout``, ``determinism``, ...; an unknown one is a TypeError
     that lists them). Raises :class:`DdpCheckFailed` (an AssertionError) with the report
-    table; bad input (no such file, no factory) raises ``ddpcheck.checker.runner.BadInput`` with one line.
+    table; bad input (no such file, no factory) raises ``ddpcheck.checker.options.BadInput`` with one line.
     """
     __tracebackhide__ = True
     result = run_check(factory_or_path, world_sizes=world_sizes, epochs=epochs, factory=factory, **options)

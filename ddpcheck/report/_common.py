@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ddpcheck.checks.ids import ALL_CHECKS
 from ddpcheck.checks.verdict import Verdict
+from ddpcheck.messages import count_text
 from ddpcheck.result import CheckResult, MetricRow, ResumeRow, WorldResult
 from ddpcheck.trace import RankFailure
 
@@ -94,10 +95,6 @@ def count(result: CheckResult) -> Counts:
     )
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
 def summary_line(result: CheckResult, paint: Callable[[str, str], str] | None = None) -> str:
     """``ddpcheck: 27 passed, 2 failed, 3 n/a, 1 allowed, 1 skipped across world sizes 1,2 -> OK (exit 0)``.
 
@@ -111,7 +108,7 @@ def summary_line(result: CheckResult, paint: Callable[[str, str], str] | None = 
         parts.append(f"{c.allowed} allowed")
     parts.append(f"{c.skipped} skipped")
     if c.rank_failures:
-        parts.append(_plural(c.rank_failures, "rank failure"))
+        parts.append(count_text(c.rank_failures, "rank failures"))
     if not c.world_sizes:
         where = "across no world sizes"
     elif len(c.world_sizes) == 1:
@@ -210,13 +207,7 @@ def fmt_diff(value: float) -> str:
 
 def divergence_cause(row: MetricRow) -> str:
     """``duplicated 3, dropped 1`` / ``order only``, then the row's own ``cause`` text if any."""
-    parts = []
-    if row.duplicated:
-        parts.append(f"duplicated {row.duplicated}")
-    if row.dropped:
-        parts.append(f"dropped {row.dropped}")
-    if row.order_only:
-        parts.append("order only")
+    parts = [row.effects] if row.effects else []
     if row.cause and row.cause not in parts:
         parts.append(row.cause)
     return "; ".join(parts) if parts else NOT_RUN

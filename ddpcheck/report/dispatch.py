@@ -2,24 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal, cast, get_args
-
+from ddpcheck.report.formats import Format, check_format
+from ddpcheck.report.github import render_github
 from ddpcheck.report.html import render_html
 from ddpcheck.report.json_report import render_json
 from ddpcheck.report.junit import render_junit
 from ddpcheck.report.markdown import render_markdown
 from ddpcheck.report.table import render_table
 from ddpcheck.result import CheckResult
-
-Format = Literal["table", "json", "markdown", "junit", "html"]
-FORMATS: tuple[str, ...] = get_args(Format)
-
-
-def check_format(fmt: object) -> Format:
-    """``fmt`` itself when it names a report format, else a ValueError that lists the valid ones."""
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown report format {fmt!r}; expected one of: {', '.join(FORMATS)}")
-    return cast(Format, fmt)
 
 
 def render(result: CheckResult, fmt: Format) -> str:
@@ -33,4 +23,6 @@ def render(result: CheckResult, fmt: Format) -> str:
         return render_markdown(result)
     if fmt == "html":
         return render_html(result)
+    if fmt == "github":
+        return render_github(result)
     return render_junit(result)

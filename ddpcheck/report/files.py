@@ -12,7 +12,8 @@ import secrets
 from collections.abc import Iterable
 from pathlib import Path
 
-from ddpcheck.report.dispatch import check_format, render
+from ddpcheck.report.dispatch import render
+from ddpcheck.report.formats import check_format
 from ddpcheck.report.markdown import render_markdown
 from ddpcheck.report.svg import picture_files
 from ddpcheck.result import CheckResult
@@ -42,6 +43,9 @@ def write_reports(
     """
     names = [formats] if isinstance(formats, str) else list(formats)
     chosen = [check_format(fmt) for fmt in dict.fromkeys(names)]
+    printed_only = [fmt for fmt in chosen if fmt not in SUFFIXES]
+    if printed_only:
+        raise ValueError(f"{printed_only[0]} is printed, not written to a file; files: {', '.join(SUFFIXES)}")
     if not isinstance(stem, str) or not stem or stem in (".", "..") or "/" in stem or os.sep in stem:
         raise ValueError(f"stem must be a plain file name such as 'ddpcheck', not {stem!r}")
     report_dir = Path(report_dir)

@@ -1,7 +1,7 @@
 """Checks that need their own rank-side runs, behind one protocol (:mod:`ddpcheck.scenarios.protocol`).
 
 ``metric`` (metric equivalence), ``training`` (training equivalence) and ``resume`` (mid-epoch and
-elastic resume). :func:`build` is all the runner knows of them.
+elastic resume). :func:`build` is all the session knows of them.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-from ddpcheck.scenarios.protocol import Context, Outcome, Scenario
+from ddpcheck.scenarios.protocol import DataRun, Outcome, Scenario, rank_failures
 
 if TYPE_CHECKING:
     from ddpcheck.checker.loaderfile import LoaderSpec
@@ -33,4 +33,4 @@ def build(spec: LoaderSpec, options: CheckOptions, names: frozenset[str]) -> lis
     return found
 
 
-__all__ = ["Context", "Outcome", "Scenario", "build"]
+__all__ = ["DataRun", "Outcome", "Scenario", "build", "rank_failures"]

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from ddpcheck.checks.ids import METRIC_EQUIVALENCE
 from ddpcheck.checks.verdict import Verdict
-from ddpcheck.result import MetricRow
+from ddpcheck.messages import count_text
+from ddpcheck.result import MetricRow, gather_effects
 
 DEFAULT_RELATIVE = 1e-6
 ABSOLUTE_FLOOR = 1e-12
@@ -124,10 +125,6 @@ def _metric_names(*values: Mapping[str, float]) -> list[str]:
     return list(names)
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
 def _naive_cause(causes: Causes, drops: bool) -> str:
     parts = []
     if causes.dropped:
@@ -135,7 +132,7 @@ def _naive_cause(causes: Causes, drops: bool) -> str:
     if causes.duplicated:
         parts.append("padding copies; ids_key dedup removes them")
     if causes.extra:
-        parts.append(f"{_plural(causes.extra, 'sample')} the single-process epoch never sees")
+        parts.append(f"{count_text(causes.extra, 'samples')} the single-process epoch never sees")
     if causes.order_only:
         parts.append("the metric depends on order; ids_key restores it")
     return "; ".join(parts)
@@ -200,16 +197,9 @@ def _fmt(value: float) -> str:
 
 
 def _gather_summary(causes: Causes) -> str:
-    parts = []
-    if causes.duplicated:
-        parts.append(f"{_plural(causes.duplicated, 'padding duplicate')}")
-    if causes.dropped:
-        parts.append(f"{_plural(causes.dropped, 'dropped sample')}")
-    if causes.extra:
-        parts.append(f"{_plural(causes.extra, 'unexpected sample')}")
-    if causes.order_only:
-        parts.append("rank-major order")
-    return ", ".join(parts)
+    return ", ".join(
+        gather_effects(causes.duplicated, causes.dropped, causes.extra, order_only=causes.order_only)
+    )
 
 
 def judge_metrics(
@@ -248,7 +238,7 @@ def judge_metrics(
         who = "by drop_last " if run.drops else ""
         verb = "reaches" if causes.dropped == 1 else "reach"
         fix = DROP_FIX if run.drops else f"no gather can recover them; {DROP_FIX}"
-        lead = f"{_plural(causes.dropped, 'sample')} dropped {who}never {verb} any rank; {fix}"
+        lead = f"{count_text(causes.dropped, 'samples')} dropped {who}never {verb} any rank; {fix}"
         cause = "drop_last drops samples from evaluation" if run.drops else "samples never reach any rank"
     else:
         lead = "the ids_key gather does not reproduce the single-process metrics"

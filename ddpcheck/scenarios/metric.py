@@ -41,9 +41,9 @@ from typing import TYPE_CHECKING, Any
 from ddpcheck.checker.loaderfile import LoaderSpec, optional_hook
 from ddpcheck.checker.recording import (
     RecordOptions,
-    _group_position,
     batches_with_ids,
     build_loader,
+    group_position,
     is_collated,
     read_facts,
     set_epoch_everywhere,
@@ -52,7 +52,7 @@ from ddpcheck.checks.ids import METRIC_EQUIVALENCE
 from ddpcheck.checks.verdict import skipped
 from ddpcheck.launch import TargetRef, report_progress, run_ranks
 from ddpcheck.scenarios.divergence import Evaluation, judge_metrics, metric_rows
-from ddpcheck.scenarios.protocol import Context, Outcome, group_failures
+from ddpcheck.scenarios.protocol import DataRun, Outcome, rank_failures
 from ddpcheck.trace import RankFailure, compact_ids
 
 if TYPE_CHECKING:
@@ -261,7 +261,7 @@ def evaluate_rank(spec: LoaderSpec, options: EvalOptions) -> Evaluation | None:
     """Entry point inside a rank: evaluate epoch 0, gather twice, rank 0 computes the metric."""
     from ddpcheck.reference.sync import sync_dicts_ddp
 
-    rank, world_size = _group_position()
+    rank, world_size = group_position()
     report_progress("evaluation: building the loader")
     record = RecordOptions(
         epochs=1, set_epoch=options.set_epoch, patch=options.patch, batch_size=options.batch_size
@@ -324,14 +324,14 @@ class MetricEquivalence:
             timeout=self.timeout,
             kwargs={"spec": self.spec, "options": self.eval_options},
         )
-        failures = group_failures(group, METRIC_EQUIVALENCE)
+        failures = rank_failures(group, METRIC_EQUIVALENCE)
         value = group.outcomes[0].value if group.outcomes and group.outcomes[0].ok else None
         return (value if isinstance(value, Evaluation) else None), failures
 
     def finish(self) -> dict[int, Outcome]:
         return {}
 
-    def world(self, ctx: Context) -> Outcome:
+    def world(self, ctx: DataRun) -> Outcome:
         world_size = ctx.world_size
         if self.simulate:
             return Outcome(verdicts=(skipped(METRIC_EQUIVALENCE, SIMULATE_SKIP),))

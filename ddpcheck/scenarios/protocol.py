@@ -1,10 +1,10 @@
 """The one shape of a check that needs its own rank-side runs (metric, training, resume).
 
 A scenario is built in the parent from the loader file's names and the options (nothing runs then).
-The runner calls :meth:`Scenario.world` once per world size, after the data run, and
+The session calls :meth:`Scenario.world` once per layout, after the data run, and
 :meth:`Scenario.finish` once at the end (for what spans world sizes, such as elastic resume).
 Inside, a scenario launches its own ranks; what comes back from them is plain data, and its verdicts
-come from a pure judge. The runner never names a scenario: it iterates :func:`ddpcheck.scenarios.build`.
+come from a pure judge. The session never names a scenario: it iterates :func:`ddpcheck.scenarios.build`.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ class Outcome:
 
 
 @dataclass
-class Context:
-    """What the runner hands a scenario for one world size: the data run it judged (plain data)."""
+class DataRun:
+    """What the session hands a scenario for one layout: the data run it judged (plain data)."""
 
     world_size: int
     run: RunTrace
@@ -53,7 +53,7 @@ class Context:
 class Scenario(Protocol):
     """A check with its own rank-side runs; see the module docstring."""
 
-    def world(self, ctx: Context) -> Outcome: ...
+    def world(self, ctx: DataRun) -> Outcome: ...
 
     def finish(self) -> dict[int, Outcome]:
         """Outcomes that need every world size (world size -> what to add to it); usually empty."""
@@ -66,16 +66,18 @@ class Factory(Protocol):
     def __call__(self, spec: LoaderSpec, options: CheckOptions, names: frozenset[str]) -> Scenario | None: ...
 
 
-def group_failures(group: GroupResult, check: str) -> tuple[RankFailure, ...]:
-    """Failed ranks of a scenario's group, named after the check."""
+def rank_failures(group: GroupResult, check: str = "") -> tuple[RankFailure, ...]:
+    """The failed ranks of a group as plain data, the ranks a peer took down last; messages start with
+    ``check`` when a scenario's own group failed."""
+    prefix = f"{check}: " if check else ""
     return tuple(
         RankFailure(
             rank=o.rank,
             kind=o.kind,
-            message=f"{check}: {o.message}",
+            message=f"{prefix}{o.message}",
             stack=o.error or o.stack,
             progress=o.progress,
         )
-        for o in group.outcomes
+        for o in sorted(group.outcomes, key=lambda o: (o.kind == "secondary", o.rank))
         if not o.ok
     )

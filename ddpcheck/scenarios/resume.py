@@ -25,15 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 from ddpcheck.checker.loaderfile import LoaderSpec, optional_hook, unwrap_loader
 from ddpcheck.checker.recording import RESUME_HOOK as HOOK
-from ddpcheck.checker.recording import _group_position, has_state
-from ddpcheck.checks._format import count_text
+from ddpcheck.checker.recording import group_position, has_state
 from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
 from ddpcheck.checks.verdict import Verdict, failed, not_applicable, passed, skipped
 from ddpcheck.launch import GroupResult, TargetRef, report_progress, run_ranks
 from ddpcheck.launch.rank import worker_headline
-from ddpcheck.messages import exception_text, one_line
+from ddpcheck.messages import count_text, exception_text, one_line
 from ddpcheck.result import ResumeRow
-from ddpcheck.scenarios.protocol import Context, Outcome, group_failures
+from ddpcheck.scenarios.protocol import DataRun, Outcome, rank_failures
 
 if TYPE_CHECKING:
     from ddpcheck.checker.options import CheckOptions
@@ -220,7 +219,7 @@ def resume_rank(
     """
     from ddpcheck.checker.recording import build_loader, read_facts, set_epoch_everywhere
 
-    rank, world_size = _group_position()
+    rank, world_size = group_position()
     report_progress("resume: building the loader")
     outer, module = build_loader(spec, options, rank, world_size)
     hook = optional_hook(module, "sample_ids")
@@ -276,7 +275,7 @@ def elastic_rank(spec: LoaderSpec, options: RecordOptions, restore: Restore, mec
 
     A restore that raises is an answer (the loader is not elastic), returned as its one-line message.
     """
-    rank, world_size = _group_position()
+    rank, world_size = group_position()
     stop = restore.stop
     try:
         result = _finish(
@@ -592,7 +591,7 @@ class ResumeCheck:
             kwargs=kwargs,
         )
 
-    def world(self, ctx: Context) -> Outcome:
+    def world(self, ctx: DataRun) -> Outcome:
         ws = ctx.world_size
         if not ctx.run.ranks:
             return Outcome()
@@ -617,7 +616,7 @@ class ResumeCheck:
             "mechanism": mechanism,
         }
         group = self._launch(resume_rank, ws, kwargs)
-        failures = group_failures(group, RESUME)
+        failures = rank_failures(group, RESUME)
         if failures:
             return Outcome(failures=failures)
         ranks = [o.value for o in group.outcomes if isinstance(o.value, RankResume)]
@@ -653,7 +652,7 @@ class ResumeCheck:
                             "mechanism": mechanism,
                         },
                     )
-                    bad = group_failures(group, ELASTIC_RESUME)
+                    bad = rank_failures(group, ELASTIC_RESUME)
                     if bad:
                         failures[new_ws] = failures.get(new_ws, ()) + bad
                         continue

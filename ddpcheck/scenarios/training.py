@@ -41,16 +41,16 @@ from typing import TYPE_CHECKING, Any
 from ddpcheck.checker.loaderfile import LoaderSpec, factory_kwargs, get_factory, optional_hook
 from ddpcheck.checker.recording import (
     RecordOptions,
-    _group_position,
     batches_with_ids,
     build_loader,
+    group_position,
     read_facts,
     set_epoch_everywhere,
 )
 from ddpcheck.checks.ids import TRAINING_EQUIVALENCE
 from ddpcheck.checks.verdict import Verdict, skipped
 from ddpcheck.launch import TargetRef, report_progress, run_ranks
-from ddpcheck.scenarios.protocol import Context, Outcome, group_failures
+from ddpcheck.scenarios.protocol import DataRun, Outcome, rank_failures
 
 if TYPE_CHECKING:
     import torch
@@ -215,7 +215,7 @@ def train_rank(spec: LoaderSpec, options: TrainOptions) -> RankTraining:
     """Entry point inside a DDP rank: plain DDP steps, then accumulated steps, from the same init."""
     from ddpcheck.reference.model import wrap_model
 
-    rank, world_size = _group_position()
+    rank, world_size = group_position()
     seed_everything(options.seed)
     record = RecordOptions(
         epochs=1, set_epoch=options.set_epoch, patch=options.patch, batch_size=options.batch_size
@@ -471,14 +471,14 @@ class TrainingEquivalence:
     def finish(self) -> dict[int, Outcome]:
         return {}
 
-    def world(self, ctx: Context) -> Outcome:
+    def world(self, ctx: DataRun) -> Outcome:
         world_size = ctx.world_size
         if self.simulate:
             return Outcome(verdicts=(skipped(TRAINING_EQUIVALENCE, SIMULATE_SKIP),))
         target = TargetRef.of(train_rank)
         kwargs: dict[str, Any] = {"spec": self.spec, "options": self.options}
         group = run_ranks(target, world_size, timeout=self.timeout, kwargs=kwargs)
-        failures = group_failures(group, TRAINING_EQUIVALENCE)
+        failures = rank_failures(group, TRAINING_EQUIVALENCE)
         if not group.ok:
             return Outcome(failures=failures)
         ranks: list[RankTraining] = group.values
@@ -492,7 +492,7 @@ class TrainingEquivalence:
             init=lead.init,
         )
         ref_group = run_ranks(TargetRef.of(train_reference_rank), 1, timeout=self.timeout, kwargs=kwargs)
-        failures = group_failures(ref_group, TRAINING_EQUIVALENCE)
+        failures = rank_failures(ref_group, TRAINING_EQUIVALENCE)
         if not ref_group.ok:
             return Outcome(failures=failures)
         reference: ReferenceTraining = ref_group.values[0]

@@ -1,4 +1,4 @@
-"""Small wording helpers so every check names ranks, ids and counts the same way."""
+"""Small wording helpers so every check names ranks, ids and epochs the same way (counts: ``messages``)."""
 
 from __future__ import annotations
 
@@ -29,19 +29,6 @@ def first(items: Iterable[object], limit: int = MAX_EXAMPLES) -> tuple[object, .
 
 def ids_text(items: Sequence[object]) -> str:
     return ", ".join(str(i) for i in items)
-
-
-def singular(noun: str) -> str:
-    """``samples`` -> ``sample``, ``batches`` -> ``batch``, ``padding copies`` -> ``padding copy``."""
-    for plural, one in (("ches", "ch"), ("ies", "y"), ("s", "")):
-        if noun.endswith(plural):
-            return noun[: -len(plural)] + one
-    return noun
-
-
-def count_text(n: int, noun: str) -> str:
-    """``1 sample`` / ``3 samples``; ``noun`` is the plural."""
-    return f"{n} {singular(noun) if n == 1 else noun}"
 
 
 def ranks_text(ranks: Sequence[int], limit: int = 6) -> str:

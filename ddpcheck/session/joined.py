@@ -15,19 +15,13 @@ from datetime import timedelta
 from typing import Any
 
 from ddpcheck.checker.loaderfile import BadLoaderFile, LoaderSpec, precheck
+from ddpcheck.checker.options import BadInput, CheckOptions, validate
 from ddpcheck.checker.recording import RankRecording, record_rank
-from ddpcheck.checker.runner import (
-    BadInput,
-    CheckOptions,
-    _jsonable_options,
-    _notes,
-    _raise_if_bad_input,
-    _run,
-    validate,
-)
 from ddpcheck.checks import run_checks
-from ddpcheck.launch.rank import _error_message
+from ddpcheck.launch.rank import error_message
 from ddpcheck.result import EXIT_BAD_INPUT, CheckResult, WorldResult
+from ddpcheck.session.record import Job, record
+from ddpcheck.session.run import jsonable_options, raise_if_bad_input, reference_notes
 from ddpcheck.trace import RankFailure, RunTrace
 
 DETERMINISM_SKIP = "a joined launch runs once: start the launch twice and compare to check determinism"
@@ -76,8 +70,8 @@ def check_joined(path: str, options: CheckOptions, target: JoinTarget) -> tuple[
     if rank == 0:  # before joining: a fresh single-process group, no peers waiting on it yet
         try:
             precheck(spec)
-            reference = _run(spec, replace(options, set_epoch=True, simulate=False), 1)
-            _raise_if_bad_input(reference)
+            reference = record(spec, [Job(replace(options, set_epoch=True, simulate=False), 1)])[0]
+            raise_if_bad_input(reference)
         except (BadLoaderFile, BadInput) as exc:
             bad = str(exc)
     info = connect(
@@ -95,7 +89,7 @@ def check_joined(path: str, options: CheckOptions, target: JoinTarget) -> tuple[
             try:
                 payload = ("ok", record_rank(spec, options.record_options()))
             except BaseException as exc:
-                payload = ("error", _error_message(exc))
+                payload = ("error", error_message(exc))
         gathered: list[Any] = [None] * info.world_size
         dist.all_gather_object(gathered, payload)
         result: CheckResult | None = None
@@ -149,6 +143,6 @@ def _judge(
         runs=(world,),
         id_source=reference.id_source,
         epochs=options.epochs,
-        options={**_jsonable_options(options), "joined": True},
-        notes=tuple(_notes(reference, (len(gathered),))),
+        options={**jsonable_options(options), "joined": True},
+        notes=tuple(reference_notes(reference, (len(gathered),))),
     )

@@ -1,0 +1,160 @@
+"""A layout: how the ranks of one run are laid out. Plain data, imported by every layer.
+
+A plain world size ``W`` is a layout in which every rank is a data replica of its own. A device mesh
+(``dp=2,tp=2``, dimensions outermost first, as ``init_device_mesh`` takes them) is a layout in which only
+the *data-parallel* dimensions split the data: ranks that differ only in another coordinate (tensor,
+context, pipeline or expert parallel) are *replicas* and must receive identical batches. Ranks are
+numbered row-major over the mesh (``torch.arange(W).view(shape)``), and a rank's data-parallel rank is
+its row-major coordinate over the data dimensions alone, which is how torchtitan flattens
+``dp_replicate`` and ``dp_shard`` into one ``dp`` dimension.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+DATA_PREFIX = "dp"  # dimensions whose names start with this split the data (dp, dp_replicate, dp_shard)
+PLAIN_DIM = "dp"  # the one dimension of a plain world size
+
+
+class LayoutError(ValueError):
+    """A mesh spec that cannot describe ranks; the message is one line a user can act on."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One layout: ``dims`` (name, size) outermost first; ``data_dims`` the names that split the data.
+
+    ``mesh`` is False for a plain world size (one dimension, every rank a data replica): reports then
+    say "world size 4", not "dp=4".
+    """
+
+    dims: tuple[tuple[str, int], ...]
+    data_dims: tuple[str, ...]
+    mesh: bool = True
+
+    @classmethod
+    def plain(cls, world_size: int) -> Layout:
+        return cls(((PLAIN_DIM, world_size),), (PLAIN_DIM,), mesh=False)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.dims)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(size for _, size in self.dims)
+
+    @property
+    def world_size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def dp_world_size(self) -> int:
+        """How many data replicas: the product of the data dimensions."""
+        return math.prod(size for name, size in self.dims if name in self.data_dims)
+
+    @property
+    def replicas(self) -> int:
+        """Ranks per data replica: the product of every other dimension (1 for a plain world size)."""
+        return self.world_size // self.dp_world_size
+
+    @property
+    def label(self) -> str:
+        """``4`` for a plain world size, ``dp=2,tp=2`` for a mesh: how every report names the layout."""
+        if not self.mesh:
+            return str(self.world_size)
+        return ",".join(f"{name}={size}" for name, size in self.dims)
+
+    @property
+    def spec(self) -> str:
+        """The mesh spec as ``--mesh`` takes it (a plain world size as its one data dimension)."""
+        return ",".join(f"{name}={size}" for name, size in self.dims)
+
+    def coords(self, rank: int) -> tuple[int, ...]:
+        """``rank``'s coordinate along each dimension (row-major, as ``init_device_mesh`` numbers ranks)."""
+        out = []
+        for size in reversed(self.shape):
+            rank, c = divmod(rank, size)
+            out.append(c)
+        return tuple(reversed(out))
+
+    def dp_rank(self, rank: int) -> int:
+        """``rank``'s data-parallel rank: its row-major coordinate over the data dimensions alone."""
+        index = 0
+        for (name, size), c in zip(self.dims, self.coords(rank), strict=True):
+            if name in self.data_dims:
+                index = index * size + c
+        return index
+
+    def replica_coords(self, rank: int) -> str:
+        """``tp=1`` / ``cp=0,tp=1``: where ``rank`` sits among its replicas (its non-data coordinates)."""
+        parts = [
+            f"{name}={c}"
+            for (name, _), c in zip(self.dims, self.coords(rank), strict=True)
+            if name not in self.data_dims
+        ]
+        return ",".join(parts)
+
+    def data_coords(self, rank: int) -> str:
+        """``dp=1`` / ``dp_replicate=0,dp_shard=1``: the data-parallel coordinates of ``rank``."""
+        parts = [
+            f"{name}={c}"
+            for (name, _), c in zip(self.dims, self.coords(rank), strict=True)
+            if name in self.data_dims
+        ]
+        return ",".join(parts)
+
+    def replica_groups(self) -> list[list[int]]:
+        """Ranks grouped by data-parallel rank (index = dp rank), each group in rank order."""
+        groups: list[list[int]] = [[] for _ in range(self.dp_world_size)]
+        for rank in range(self.world_size):
+            groups[self.dp_rank(rank)].append(rank)
+        return groups
+
+    def representatives(self) -> list[int]:
+        """One rank per data-parallel rank (the first of its replicas), in data-parallel rank order."""
+        return [group[0] for group in self.replica_groups()]
+
+
+def parse_mesh(text: str, data_dims: tuple[str, ...] | None = None) -> Layout:
+    """``"dp=2,tp=2"`` -> a mesh layout; raises :class:`LayoutError` with one line for a bad spec.
+
+    ``data_dims`` overrides which names split the data (default: the names that start with ``dp``).
+    """
+    dims: list[tuple[str, int]] = []
+    for part in text.split(","):
+        name, sep, size_text = part.strip().partition("=")
+        name = name.strip()
+        if not sep or not name or not size_text.strip():
+            raise LayoutError(f"mesh {text!r}: expected NAME=SIZE[,NAME=SIZE...], e.g. dp=2,tp=2")
+        if not name.isidentifier():
+            raise LayoutError(
+                f"mesh {text!r}: dimension name {name!r} is not a plain name (letters, digits, _)"
+            )
+        try:
+            size = int(size_text.strip())
+        except ValueError:
+            raise LayoutError(
+                f"mesh {text!r}: size of {name} must be an integer, got {size_text.strip()!r}"
+            ) from None
+        if size < 1:
+            raise LayoutError(f"mesh {text!r}: size of {name} must be at least 1, got {size}")
+        if any(name == seen for seen, _ in dims):
+            raise LayoutError(f"mesh {text!r}: dimension {name} is named twice")
+        dims.append((name, size))
+    names = [name for name, _ in dims]
+    if data_dims is None:
+        chosen = tuple(name for name in names if name.startswith(DATA_PREFIX))
+    else:
+        unknown = [name for name in data_dims if name not in names]
+        if unknown:
+            raise LayoutError(f"mesh {text!r} has no dimension {unknown[0]} (named by --data-dims)")
+        chosen = tuple(name for name in names if name in data_dims)
+    if not chosen:
+        raise LayoutError(
+            f"mesh {text!r} has no data-parallel dimension: name one dp, dp_replicate or dp_shard, "
+            "or say which with --data-dims"
+        )
+    return Layout(tuple(dims), chosen, mesh=True)

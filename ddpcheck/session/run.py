@@ -1,0 +1,322 @@
+"""Carrying a plan out: the reference, then each layout's recordings, checks and scenarios.
+
+The one place that knows the whole data path: it records (through :mod:`ddpcheck.session.record`),
+hands traces to the pure checks, runs the scenarios, and never renders anything.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ddpcheck.checker.loaderfile import BadLoaderFile, LoaderSpec, defined_names, precheck
+from ddpcheck.checker.options import BadInput, CheckOptions, validate
+from ddpcheck.checks import run_checks
+from ddpcheck.checks.verdict import Verdict, allow
+from ddpcheck.figures import FigureData, figure_data
+from ddpcheck.launch.preload import frozen_heap, preload_imports
+from ddpcheck.messages import count_text
+from ddpcheck.result import CheckResult, WorldResult
+from ddpcheck.scenarios import DataRun, Outcome, Scenario
+from ddpcheck.scenarios import build as build_scenarios
+from ddpcheck.session.plan import LayoutPlan, RunPlan, plan_run
+from ddpcheck.session.record import Job, record, recording, shortcut_note
+from ddpcheck.trace import RunTrace
+
+Progress = Callable[[str], None]
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM during a run; ``partial`` holds every layout that finished."""
+
+    def __init__(self, partial: CheckResult) -> None:
+        super().__init__("interrupted")
+        self.partial = partial
+
+
+def check_loader(
+    path: str, options: CheckOptions | None = None, *, progress: Progress | None = None
+) -> CheckResult:
+    """Run the loader file in every planned layout and judge it. Raises BadInput (exit 2)."""
+    options = options or CheckOptions()
+    validate(options)
+    spec = LoaderSpec(path=str(path), factory=options.factory)
+    try:
+        precheck(spec)
+    except BadLoaderFile as exc:
+        raise BadInput(str(exc)) from None
+    session = _Session(spec, options, progress or (lambda _msg: None))
+    try:
+        with frozen_heap():  # what is loaded now stays out of the preload's collections
+            session.preload()
+            with frozen_heap():  # and what it imported, from the first fork on
+                session.carry_out(plan_run(options))
+    except KeyboardInterrupt:
+        session.notes.append("interrupted: world sizes after the last one shown were not checked")
+        raise Interrupted(session.result(interrupted=True)) from None
+    return session.result()
+
+
+@dataclass
+class _Judged:
+    """One layout's recordings, ready to judge: the reference and run it compares (both redone by data
+    when indices could not identify samples), the determinism rerun, the figures, a note."""
+
+    reference: RunTrace
+    run: RunTrace
+    rerun: RunTrace | None
+    figures: FigureData
+    notes: tuple[str, ...] = ()
+
+
+class _Session:
+    """One run's state: what finished so far (the result of an interrupted run is built from it)."""
+
+    def __init__(self, spec: LoaderSpec, options: CheckOptions, say: Progress) -> None:
+        self.spec, self.options, self.say = spec, options, say
+        self.runs: list[WorldResult] = []
+        self.notes: list[str] = []
+        self.reference: RunTrace | None = None
+
+    def result(self, *, interrupted: bool = False) -> CheckResult:
+        return CheckResult(
+            loader=self.spec.path,
+            runs=tuple(self.runs),
+            id_source=self.reference.id_source if self.reference else "index",
+            epochs=self.options.epochs,
+            options=jsonable_options(self.options),
+            notes=tuple(self.notes),
+            interrupted=interrupted,
+        )
+
+    def preload(self) -> None:
+        options = self.options
+        if options.preload and (options.simulate or options.backend != "nccl"):  # nccl ranks are spawned
+            loaded = preload_imports(self.spec.path, deadline_s=options.timeout)
+            if loaded.imported:
+                self.say(
+                    f"imported {', '.join(loaded.imported)} once ({loaded.seconds:.1f}s); ranks inherit them"
+                )
+            self.notes.extend(loaded.notes())
+
+    def carry_out(self, plan: RunPlan) -> None:
+        self.say(f"reference run (1 process) of {self.spec.path}")
+        rerun: RunTrace | None = None
+        if plan.reference_rerun:  # world size 1's rerun records on the second core meanwhile
+            self.reference, rerun = record(self.spec, [plan.reference, plan.reference])
+        else:
+            self.reference = record(self.spec, [plan.reference])[0]
+        raise_if_bad_input(self.reference)
+        sizes = tuple(p.layout.world_size for p in plan.layouts)
+        self.notes.extend(reference_notes(self.reference, sizes))
+        scenarios = build_scenarios(self.spec, self.options, defined_names(self.spec.path))
+        for layout in plan.layouts:
+            beside = rerun if layout.layout.world_size == 1 else None
+            result, notes = self._check_layout(layout, beside, scenarios)
+            self.runs.append(result)
+            self.notes.extend(n for n in notes if n not in self.notes)
+        for scenario in scenarios:  # what spans layouts (elastic resume)
+            for ws, outcome in scenario.finish().items():
+                self.runs[:] = [
+                    with_outcome(r, outcome, self.options.allow) if r.world_size == ws else r
+                    for r in self.runs
+                ]
+
+    def _check_layout(
+        self, plan: LayoutPlan, rerun: RunTrace | None, scenarios: Sequence[Scenario]
+    ) -> tuple[WorldResult, tuple[str, ...]]:
+        ws = plan.layout.world_size
+        started = time.monotonic()
+        if plan.skip:
+            self.say(f"world size {ws}: skipped ({plan.skip})")
+            return WorldResult(ws, self.options.backend, skipped=plan.skip), ()
+        simulated = "simulated " if self.options.simulate else ""
+        self.say(f"world size {ws}: running {count_text(ws, simulated + 'ranks')}")
+        if plan.window is not None:
+            self.say(f"world size {ws}: reference window of {plan.window.options.steps} steps (1 process)")
+        assert self.reference is not None
+        judged = self._record_layout(plan, rerun)
+        options = self.options
+        verdicts = run_checks(judged.reference, judged.run, judged.rerun)
+        failures = judged.run.failures + (judged.rerun.failures if judged.rerun else ())
+        # --- checks with their own rank-side runs (ddpcheck.scenarios): metric, training, resume ---
+        extra = Outcome()
+        for scenario in scenarios if judged.run.ok else ():
+            extra += scenario.world(DataRun(ws, judged.run, judged.reference))
+        result = WorldResult(
+            world_size=ws,
+            backend=judged.run.backend,
+            verdicts=tuple(allowed(verdicts + list(extra.verdicts), options.allow)),
+            failures=failures + extra.failures,
+            divergence=extra.divergence,
+            resume=extra.resume,
+            seconds=time.monotonic() - started,
+            figures=judged.figures,
+        )
+        failed = sum(v.failed for v in result.verdicts)
+        status = (
+            "ok"
+            if result.ok
+            else f"{count_text(failed, 'checks')} failed, {count_text(len(result.failures), 'rank failures')}"
+        )
+        self.say(f"world size {ws}: {status} ({result.seconds:.2f}s)")
+        return result, judged.notes
+
+    def _record_layout(self, plan: LayoutPlan, rerun: RunTrace | None) -> _Judged:
+        """Record the layout's jobs and its rerun (forked together; the rerun is let go while this
+        process draws the run's figures, or beside the jobs where their ranks fit the cores)."""
+        assert self.reference is not None
+        reference = self.reference
+        notes: list[str] = []
+        with recording(self.spec, plan.jobs, plan.rerun) as started:
+            traces = started.jobs()
+            if plan.window is not None:
+                reference = traces.pop(0)
+            run = reference if plan.run is None else traces.pop(0)
+            rerun_job = plan.rerun
+            redone = _by_data(self.spec, self.options, plan.layout.world_size, reference, run)
+            if redone is not None:
+                reference, run, by_data, note = redone
+                self.say(note)
+                notes.append(note)
+                rerun_job = Job(by_data, plan.layout.world_size) if by_data.determinism else None
+            if not (self.options.determinism and run.ok):
+                rerun, rerun_job = None, None  # a failed run is judged alone: its rerun would only repeat it
+
+            def draw(reference: RunTrace = reference, run: RunTrace = run) -> FigureData:
+                return figure_data(reference, run)
+
+            if rerun_job is None:
+                figures = draw()
+            elif rerun_job is started.held:
+                rerun, figures = started.held_run(draw)
+            else:
+                with recording(self.spec, [], rerun_job) as alone:
+                    rerun, figures = alone.held_run(draw)
+        # the run's note; the rerun's only when it had to be redone (its sample says nothing more)
+        note = shortcut_note(run) or (shortcut_note(rerun) if rerun is not None else "")
+        if note:
+            notes.append(note)
+        return _Judged(reference, run, rerun, figures, tuple(notes))
+
+
+def _by_data(
+    spec: LoaderSpec, options: CheckOptions, ws: int, reference: RunTrace, run: RunTrace
+) -> tuple[RunTrace, RunTrace, CheckOptions, str] | None:
+    """The reference and the run recorded again with samples identified by their data, when indices
+    cannot be compared: each rank indexes its own dataset from 0 (datasets' ``split_dataset_by_node``),
+    or some rank saw no indices at all (batches formed outside a torch iterator there). For local
+    indices only an id field will do (without one the checks say why). None when not needed or not
+    possible; BadInput when the data cannot tell samples apart."""
+    local = _rank_local_indices(reference, run)
+    if not (local or _identified_apart(reference, run)):
+        return None
+    by_data = replace(options, ids_from_data=True)
+    alt_reference, alt_run = record(spec, [Job(replace(by_data, set_epoch=True), 1), Job(by_data, ws)])
+    usable = alt_run.id_source.startswith("field:") if local else True
+    if not local and _hashes_collide(reference, alt_reference):
+        raise BadInput(
+            f"at world size {ws} some rank sees no dataset indices, and the samples cannot be told "
+            "apart by their content (equal samples): give the batches an id field or define "
+            "sample_ids(batch)"
+        )
+    if not (alt_run.ok and alt_reference.ok and alt_run.id_source == alt_reference.id_source and usable):
+        return None
+    why = "rank-local indices" if local else "indices not seen on every rank"
+    note = f"world size {ws}: {why}; samples identified by {_describe_source(alt_run.id_source)}"
+    return alt_reference, alt_run, by_data, note
+
+
+def _hashes_collide(by_index: RunTrace, by_data: RunTrace) -> bool:
+    """Content hashes that make distinct indices look like one sample: identifying by data would call
+    equal samples duplicates (a false overlap), so it is no identification at all."""
+    if by_data.id_source != "content-hash" or by_index.id_source != "index":
+        return False
+    if not (by_index.ok and by_data.ok and by_index.ranks and by_data.ranks):
+        return False
+    indexed, hashed = by_index.ranks[0].epochs[0].ids, by_data.ranks[0].epochs[0].ids
+    return len(set(hashed)) < len(set(indexed))
+
+
+def _identified_apart(reference: RunTrace, run: RunTrace) -> bool:
+    """The run's samples were identified another way than the reference's, or its ranks disagree."""
+    return run.ok and reference.ok and run.id_source != reference.id_source
+
+
+def _describe_source(source: str) -> str:
+    if source.startswith("field:"):
+        return f"the batches' {source}"
+    return "a content hash of each sample" if source == "content-hash" else source
+
+
+def _rank_local_indices(reference: RunTrace, run: RunTrace) -> bool:
+    """Index identity, and some rank's map-style dataset has another length than the single process's."""
+    if not (run.ok and reference.ok and reference.ranks and run.id_source == "index"):
+        return False
+    facts = reference.ranks[0].facts
+    if facts.dataset_kind != "map" or facts.dataset_len is None:
+        return False
+    return any(r.facts.dataset_len not in (None, facts.dataset_len) for r in run.ranks)
+
+
+def allowed(verdicts: Sequence[Verdict], allow_checks: Sequence[str]) -> list[Verdict]:
+    """``--allow CHECK``: that check's failure is reported as ``allowed``."""
+    return [allow(v) if v.check in allow_checks else v for v in verdicts]
+
+
+def with_outcome(result: WorldResult, outcome: Outcome, allow_checks: Sequence[str]) -> WorldResult:
+    """``result`` with what a scenario added once every layout had run (elastic resume)."""
+    return replace(
+        result,
+        verdicts=result.verdicts + tuple(allowed(outcome.verdicts, allow_checks)),
+        failures=result.failures + outcome.failures,
+        divergence=result.divergence + outcome.divergence,
+        resume=result.resume + outcome.resume,
+    )
+
+
+def raise_if_bad_input(reference: RunTrace) -> None:
+    """A reference run that fails on bad input (import error, no factory, ...) is exit 2, not a crash."""
+    bad = reference.options.get("bad_input")
+    if bad:
+        raise BadInput(bad)
+    if reference.ok and reference.ranks:
+        epochs = reference.ranks[0].epochs
+        if epochs and all(len(e.ids) == 0 for e in epochs):
+            length = reference.ranks[0].facts.dataset_len
+            raise BadInput(
+                "the loader yields no samples"
+                + (" (its dataset has length 0)" if length == 0 else "")
+                + ": nothing to check"
+            )
+
+
+def reference_notes(reference: RunTrace, world_sizes: Sequence[int]) -> list[str]:
+    """What the report says of the reference itself: content-hash identity, world sizes beyond its samples."""
+    notes = []
+    if reference.id_source == "content-hash":
+        notes.append(
+            "samples are identified by a content hash (no sample_ids hook, no id/idx/index field): "
+            "equal samples look duplicated"
+        )
+    if reference.ok and reference.ranks and reference.ranks[0].epochs:
+        n = len(reference.ranks[0].epochs[0].ids)
+        big = [ws for ws in world_sizes if ws > n]
+        if big:
+            notes.append(
+                f"world sizes {', '.join(map(str, big))} exceed the {n} samples of an epoch: "
+                "some ranks can only see padding (allowed, but every such rank repeats samples)"
+            )
+    return notes
+
+
+def jsonable_options(options: CheckOptions) -> dict[str, Any]:
+    """The run's options as the JSON report lists them."""
+    out = {k: v for k, v in options.__dict__.items() if k not in ("extra", "factory_args", "on_progress")}
+    out["world_sizes"] = list(options.world_sizes)
+    if options.factory_args:
+        out["factory_args"] = dict(options.factory_args)
+    out.update(options.extra)
+    return out
