@@ -499,9 +499,9 @@ def _run(args: argparse.Namespace) -> int | tuple[CheckResult, bool]:
 
     with hygiene.gc_paused(freeze=_own_process):
         from ddpcheck.checker.options import BadInput
+        from ddpcheck.progress import make_display
         from ddpcheck.session import Interrupted, check_loader
         from ddpcheck.session.joined import JoinTarget, check_joined
-        from ddpcheck.progress import make_display
 
     options = _options(args)
     target = JoinTarget(args.rank, args.world_size, args.master_addr, args.master_port)

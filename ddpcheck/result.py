@@ -10,6 +10,7 @@ from typing import Any
 
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.figures import FigureData
+from ddpcheck.layout import Layout
 from ddpcheck.messages import count_text
 from ddpcheck.trace import RankFailure
 
@@ -88,7 +89,7 @@ class ResumeRow:
 
 @dataclass(frozen=True)
 class WorldResult:
-    """Everything decided about one world size."""
+    """Everything decided about one layout: a world size, or a device mesh (``layout``)."""
 
     world_size: int
     backend: str
@@ -99,10 +100,16 @@ class WorldResult:
     seconds: float = 0.0
     resume: tuple[ResumeRow, ...] = ()
     figures: FigureData | None = None  # picture data for the HTML/Markdown reports (ddpcheck.figures)
+    layout: Layout | None = None  # None: the plain world size ``world_size``
 
     @property
     def ok(self) -> bool:
         return not self.failures and not any(v.failed for v in self.verdicts)
+
+    @property
+    def label(self) -> str:
+        """``2`` for a world size, ``dp=2,tp=2`` for a mesh."""
+        return self.layout.label if self.layout is not None else str(self.world_size)
 
 
 @dataclass(frozen=True)

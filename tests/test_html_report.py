@@ -25,7 +25,7 @@ from ddpcheck.checker.options import CheckOptions
 from ddpcheck.checks.verdict import Verdict, allow, not_applicable
 from ddpcheck.figures import NO_RANK, SEVERAL, FigureData, figure_data
 from ddpcheck.report import render_html, render_markdown, write_reports
-from ddpcheck.report._common import count
+from ddpcheck.report.view import count
 from ddpcheck.result import CheckResult, MetricRow, ResumeRow, WorldResult
 from ddpcheck.session import check_loader
 from ddpcheck.trace import EpochTrace, RankFailure, RankTrace, RunTrace

@@ -34,7 +34,7 @@ from ddpcheck.report import (
     to_json_dict,
     write_reports,
 )
-from ddpcheck.report._common import evidence
+from ddpcheck.report.view import evidence
 from ddpcheck.report.json_report import jsonable
 from ddpcheck.report.junit import xml_text
 from ddpcheck.result import CheckResult, MetricRow, ResumeRow, WorldResult
@@ -182,16 +182,16 @@ def test_table_causes_come_first_and_details_refer_to_them() -> None:
 
 def test_table_details_carry_the_evidence() -> None:
     details = _section(render_table(_mixed()), "Details")
-    at = details.index("[ws=4] no_overlap (cause 2): rank 1 and rank 3 both yield 2 samples in epoch 0.")
+    at = details.index("[2] ws=4 no_overlap: rank 1 and rank 3 both yield 2 samples in epoch 0.")
     assert details[at + 1 : at + 4] == [  # the cause is listed once, at the top, not here
         "    ranks: 1, 3",
         "    epochs: 0",
         "    e.g.: 17, 42, (3, 4), 'img_7.jpg'",
     ]
-    at = details.index("[ws=4] coverage (cause 1): 2 samples are never yielded by any rank.")
+    at = details.index("[1] ws=4 coverage: 2 samples are never yielded by any rank.")
     # no ranks on this verdict, so no "ranks:" line; bytes examples show as their repr
     assert details[at + 1 : at + 3] == ["    epochs: 0, 1", "    e.g.: 'a.jpg', b'raw'"]
-    at = details.index("[ws=4] rank 1 error: ZeroDivisionError: division by zero")
+    at = details.index("[3] ws=4 rank 1 error: ZeroDivisionError: division by zero")
     assert details[at + 1 : at + 3] == ["    progress: epoch 0, batch 4", "    stack:"]
     stack = details[at + 3 :]
     assert stack[0].startswith("        ... (") and "earlier lines omitted" in stack[0]
@@ -296,7 +296,7 @@ def test_table_keeps_the_head_of_a_most_recent_first_dump() -> None:
         "l.py", (WorldResult(2, "gloo", failures=(RankFailure(0, "hang", "no progress", dump),)),)
     )
     details = _section(render_table(result), "Details")
-    assert details[0] == "[ws=2] rank 0 hang: no progress"
+    assert details[0] == "[1] ws=2 rank 0 hang: no progress"
     assert details[3] == '          File "/src/w0.py", line 0 in f0'
     assert details[-1] == "        ... (31 later lines omitted)"
 
@@ -346,7 +346,7 @@ def _known() -> CheckResult:
 
 
 KNOWN_JSON = {
-    "schema": 1,
+    "schema": 2,
     "ok": False,
     "exit_code": 3,
     "interrupted": False,
@@ -370,23 +370,28 @@ KNOWN_JSON = {
             "kind": "fail",
             "cause": "set_epoch missing",
             "explains": "no_overlap at ws=2",
-            "where": [{"world_size": 2, "backend": "gloo", "what": "no_overlap"}],
+            "fix": "",
+            "where": [{"world_size": 2, "label": "2", "backend": "gloo", "what": "no_overlap"}],
         },
         {
             "number": 2,
             "kind": "rank",
             "cause": "hung: timed out after 30 s",
             "explains": "rank 1 at ws=2",
-            "where": [{"world_size": 2, "backend": "gloo", "what": "rank 1"}],
+            "fix": "",
+            "where": [{"world_size": 2, "label": "2", "backend": "gloo", "what": "rank 1"}],
         },
     ],
     "runs": [
         {
             "world_size": 2,
+            "label": "ws=2",
+            "mesh": None,
             "backend": "gloo",
             "ok": False,
             "skipped": "",
             "seconds": 1.5,
+            "padding": "",
             "checks": {
                 "coverage": {
                     "status": "pass",
@@ -446,10 +451,13 @@ KNOWN_JSON = {
         },
         {
             "world_size": 4,
+            "label": "ws=4",
+            "mesh": None,
             "backend": "gloo",
             "ok": True,
             "skipped": "only 2 CPUs",
             "seconds": 0.0,
+            "padding": "",
             "checks": {},
             "failures": [],
             "divergence": [],
@@ -467,7 +475,7 @@ def _strict_loads(text: str) -> object:
 
 
 def test_json_matches_documented_schema_exactly() -> None:
-    assert SCHEMA_VERSION == 1
+    assert SCHEMA_VERSION == 2
     assert to_json_dict(_known()) == KNOWN_JSON
     assert _strict_loads(render_json(_known())) == KNOWN_JSON
     assert list(KNOWN_JSON["runs"][0]["checks"]) == ["coverage", "no_overlap"]  # type: ignore[index]
@@ -491,6 +499,9 @@ def test_json_round_trips_the_mixed_result() -> None:
     for run in data["runs"]:
         assert set(run) == {
             "world_size",
+            "label",
+            "mesh",
+            "padding",
             "backend",
             "ok",
             "skipped",
@@ -589,7 +600,7 @@ def test_markdown_headline_table_and_details() -> None:
     causes = text[text.index("### Causes") : text.index("| world size")]
     assert "- **[2]** sampler is not a DistributedSampler  \n  explains: no\\_overlap at ws=4" in causes
     assert "- **[3]** crashed: ZeroDivisionError: division by zero  \n  explains: rank 1 at ws=4" in causes
-    line = "- **ws=4** `no_overlap` (cause [2]): rank 1 and rank 3 both yield 2 samples in epoch 0."
+    line = "- **[2]** **ws=4** `no_overlap`: rank 1 and rank 3 both yield 2 samples in epoch 0."
     assert line in text
     assert "cause: sampler" not in text  # the cause is named once, in the list at the top
     assert "  - e.g.: `17, 42, (3, 4), 'img_7.jpg'`" in text
@@ -838,9 +849,7 @@ def test_allowed_and_na_are_counted_apart_and_never_fail_the_run() -> None:
     assert cells["determinism"] == ["PASS", "skip"]
     assert _section(text, "Causes") == ["[1] (allowed) set_epoch is never called", "    -> reshuffle at ws=2"]
     details = _section(text, "Details")
-    assert details[0] == (
-        "[ws=2] reshuffle (allowed, cause 1): every rank sees the same samples in epoch 1 as in epoch 0"
-    )
+    assert details[0] == "[1] ws=2 reshuffle (allowed): every rank sees the same samples in epoch 1 as in epoch 0"
     assert _section(text, "Not applicable") == ["[ws=1,2] worker_sharding: the loader has no workers"]
     assert _section(text, "Skipped (could not be judged)") == ["[ws=2] determinism: no second run"]
     colored = render_table(result, color=True, layout="tall")
@@ -872,7 +881,7 @@ def test_statuses_in_json_and_markdown() -> None:
     header = _md_table(text, "world size")[0]
     assert body["ws=2"][header.index("`reshuffle`")] == "⚠️ allowed"
     assert body["ws=1"][header.index("`worker_sharding`")] == "⚪ n/a"
-    assert "- **ws=2** `reshuffle` (allowed) (cause [1]): every rank sees" in text
+    assert "- **[1]** **ws=2** `reshuffle` (allowed): every rank sees" in text
     assert "### Not applicable\n\n- **ws=1,2** `worker_sharding`: the loader has no workers" in text
 
 
@@ -968,8 +977,9 @@ def test_one_cause_listed_once_for_every_check_and_world_size_it_explains(seed_b
     explained = " ".join(line.strip() for line in causes[1:])  # wrapped at 100 columns
     assert explained == "-> coverage, no_overlap, padding_bound, single_process_equivalence at ws=2,3"
     details = _section(text, "Details")
-    heads = [line for line in details if line.startswith("[ws=")]
-    assert len(heads) == 8 and all("(cause 1):" in line for line in heads)
+    heads = [line for line in details if line.startswith("[1] ws=")]
+    # grouped by cause: each failing check once, at the first world size, the other one named
+    assert len(heads) == 4 and all(line.startswith("[1] ws=2 ") and "(also ws=3):" in line for line in heads)
     assert not any(line.strip().startswith("cause:") for line in details)
     assert render_markdown(seed_bug).count(seed_cause) == 1
     # JUnit testcases stand alone in CI views, so each failure keeps its cause; the suite lists it once
@@ -980,17 +990,17 @@ def test_one_cause_listed_once_for_every_check_and_world_size_it_explains(seed_b
 def test_examples_quoted_by_the_detail_are_not_printed_again(seed_bug: CheckResult) -> None:
     details = _section(render_table(seed_bug, width=400), "Details")
     for at, line in enumerate(details):
-        if not line.startswith("[ws="):
+        if not line.startswith("[1] ws="):
             continue
         block = [line]
         for more in details[at + 1 :]:
-            if more.startswith("[ws="):
+            if more.startswith("[1] ws="):
                 break
             block.append(more)
         examples = [b.split("e.g.: ", 1)[1] for b in block if b.strip().startswith("e.g.:")]
         for shown in examples:
             assert shown not in line, f"examples repeated in {block}"
-    overlap = next(line for line in details if "] no_overlap" in line)
+    overlap = next(line for line in details if " no_overlap " in line)
     assert "both see samples" in overlap  # the detail quotes the examples itself
     block = details[details.index(overlap) + 1 : details.index(overlap) + 4]
     assert not any(b.strip().startswith("e.g.:") for b in block)

@@ -111,11 +111,11 @@ def check_padding_bound(
     unit = ctx.facts.pad_unit
     bound = ctx.world_size * unit - 1 if ctx.facts.padding is not False else 0
     bad = [(v, c) for v, c in zip(views, copies, strict=True) if c > bound]
+    # what padding costs (reports show it when it passes): the most copies in any epoch, of how many
+    cost = {"copies": max(copies), "samples": views[0].ref_distinct, "noun": ctx.noun}
     if not bad:
-        return passed(
-            PADDING_BOUND,
-            f"at most {count_text(max(copies), 'duplicated ' + ctx.noun)} per epoch (bound {bound})",
-        )
+        detail = f"at most {count_text(max(copies), 'duplicated ' + ctx.noun)} per epoch (bound {bound})"
+        return Verdict(PADDING_BOUND, "pass", detail, data=cost)
     view, extra = bad[0]
     if ctx.facts.padding is False:
         limit = "but the sampler does not pad, so none are allowed"
@@ -137,5 +137,5 @@ def check_padding_bound(
         group[:MAX_RANKS],
         tuple(v.epoch for v, _ in bad),
         few(dup),
-        {"duplicates": extra, "bound": bound, "epochs_failing": len(bad)},
+        {"duplicates": extra, "bound": bound, "epochs_failing": len(bad), **cost},
     )

@@ -9,12 +9,14 @@ from ddpcheck.report.json_report import render_json
 from ddpcheck.report.junit import render_junit
 from ddpcheck.report.markdown import render_markdown
 from ddpcheck.report.table import render_table
+from ddpcheck.report.view import ReportView, as_view
 from ddpcheck.result import CheckResult
 
 
-def render(result: CheckResult, fmt: Format) -> str:
+def render(result: CheckResult | ReportView, fmt: Format) -> str:
     """``result`` as text in ``fmt`` ("table" is uncoloured; use render_table for colour)."""
     fmt = check_format(fmt)
+    result = as_view(result)
     if fmt == "table":
         return render_table(result)
     if fmt == "json":

@@ -7,15 +7,18 @@ a reader sees either the previous report or the complete new one, never a torn o
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import glob
 import os
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ddpcheck.report.dispatch import render
 from ddpcheck.report.formats import check_format
 from ddpcheck.report.markdown import render_markdown
 from ddpcheck.report.svg import picture_files
+from ddpcheck.report.view import ReportView, build_view
 from ddpcheck.result import CheckResult
 
 SUFFIXES = {"json": ".json", "markdown": ".md", "table": ".txt", "junit": ".xml", "html": ".html"}
@@ -36,10 +39,12 @@ def write_reports(
     """Write ``<stem>.json`` / ``.md`` / ``.txt`` / ``.xml`` / ``.html`` for ``formats`` (and JUnit at
     ``junit_path``).
 
-    With Markdown, the pictures it links are written next to it as ``<stem>-ws2-samples.svg`` etc.
-    Every file is rendered before the first is written, so a rendering bug cannot leave a mixed
-    set behind. Returns the report paths in order (not the pictures); raises :class:`ReportWriteError`
-    on I/O failure.
+    With Markdown, the pictures it links are written next to it as ``<stem>-ws2-samples.svg`` etc., and
+    pictures of an earlier run that this one does not draw again are removed. The files are one set:
+    every file is rendered before the first is written (a rendering bug cannot leave a mixed set
+    behind), and they are written while this process holds the report directory's lock, so two runs
+    writing the same directory at once leave one run's set, not a mix. Returns the report paths in
+    order (not the pictures); raises :class:`ReportWriteError` on I/O failure.
     """
     names = [formats] if isinstance(formats, str) else list(formats)
     chosen = [check_format(fmt) for fmt in dict.fromkeys(names)]
@@ -53,16 +58,53 @@ def write_reports(
     if junit_path is not None:
         targets = [(path, fmt) for path, fmt in targets if fmt != "junit"]
         targets.append((Path(junit_path), "junit"))
-    rendered = [(path, _render(result, fmt, stem)) for path, fmt in targets]
+    view = build_view(result)
+    rendered = [(path, _render(view, fmt, stem)) for path, fmt in targets]
     extra = []
     if "markdown" in chosen:
-        extra = [(report_dir / item.name, item.picture.svg) for item in picture_files(result, stem)]
-    for path, text in [*rendered, *extra]:
-        write_atomic(path, text)
+        extra = [(report_dir / item.name, item.picture.svg) for item in picture_files(view, stem)]
+    _make_dir(report_dir)
+    with _locked(report_dir):
+        for path, text in [*rendered, *extra]:
+            write_atomic(path, text)
+        if "markdown" in chosen:
+            _remove_stale_pictures(report_dir, stem, {path.name for path, _ in extra})
     return [path for path, _ in rendered]
 
 
-def _render(result: CheckResult, fmt: str, stem: str) -> str:
+def _make_dir(directory: Path) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _error(directory, exc) from exc
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """An exclusive lock on the directory itself (flock on its descriptor: no lock file to leave
+    behind), held while one run's set of files goes in. Best effort where directories cannot be locked."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def _remove_stale_pictures(directory: Path, stem: str, written: set[str]) -> None:
+    """``<stem>-*.svg`` that an earlier run drew and this one did not (a layout it did not check)."""
+    for path in directory.glob(f"{glob.escape(stem)}-*.svg"):
+        if path.name not in written:
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+def _render(result: ReportView, fmt: str, stem: str) -> str:
     if fmt == "markdown":
         return render_markdown(result, figure_stem=stem)
     return render(result, check_format(fmt))

@@ -9,6 +9,7 @@ import ast
 import os
 from pathlib import Path
 
+from ddpcheck.report.view import ReportView, as_view
 from ddpcheck.result import CheckResult
 
 
@@ -45,13 +46,17 @@ def _annotation_path(path: str) -> str:
     return path
 
 
-def github_annotations(result: CheckResult, loader: str, factory: str) -> str:
+def github_annotations(result: CheckResult | ReportView, loader: str, factory: str) -> str:
     """One ``::error`` per failing check and per crashed rank, or a ``::notice`` that all passed."""
+    view = as_view(result)
     file = escape_property(_annotation_path(loader))
     line = factory_line(loader, factory)
     out = []
-    for run in result.runs:
-        where = f"(W={run.world_size})"
+    for row in view.rows:
+        run = row.run
+        where = (
+            f"({row.run.label})" if run.layout is not None and run.layout.mesh else f"(W={run.world_size})"
+        )
         for verdict in run.verdicts:
             if verdict.failed:
                 message = verdict.detail + (f" Likely cause: {verdict.cause}" if verdict.cause else "")
@@ -61,14 +66,15 @@ def github_annotations(result: CheckResult, loader: str, factory: str) -> str:
             title = escape_property(f"ddpcheck rank {failure.rank} {failure.kind} {where}")
             out.append(f"::error file={file},line={line},title={title}::{escape_data(failure.message)}")
     if not out:
-        sizes = ",".join(str(run.world_size) for run in result.runs)
+        sizes = ",".join(row.run.label for row in view.rows)
         out.append(
             f"::notice file={file},line={line},title=ddpcheck::every check passes at world sizes {sizes}"
         )
     return "\n".join(out)
 
 
-def render_github(result: CheckResult) -> str:
+def render_github(result: CheckResult | ReportView) -> str:
     """``result`` as annotations on its loader file (the factory the run used, ``make_loader`` by default)."""
-    path = result.loader.partition("::")[0]
-    return github_annotations(result, path, str(result.options.get("factory") or "make_loader"))
+    res = as_view(result).result
+    path = res.loader.partition("::")[0]
+    return github_annotations(result, path, str(res.options.get("factory") or "make_loader"))

@@ -3,7 +3,8 @@
 Self-contained on purpose (CI artifacts are opened offline, from a zip, or behind a proxy): no
 scripts, no external stylesheets, fonts or images; the CSS is inline and the pictures are inline SVG.
 Every piece of user text is HTML-escaped. The page reads top down: verdict and summary, the causes
-(each once, with what it explains), the grid, the details, then pictures per world size.
+(each once, with what it explains and how to fix it), the grid (its cells link to the cause or the
+pictures), the pictures per layout, then the evidence, one card per cause.
 """
 
 from __future__ import annotations
@@ -12,32 +13,22 @@ from collections.abc import Sequence
 from html import escape
 
 from ddpcheck.checks.ids import SHORT_LABELS
-from ddpcheck.report._common import (
+from ddpcheck.report.junit import xml_text
+from ddpcheck.report.svg import epoch_summary, failed_checks, pictures
+from ddpcheck.report.view import (
     NOT_RUN,
     RESUME_HEADERS,
     STATUS_WORD,
-    Cause,
-    cause_number,
-    cause_title,
-    causes,
-    cell_status,
-    check_columns,
+    ReportView,
+    Row,
+    as_view,
     divergence_cause,
-    evidence,
-    explains,
     fmt_diff,
     fmt_number,
-    rank_summary,
     resume_cells,
-    show_backend,
-    skip_reasons,
-    summary_line,
     trim_stack,
-    world_label,
 )
-from ddpcheck.report.junit import xml_text
-from ddpcheck.report.svg import epoch_summary, pictures
-from ddpcheck.result import CheckResult, WorldResult
+from ddpcheck.result import CheckResult
 
 HTML_STACK_LINES = 80
 
@@ -83,6 +74,8 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .item.fail { border-left: 4px solid var(--fail); } .item.allowed { border-left: 4px solid var(--allowed); }
 .item.rank { border-left: 4px solid var(--skip); }
 .item .head { font-weight: 600; }
+.item .finding { margin: 6px 0 0; } .fix { display: block; margin-top: 2px; font-weight: 600; }
+td.status a, th a { color: inherit; }
 .item dl { display: grid; grid-template-columns: max-content 1fr; gap: 2px 12px; margin: 6px 0 0; }
 .item dt { color: var(--muted); } .item dd { margin: 0; }
 ul.reasons li { margin: 2px 0; }
@@ -99,144 +92,140 @@ def _e(text: object) -> str:
     return escape(xml_text(str(text)), quote=True)
 
 
-def render_html(result: CheckResult) -> str:
+def render_html(result: CheckResult | ReportView) -> str:
     """The whole page as text."""
-    found = causes(result)
-    with_backend = show_backend(result)
-    word = result.verdict_word
-    facts = f"ids: {result.id_source} · epochs: {result.epochs} · exit code {result.exit_code}"
+    view = as_view(result)
+    res = view.result
+    word = res.verdict_word
+    facts = f"ids: {res.id_source} · epochs: {res.epochs} · exit code {res.exit_code}"
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>ddpcheck {word}: {_e(result.loader)}</title>",
+        f"<title>ddpcheck {word}: {_e(res.loader)}</title>",
         f"<style>{CSS}</style></head><body><main>",
-        f'<h1>ddpcheck <span class="badge {"ok" if result.ok else "failed"}">{word.upper()}</span></h1>',
-        f'<p class="meta">Loader <code>{_e(result.loader)}</code></p>',
+        f'<h1>ddpcheck <span class="badge {"ok" if res.ok else "failed"}">{word.upper()}</span></h1>',
+        f'<p class="meta">Loader <code>{_e(res.loader)}</code></p>',
         f'<p class="meta">{_e(facts)}</p>',
-        f'<p class="summary" id="summary">{_e(summary_line(result))}</p>',
+        f'<p class="summary" id="summary">{_e(view.summary())}</p>',
     ]
-    parts += _causes(found, with_backend)
-    parts += _grid(result, with_backend)
-    parts += _details(result, found, with_backend)
-    parts += _reasons(result, "skip", "Skipped (could not be judged)")
-    parts += _reasons(result, "n/a", "Not applicable")
-    parts += _pictures(result, with_backend)
-    parts += _divergence(result, with_backend)
-    parts += _resume(result, with_backend)
-    if result.notes:
-        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in result.notes) + "</ul>")
+    parts += _causes(view)
+    parts += _grid(view)
+    parts += _pictures(view)
+    parts += _details(view)
+    parts += _reasons(view.skipped, "Skipped (could not be judged)")
+    parts += _reasons(view.not_applicable, "Not applicable")
+    parts += _divergence(view)
+    parts += _resume(view)
+    if res.notes:
+        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in res.notes) + "</ul>")
     parts.append("</main></body></html>")
     return "\n".join(parts)
 
 
-def _causes(found: Sequence[Cause], with_backend: bool) -> list[str]:
-    if not found:
+def _causes(view: ReportView) -> list[str]:
+    if not view.causes:
         return []
     items = []
-    for cause in found:
+    for cause in view.causes:
+        fix = f'<span class="fix">fix: {_e(cause.fix)}</span>' if cause.fix else ""
         items.append(
             f'<li class="{cause.kind}" id="cause-{cause.number}">'
             f'<span class="cause-no">[{cause.number}]</span>'
-            f"{_e(cause_title(cause))}"
-            f'<span class="explains">explains: {_e(explains(cause, with_backend))}</span></li>'
+            f"{_e(cause.title)}"
+            f'<span class="explains">explains: {_e(cause.explains)}</span>{fix}'
+            f' <a class="evidence" href="#evidence-{cause.number}">evidence</a></li>'
         )
     return ["<h2>Causes</h2>", '<ol class="causes">', *items, "</ol>"]
 
 
-def _grid(result: CheckResult, with_backend: bool) -> list[str]:
-    if not result.runs:
+def _grid(view: ReportView) -> list[str]:
+    if not view.rows:
         return ['<p class="muted">No world sizes were run.</p>']
-    checks = check_columns(result)
-    head = "".join(f'<th title="{_e(c)}">{_e(SHORT_LABELS.get(c, c))}</th>' for c in checks)
+    head = "".join(f'<th title="{_e(c)}">{_e(SHORT_LABELS.get(c, c))}</th>' for c in view.columns)
+    padding = any(row.padding for row in view.rows)
     rows = []
-    for run in result.runs:
-        cells = [f"<th>{_e(world_label(run, with_backend))}</th>"]
-        for check in checks:
-            status = cell_status(run, check)
-            if status is None:
+    for row in view.rows:
+        pictured = row.run.figures is not None
+        label = f'<a href="#{_e(row.anchor)}">{_e(row.label)}</a>' if pictured else _e(row.label)
+        cells = [f"<th>{label}</th>"]
+        for cell in row.cells:
+            if cell.status is None:
                 cells.append(f'<td class="status notrun">{NOT_RUN}</td>')
                 continue
-            css = {"n/a": "na"}.get(status, status)
-            tip = "; ".join(v.detail for v in run.verdicts if v.check == check and v.detail)
-            title = f' title="{_e(tip)}"' if tip else ""
-            cells.append(f'<td class="status {css}"{title}>{_e(STATUS_WORD.get(status, status))}</td>')
-        cells.append(f"<td>{_e(_ranks(run))}</td>")
-        rows.append(f'<tr data-world-size="{run.world_size}">{"".join(cells)}</tr>')
-    legend = ", ".join(f"{SHORT_LABELS[c]} = {c}" for c in checks if SHORT_LABELS.get(c, c) != c)
+            css = {"n/a": "na"}.get(cell.status, cell.status)
+            title = f' title="{_e(cell.tip)}"' if cell.tip else ""
+            word = _e(STATUS_WORD.get(cell.status, cell.status))
+            target = (
+                f"#cause-{cell.cause}" if cell.cause is not None else f"#{row.anchor}" if pictured else ""
+            )
+            text = f'<a href="{_e(target)}">{word}</a>' if target else word
+            cells.append(f'<td class="status {css}"{title}>{text}</td>')
+        if padding:
+            cells.append(f'<td class="num">{_e(row.padding or NOT_RUN)}</td>')
+        cells.append(f"<td>{_e(row.ranks)}</td>")
+        rows.append(f'<tr data-world-size="{row.run.world_size}">{"".join(cells)}</tr>')
+    pad_head = "<th>padding</th>" if padding else ""
     return [
         "<h2>Checks</h2>",
-        f'<table class="grid"><thead><tr><th>world size</th>{head}<th>ranks</th></tr></thead>',
+        f'<table class="grid"><thead><tr><th>world size</th>{head}{pad_head}<th>ranks</th></tr></thead>',
         "<tbody>",
         *rows,
         "</tbody></table>",
-        f'<p class="legend">{_e(legend)}</p>',
+        f'<p class="legend">{_e(view.legend)}</p>',
     ]
 
 
-def _ranks(run: WorldResult) -> str:
-    parts = []
-    if run.skipped:
-        parts.append(f"skipped: {run.skipped}")
-    if run.failures:
-        parts.append(rank_summary(run.failures))
-    return "; ".join(parts) if parts else "ok"
-
-
-def _details(result: CheckResult, found: Sequence[Cause], with_backend: bool) -> list[str]:
+def _details(view: ReportView) -> list[str]:
+    """One card per cause: what it explains, how to fix it, each failing check's evidence once."""
     items: list[str] = []
-    for run in result.runs:
-        label = world_label(run, with_backend)
-        for verdict in run.verdicts:
-            if verdict.status not in ("fail", "allowed"):
-                continue
-            number = cause_number(found, verdict)
-            ref = f' <a href="#cause-{number}">cause [{number}]</a>' if number is not None else ""
-            tag = " (allowed)" if verdict.status == "allowed" else ""
-            rows = "".join(
-                f"<dt>{_e(name)}</dt><dd>{_e(text)}</dd>"
-                for name, text in evidence(verdict, cause=number is None)
-            )
-            items.append(
-                f'<div class="item {verdict.status}"><div class="head">[{_e(label)}] '
-                f"<code>{_e(verdict.check)}</code>{tag}{ref}</div>"
-                f"<div>{_e(verdict.detail or 'failed')}</div>"
-                + (f"<dl>{rows}</dl>" if rows else "")
-                + "</div>"
-            )
-        for failure in run.failures:
-            body = [f'<div class="head">[{_e(label)}] rank {failure.rank} {_e(failure.kind)}</div>']
-            body.append(f"<div>{_e(failure.message)}</div>")
-            if failure.progress:
-                body.append(f'<div class="muted">progress: {_e(failure.progress)}</div>')
-            if failure.stack.strip():
-                stack = "\n".join(trim_stack(failure.stack, HTML_STACK_LINES))
-                summary = f"<summary>stack of rank {failure.rank}</summary>"
-                body.append(f"<details>{summary}<pre>{_e(stack)}</pre></details>")
-            items.append(f'<div class="item rank">{"".join(body)}</div>')
+    for cause in view.causes:
+        if not cause.findings:
+            continue
+        body = [f'<div class="head">Evidence for cause [{cause.number}]</div>']
+        if cause.fix:
+            body.append(f'<div class="fix">fix: {_e(cause.fix)}</div>')
+        for finding in cause.findings:
+            also = f" (also {_e(', '.join(finding.also))})" if finding.also else ""
+            tag = " (allowed)" if finding.status == "allowed" else ""
+            rows = "".join(f"<dt>{_e(name)}</dt><dd>{_e(text)}</dd>" for name, text in finding.evidence)
+            head = f"<b>{_e(finding.where)}</b> <code>{_e(finding.check)}</code>{tag}{also}"
+            evidence = f"<dl>{rows}</dl>" if rows else ""
+            body.append(f'<div class="finding">{head}: {_e(finding.detail)}{evidence}</div>')
+        items.append(f'<div class="item {cause.kind}" id="evidence-{cause.number}">{"".join(body)}</div>')
+    for entry in view.failures:
+        failure = entry.failure
+        number = f"[{entry.cause}] " if entry.cause is not None else ""
+        anchor = f' id="evidence-{entry.cause}"' if entry.cause is not None else ""
+        body = [f'<div class="head">{number}[{_e(entry.where)}] rank {failure.rank} {_e(failure.kind)}</div>']
+        body.append(f"<div>{_e(failure.message)}</div>")
+        if failure.progress:
+            body.append(f'<div class="muted">progress: {_e(failure.progress)}</div>')
+        if failure.stack.strip():
+            stack = "\n".join(trim_stack(failure.stack, HTML_STACK_LINES))
+            summary = f"<summary>stack of rank {failure.rank}</summary>"
+            body.append(f"<details>{summary}<pre>{_e(stack)}</pre></details>")
+        items.append(f'<div class="item rank"{anchor}>{"".join(body)}</div>')
     return ["<h2>Details</h2>", *items] if items else []
 
 
-def _reasons(result: CheckResult, status: str, title: str) -> list[str]:
-    items = [
-        f"<li><b>[{_e(where)}]</b> <code>{_e(check)}</code>: {_e(why)}</li>"
-        for where, check, why in skip_reasons(result, status)
-    ]
+def _reasons(reasons: Sequence[object], title: str) -> list[str]:
+    items = []
+    for reason in reasons:
+        where, check, why = (getattr(reason, name) for name in ("where", "check", "why"))
+        items.append(f"<li><b>[{_e(where)}]</b> <code>{_e(check)}</code>: {_e(why)}</li>")
     return [f"<h2>{_e(title)}</h2>", '<ul class="reasons">', *items, "</ul>"] if items else []
 
 
-def _pictures(result: CheckResult, with_backend: bool) -> list[str]:
+def _pictures(view: ReportView) -> list[str]:
     blocks: list[str] = []
-    for run in result.runs:
-        data = run.figures
+    for row in view.rows:
+        data = row.run.figures
         if data is None:
             continue
-        found = pictures(data)
-        label = world_label(run, with_backend)
-        anchor = label.replace("=", "").replace(" ", "-")
-        blocks.append(f'<section class="world" id="{_e(anchor)}" data-world-size="{run.world_size}">')
-        heading = f"World size {run.world_size}" + (f" ({run.backend})" if with_backend else "")
-        blocks.append(f"<h3>{_e(heading)}</h3>")
+        found = pictures(data, failed_checks(row.run))
+        blocks.append(f'<section class="world" id="{_e(row.anchor)}" data-world-size="{row.run.world_size}">')
+        blocks.append(f"<h3>{_e(_heading(row, view.with_backend))}</h3>")
         if not found:
             blocks.append(f'<p class="muted">No pictures: {_e(data.note or "nothing was recorded")}.</p>')
         for picture in found:
@@ -250,46 +239,54 @@ def _pictures(result: CheckResult, with_backend: bool) -> list[str]:
     return ["<h2>Pictures</h2>", *blocks] if blocks else []
 
 
-def _divergence(result: CheckResult, with_backend: bool) -> list[str]:
+def _heading(row: Row, with_backend: bool) -> str:
+    run = row.run
+    name = (
+        f"Mesh {run.label}" if run.layout is not None and run.layout.mesh else f"World size {run.world_size}"
+    )
+    return name + (f" ({run.backend})" if with_backend else "")
+
+
+def _divergence(view: ReportView) -> list[str]:
     headers = ["metric", "reference", "naive DDP", "corrected DDP", "naive diff", "corrected diff", "cause"]
     blocks: list[str] = []
-    for run in result.runs:
-        if not run.divergence:
+    for row in view.rows:
+        if not row.run.divergence:
             continue
-        rows = []
-        for row in run.divergence:
-            numbers = (row.reference, row.naive, row.corrected)
-            cells = [f"<td>{_e(row.metric)}</td>"]
+        lines = []
+        for metric in row.run.divergence:
+            numbers = (metric.reference, metric.naive, metric.corrected)
+            cells = [f"<td>{_e(metric.metric)}</td>"]
             cells += [f'<td class="num">{_e(fmt_number(v))}</td>' for v in numbers]
-            for diff in (row.naive_diff, row.corrected_diff):
+            for diff in (metric.naive_diff, metric.corrected_diff):
                 css = "num" + (" fail" if diff != 0 and diff == diff else "")
                 cells.append(f'<td class="{css}">{_e(fmt_diff(diff))}</td>')
-            cells.append(f"<td>{_e(divergence_cause(row))}</td>")
-            rows.append(f"<tr>{''.join(cells)}</tr>")
+            cells.append(f"<td>{_e(divergence_cause(metric))}</td>")
+            lines.append(f"<tr>{''.join(cells)}</tr>")
         head = "".join(f"<th>{h}</th>" for h in headers)
         blocks.append(
-            f"<h3>{_e(world_label(run, with_backend))}</h3>"
-            f'<table class="divergence"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+            f"<h3>{_e(row.label)}</h3>"
+            f'<table class="divergence"><thead><tr>{head}</tr></thead><tbody>{"".join(lines)}</tbody></table>'
         )
     return ["<h2>Metric divergence</h2>", *blocks] if blocks else []
 
 
-def _resume(result: CheckResult, with_backend: bool) -> list[str]:
+def _resume(view: ReportView) -> list[str]:
     blocks: list[str] = []
-    for run in result.runs:
-        if not run.resume:
+    for row in view.rows:
+        if not row.run.resume:
             continue
-        rows = []
-        for row in run.resume:
-            cells = resume_cells(row)
-            css = {"n/a": "na"}.get(row.status, row.status)
+        lines = []
+        for stop in row.run.resume:
+            cells = resume_cells(stop)
+            css = {"n/a": "na"}.get(stop.status, stop.status)
             tds = [f"<td>{_e(c)}</td>" for c in cells]
-            tds[3] = f'<td class="status {_e(css)}">{_e(STATUS_WORD.get(row.status, row.status))}</td>'
-            tds.append(f"<td>{_e(row.note or NOT_RUN)}</td>")
-            rows.append(f"<tr>{''.join(tds)}</tr>")
+            tds[3] = f'<td class="status {_e(css)}">{_e(STATUS_WORD.get(stop.status, stop.status))}</td>'
+            tds.append(f"<td>{_e(stop.note or NOT_RUN)}</td>")
+            lines.append(f"<tr>{''.join(tds)}</tr>")
         head = "".join(f"<th>{h}</th>" for h in RESUME_HEADERS)
         blocks.append(
-            f"<h3>{_e(world_label(run, with_backend))}</h3>"
-            f'<table class="resume"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+            f"<h3>{_e(row.label)}</h3>"
+            f'<table class="resume"><thead><tr>{head}</tr></thead><tbody>{"".join(lines)}</tbody></table>'
         )
     return ["<h2>Resume</h2>", *blocks] if blocks else []

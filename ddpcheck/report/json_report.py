@@ -1,6 +1,6 @@
 """The machine-readable report: a CheckResult as versioned, always-valid JSON.
 
-Schema (``SCHEMA_VERSION = 1``); every key is always present::
+Schema (``SCHEMA_VERSION = 2``); every key is always present::
 
     {
       "schema": 1,
@@ -20,14 +20,18 @@ Schema (``SCHEMA_VERSION = 1``); every key is always present::
         "kind": "fail" | "rank" | "allowed",   # failed checks, rank failures, allowed failures
         "cause": str,                # "cause not identified" when a check named none
         "explains": str,             # "coverage, no_overlap at ws=2,3"
-        "where": [{"world_size": int, "backend": str, "what": str}]   # a check id or "rank N"
+        "fix": str,                  # how to fix it, "" when no check named a fix
+        "where": [{"world_size": int, "label": str, "backend": str, "what": str}]  # a check id or "rank N"
       }],
-      "runs": [{
-        "world_size": int,
+      "runs": [{                     # one per layout: a world size or a device mesh
+        "world_size": int,           # every rank of the layout
+        "label": str,                # "ws=2", or the mesh spec "dp=2,tp=2"
+        "mesh": null | {"names": [str, ...], "shape": [int, ...], "data_dims": [str, ...]},
         "backend": str,
         "ok": bool,                  # WorldResult.ok
         "skipped": str,              # "" when it ran, else why it was not run
         "seconds": float,
+        "padding": str,              # "4 of 64 samples seen twice (6%)", "none", "" when not judged
         "checks": {                  # in report column order; a repeated id gets "#2", "#3" ...
           CHECK_ID: {"status": "pass" | "fail" | "skip" | "n/a" | "allowed", "detail": str,
                      "cause": str, "ranks": [int, ...], "epochs": [int, ...], "examples": [...],
@@ -61,11 +65,11 @@ import os
 from typing import Any
 
 from ddpcheck.checks.verdict import Verdict
-from ddpcheck.report._common import Cause, causes, check_columns, count, explains, show_backend
-from ddpcheck.result import CheckResult, MetricRow, ResumeRow, WorldResult
+from ddpcheck.report.view import Cause, ReportView, Row, as_view
+from ddpcheck.result import CheckResult, MetricRow, ResumeRow
 from ddpcheck.trace import RankFailure
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: layouts (label, mesh), padding, and each cause's fix
 _MAX_DEPTH = 32  # deeper (or cyclic) structures end in their repr instead of a RecursionError
 
 
@@ -102,20 +106,20 @@ def _key(key: object) -> str:
     return key if isinstance(key, str) else repr(key)
 
 
-def to_json_dict(result: CheckResult) -> dict[str, Any]:
+def to_json_dict(result: CheckResult | ReportView) -> dict[str, Any]:
     """The documented schema as a dict of plain JSON data."""
-    counts = count(result)
-    order = check_columns(result)
+    view = as_view(result)
+    res, counts = view.result, view.counts
     return {
         "schema": SCHEMA_VERSION,
-        "ok": result.ok,
-        "exit_code": result.exit_code,
-        "interrupted": result.interrupted,
-        "loader": result.loader,
-        "id_source": result.id_source,
-        "epochs": result.epochs,
-        "options": jsonable(dict(result.options)),
-        "notes": [str(note) for note in result.notes],
+        "ok": res.ok,
+        "exit_code": res.exit_code,
+        "interrupted": res.interrupted,
+        "loader": res.loader,
+        "id_source": res.id_source,
+        "epochs": res.epochs,
+        "options": jsonable(dict(res.options)),
+        "notes": [str(note) for note in res.notes],
         "summary": {
             "passed": counts.passed,
             "failed": counts.failed,
@@ -125,17 +129,18 @@ def to_json_dict(result: CheckResult) -> dict[str, Any]:
             "rank_failures": counts.rank_failures,
             "world_sizes": list(counts.world_sizes),
         },
-        "causes": [_cause(cause, show_backend(result)) for cause in causes(result)],
-        "runs": [_run(run, order) for run in result.runs],
+        "causes": [_cause(cause) for cause in view.causes],
+        "runs": [_run(row, view.columns) for row in view.rows],
     }
 
 
-def render_json(result: CheckResult, *, indent: int | None = 2) -> str:
+def render_json(result: CheckResult | ReportView, *, indent: int | None = 2) -> str:
     """Strict JSON text (no NaN/Infinity literals), keys in schema order."""
     return json.dumps(to_json_dict(result), indent=indent, ensure_ascii=False, allow_nan=False)
 
 
-def _run(run: WorldResult, order: tuple[str, ...]) -> dict[str, Any]:
+def _run(row: Row, order: tuple[str, ...]) -> dict[str, Any]:
+    run = row.run
     checks: dict[str, Any] = {}
     ranked = sorted(run.verdicts, key=lambda v: order.index(v.check) if v.check in order else len(order))
     for verdict in ranked:
@@ -144,27 +149,36 @@ def _run(run: WorldResult, order: tuple[str, ...]) -> dict[str, Any]:
             n += 1
             name = f"{verdict.check}#{n}"
         checks[name] = _verdict(verdict)
+    layout = run.layout
+    mesh = None
+    if layout is not None and layout.mesh:
+        mesh = {"names": list(layout.names), "shape": list(layout.shape), "data_dims": list(layout.data_dims)}
     return {
         "world_size": run.world_size,
+        "label": row.label,
+        "mesh": mesh,
         "backend": run.backend,
         "ok": run.ok,
         "skipped": run.skipped,
         "seconds": jsonable(run.seconds),
+        "padding": row.padding,
         "checks": checks,
         "failures": [_failure(f) for f in run.failures],
-        "divergence": [_metric(row) for row in run.divergence],
-        "resume": [_resume(row) for row in run.resume],
+        "divergence": [_metric(metric) for metric in run.divergence],
+        "resume": [_resume(stop) for stop in run.resume],
     }
 
 
-def _cause(cause: Cause, with_backend: bool) -> dict[str, Any]:
+def _cause(cause: Cause) -> dict[str, Any]:
     return {
         "number": cause.number,
         "kind": cause.kind,
         "cause": cause.text,
-        "explains": explains(cause, with_backend),
+        "explains": cause.explains,
+        "fix": cause.fix,
         "where": [
-            {"world_size": r.world_size, "backend": r.backend, "what": what} for r, what in cause.where
+            {"world_size": r.world_size, "label": r.label, "backend": r.backend, "what": what}
+            for r, what in cause.where
         ],
     }
 

@@ -4,7 +4,8 @@ The file validates against the Surefire/Jenkins ``junit-10.xsd`` that pytest tes
 with. Layout: ``<testsuites name tests failures errors time>`` (that schema has no ``skipped`` there)
 around one ``<testsuite name tests failures errors skipped time>``: its properties, a
 ``<system-out>`` listing each distinct cause once, then per world size one ``<testcase
-classname="ddpcheck.ws{N}" name="{check_id}">`` per verdict. A failed check has a ``<failure>``;
+classname="ddpcheck.ws{N}" name="{check_id}">`` per verdict (a mesh's classname is its spec,
+``ddpcheck.dp=2,tp=2``). A failed check has a ``<failure>``;
 ``skip``, ``n/a`` and ``allowed`` have a ``<skipped type=STATUS>`` (CI shows them, none fails the
 build; an allowed one keeps its failure text). A world size that was not run is a ``world_size`` case
 with ``<skipped>``; crashed, hung or killed ranks are one ``ranks`` case with a ``<failure
@@ -22,14 +23,7 @@ import math
 import re
 import xml.etree.ElementTree as ET
 
-from ddpcheck.report._common import (
-    causes,
-    check_columns,
-    evidence,
-    explains,
-    rank_summary,
-    show_backend,
-)
+from ddpcheck.report.view import ReportView, as_view, evidence, rank_summary
 from ddpcheck.result import CheckResult, WorldResult
 
 _ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
@@ -45,8 +39,10 @@ def xml_text(text: str) -> str:
     return _ILLEGAL.sub(escape, str(text))
 
 
-def render_junit(result: CheckResult, *, suite_name: str = "ddpcheck") -> str:
+def render_junit(result: CheckResult | ReportView, *, suite_name: str = "ddpcheck") -> str:
     """The JUnit XML document as text, with an XML declaration."""
+    view = as_view(result)
+    result = view.result
     suite = ET.Element("testsuite", name=xml_text(suite_name))
     properties = ET.SubElement(suite, "properties")
     for name, value in (
@@ -56,21 +52,23 @@ def render_junit(result: CheckResult, *, suite_name: str = "ddpcheck") -> str:
         ("exit_code", str(result.exit_code)),
     ):
         ET.SubElement(properties, "property", name=name, value=xml_text(value))
-    with_backend = show_backend(result)
-    found = causes(result)
-    if found:
+    if view.causes:
         lines = ["Causes:"]
-        for cause in found:
+        for cause in view.causes:
             marker = " (allowed)" if cause.kind == "allowed" else ""
             lines.append(f"[{cause.number}]{marker} {cause.text}")
-            lines.append(f"    explains: {explains(cause, with_backend)}")
+            lines.append(f"    explains: {cause.explains}")
+            if cause.fix:
+                lines.append(f"    fix: {cause.fix}")
         ET.SubElement(suite, "system-out").text = xml_text("\n".join(lines))
 
     totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     seconds = 0.0
-    order = check_columns(result)
-    for run in result.runs:
-        classname = f"{suite_name}.ws{run.world_size}" + (f".{run.backend}" if with_backend else "")
+    order = view.columns
+    for row in view.rows:
+        run = row.run
+        where = run.layout.spec if run.layout is not None and run.layout.mesh else f"ws{run.world_size}"
+        classname = f"{suite_name}.{where}" + (f".{run.backend}" if view.with_backend else "")
         cases = _cases(run, order)
         share = _seconds(run.seconds) / max(len(cases), 1)
         seconds += _seconds(run.seconds)

@@ -13,30 +13,20 @@ from urllib.parse import quote
 
 from tabulate import tabulate
 
-from ddpcheck.report._common import (
+from ddpcheck.report.svg import picture_files
+from ddpcheck.report.view import (
     NOT_RUN,
     RESUME_HEADERS,
-    Cause,
-    cause_number,
-    cause_title,
-    causes,
-    cell_status,
-    check_columns,
+    ReportView,
+    Row,
+    as_view,
     divergence_cause,
-    evidence,
-    explains,
     fmt_diff,
     fmt_number,
-    rank_summary,
     resume_cells,
-    show_backend,
-    skip_reasons,
-    summary_line,
     trim_stack,
-    world_label,
 )
-from ddpcheck.report.svg import picture_files
-from ddpcheck.result import CheckResult, WorldResult
+from ddpcheck.result import CheckResult
 
 MD_STACK_LINES = 60  # collapsed by default, so more of the stack than in the terminal
 _CELL = {"pass": "✅ pass", "fail": "❌ **FAIL**", "skip": "⏭️ skip", "n/a": "⚪ n/a", "allowed": "⚠️ allowed"}
@@ -67,160 +57,146 @@ def _table(rows: list[list[str]], headers: Sequence[str]) -> str:
     return str(tabulate(rows, headers, tablefmt="github", disable_numparse=True))
 
 
-def render_markdown(result: CheckResult, *, figure_stem: str | None = None) -> str:
-    """Headline, causes, grid, details, rank failures with stacks, skips, pictures, divergence, notes.
+def render_markdown(result: CheckResult | ReportView, *, figure_stem: str | None = None) -> str:
+    """Headline, causes (with their fixes), grid, padding, details by cause, rank failures with stacks,
+    skips, pictures, divergence, resume, notes.
 
     With ``figure_stem`` the pictures are linked as ``<figure_stem>-ws2-samples.svg`` and so on, the
     files :func:`~ddpcheck.report.write_reports` writes next to the Markdown file.
     """
-    icon = "⚠️" if result.interrupted else "✅" if result.ok else "❌"
-    found = causes(result)
+    view = as_view(result)
+    res = view.result
+    icon = "⚠️" if res.interrupted else "✅" if res.ok else "❌"
     blocks = [
-        f"## {icon} ddpcheck {result.verdict_word}",
-        md_escape(summary_line(result)),
-        f"Loader {md_code(result.loader)} · ids {md_code(result.id_source)} · epochs {result.epochs}",
+        f"## {icon} ddpcheck {res.verdict_word}",
+        md_escape(view.summary()),
+        f"Loader {md_code(res.loader)} · ids {md_code(res.id_source)} · epochs {res.epochs}",
     ]
-    if found:
-        blocks.append(_causes(result, found))
-    if result.runs:
-        blocks.append(_grid(result))
-    else:
-        blocks.append("_No world sizes were run._")
-    blocks += [b for b in (_failed_checks(result, found), _rank_failures(result)) if b]
-    blocks += [b for b in (_skips(result, "skip", "Skipped"), _skips(result, "n/a", "Not applicable")) if b]
+    if view.causes:
+        blocks.append(_causes(view))
+    blocks.append(_grid(view) if view.rows else "_No world sizes were run._")
+    blocks += [b for b in (_padding(view), _failed_checks(view), _rank_failures(view)) if b]
+    blocks += [
+        b for b in (_reasons(view.skipped, "Skipped"), _reasons(view.not_applicable, "Not applicable")) if b
+    ]
     if figure_stem is not None:
-        blocks.append(_pictures(result, figure_stem))
-    blocks += [b for b in (_divergence(result), _resume(result), _notes(result)) if b]
+        blocks.append(_pictures(view, figure_stem))
+    blocks += [b for b in (_divergence(view), _resume(view), _notes(res)) if b]
     return "\n\n".join(b for b in blocks if b)
 
 
-def _causes(result: CheckResult, found: list[Cause]) -> str:
-    with_backend = show_backend(result)
-    items = [
-        f"- **[{c.number}]** {md_escape(cause_title(c))}  \n"
-        f"  explains: {md_escape(explains(c, with_backend))}"
-        for c in found
-    ]
+def _causes(view: ReportView) -> str:
+    items = []
+    for c in view.causes:
+        item = f"- **[{c.number}]** {md_escape(c.title)}  \n  explains: {md_escape(c.explains)}"
+        if c.fix:
+            item += f"  \n  fix: {md_escape(c.fix)}"
+        items.append(item)
     return "\n".join(["### Causes", "", *items])
 
 
-def _status(run: WorldResult, check: str) -> str:
-    status = cell_status(run, check)
+def _status(row: Row, check: str) -> str:
+    status = row.cell(check).status
     return NOT_RUN if status is None else _CELL.get(status, md_escape(status))
 
 
-def _ranks(run: WorldResult) -> str:
-    parts = []
-    if run.skipped:
-        parts.append(f"skipped: {md_escape(run.skipped)}")
-    if run.failures:
-        parts.append(md_escape(rank_summary(run.failures)))
-    return "; ".join(parts) if parts else "ok"
-
-
-def _grid(result: CheckResult) -> str:
-    checks = check_columns(result)
-    with_backend = show_backend(result)
-    headers = ["world size", *(md_code(c) for c in checks), "ranks"]
+def _grid(view: ReportView) -> str:
+    headers = ["world size", *(md_code(c) for c in view.columns), "ranks"]
     rows = [
-        [
-            md_escape(world_label(run, with_backend)),
-            *(_status(run, c) for c in checks),
-            _ranks(run),
-        ]
-        for run in result.runs
+        [md_escape(row.label), *(_status(row, c) for c in view.columns), md_escape(row.ranks)]
+        for row in view.rows
     ]
     return _table(rows, headers)
 
 
-def _failed_checks(result: CheckResult, found: list[Cause]) -> str:
-    with_backend = show_backend(result)
+def _padding(view: ReportView) -> str:
+    items = [f"- **{md_escape(row.label)}** {md_escape(row.padding)}" for row in view.padded]
+    return "\n".join(["### Padding", "", *items]) if items else ""
+
+
+def _failed_checks(view: ReportView) -> str:
     items: list[str] = []
-    for run in result.runs:
-        for verdict in run.verdicts:
-            if verdict.status not in ("fail", "allowed"):
-                continue
-            where = md_escape(world_label(run, with_backend))
-            number = cause_number(found, verdict)
-            tag = " (allowed)" if verdict.status == "allowed" else ""
-            ref = f" (cause [{number}])" if number is not None else ""
-            detail = md_escape(verdict.detail or "failed")
-            items.append(f"- **{where}** {md_code(verdict.check)}{tag}{ref}: {detail}")
-            for name, text in evidence(verdict, cause=number is None):
-                value = md_escape(text) if name == "cause" else md_code(text)
-                items.append(f"  - {name}: {value}")
+    for cause in view.causes:
+        for finding in cause.findings:
+            also = f" (also {md_escape(', '.join(finding.also))})" if finding.also else ""
+            tag = " (allowed)" if finding.status == "allowed" else ""
+            head = (
+                f"- **[{cause.number}]** **{md_escape(finding.where)}** {md_code(finding.check)}{tag}{also}"
+            )
+            items.append(f"{head}: {md_escape(finding.detail)}")
+            for name, text in finding.evidence:
+                items.append(f"  - {name}: {md_code(text)}")
     return "\n".join(["### Details", "", *items]) if items else ""
 
 
-def _rank_failures(result: CheckResult) -> str:
-    with_backend = show_backend(result)
+def _rank_failures(view: ReportView) -> str:
     parts: list[str] = []
-    for run in result.runs:
-        where = world_label(run, with_backend)
-        for failure in run.failures:
-            line = f"- **{md_escape(where)}** rank {failure.rank} {md_escape(failure.kind)}: "
-            line += md_escape(failure.message)
-            if failure.progress:
-                line += f" (progress: {md_escape(failure.progress)})"
-            parts.append(line)
-            if failure.stack.strip():
-                summary = html.escape(f"stack of rank {failure.rank} at {where}")
-                stack = _fence(trim_stack(failure.stack, MD_STACK_LINES))
-                parts.append(f"\n<details><summary>{summary}</summary>\n\n{stack}\n\n</details>\n")
+    for entry in view.failures:
+        failure, where = entry.failure, entry.where
+        number = f"**[{entry.cause}]** " if entry.cause is not None else ""
+        line = f"- {number}**{md_escape(where)}** rank {failure.rank} {md_escape(failure.kind)}: "
+        line += md_escape(failure.message)
+        if failure.progress:
+            line += f" (progress: {md_escape(failure.progress)})"
+        parts.append(line)
+        if failure.stack.strip():
+            summary = html.escape(f"stack of rank {failure.rank} at {where}")
+            stack = _fence(trim_stack(failure.stack, MD_STACK_LINES))
+            parts.append(f"\n<details><summary>{summary}</summary>\n\n{stack}\n\n</details>\n")
     return "\n".join(["### Rank failures", "", *parts]).rstrip() if parts else ""
 
 
-def _skips(result: CheckResult, status: str, title: str) -> str:
-    items = [
-        f"- **{md_escape(where)}** {md_code(check)}: {md_escape(why)}"
-        for where, check, why in skip_reasons(result, status)
-    ]
+def _reasons(reasons: Sequence[object], title: str) -> str:
+    items = []
+    for reason in reasons:
+        where, check, why = (getattr(reason, name) for name in ("where", "check", "why"))
+        items.append(f"- **{md_escape(where)}** {md_code(check)}: {md_escape(why)}")
     return "\n".join([f"### {title}", "", *items]) if items else ""
 
 
-def _pictures(result: CheckResult, stem: str) -> str:
-    with_backend = show_backend(result)
+def _pictures(view: ReportView, stem: str) -> str:
     blocks: list[str] = []
-    last: WorldResult | None = None
-    for item in picture_files(result, stem):
+    last: object = None
+    labels = {id(row.run): row.label for row in view.rows}
+    for item in picture_files(view, stem):
         if item.run is not last:
-            blocks.append(f"**{md_escape(world_label(item.run, with_backend))}**")
+            blocks.append(f"**{md_escape(labels.get(id(item.run), ''))}**")
             last = item.run
         blocks.append(f"![{md_escape(item.picture.title)}]({quote(item.name)})")
     return "\n\n".join(["### Pictures", *blocks]) if blocks else ""
 
 
-def _resume(result: CheckResult) -> str:
-    with_backend = show_backend(result)
+def _resume(view: ReportView) -> str:
     blocks: list[str] = []
-    for run in result.runs:
-        if not run.resume:
+    for row in view.rows:
+        if not row.run.resume:
             continue
-        rows = [[*map(md_escape, resume_cells(row)), md_escape(row.note or NOT_RUN)] for row in run.resume]
-        blocks.append(f"**{md_escape(world_label(run, with_backend))}**\n\n{_table(rows, RESUME_HEADERS)}")
+        rows = [
+            [*map(md_escape, resume_cells(stop)), md_escape(stop.note or NOT_RUN)] for stop in row.run.resume
+        ]
+        blocks.append(f"**{md_escape(row.label)}**\n\n{_table(rows, RESUME_HEADERS)}")
     return "\n\n".join(["### Resume", *blocks]) if blocks else ""
 
 
-def _divergence(result: CheckResult) -> str:
-    with_backend = show_backend(result)
+def _divergence(view: ReportView) -> str:
     headers = ["metric", "reference", "naive DDP", "corrected DDP", "naive diff", "corrected diff", "cause"]
     blocks: list[str] = []
-    for run in result.runs:
-        if not run.divergence:
+    for row in view.rows:
+        if not row.run.divergence:
             continue
         rows = [
             [
-                md_escape(row.metric),
-                fmt_number(row.reference),
-                fmt_number(row.naive),
-                fmt_number(row.corrected),
-                fmt_diff(row.naive_diff),
-                fmt_diff(row.corrected_diff),
-                md_escape(divergence_cause(row)),
+                md_escape(metric.metric),
+                fmt_number(metric.reference),
+                fmt_number(metric.naive),
+                fmt_number(metric.corrected),
+                fmt_diff(metric.naive_diff),
+                fmt_diff(metric.corrected_diff),
+                md_escape(divergence_cause(metric)),
             ]
-            for row in run.divergence
+            for metric in row.run.divergence
         ]
-        blocks.append(f"**{md_escape(world_label(run, with_backend))}**\n\n{_table(rows, headers)}")
+        blocks.append(f"**{md_escape(row.label)}**\n\n{_table(rows, headers)}")
     return "\n\n".join(["### Divergence", *blocks]) if blocks else ""
 
 

@@ -12,15 +12,22 @@ same shade merge into one sub-path, so a correct million-sample run draws in a f
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from html import escape
 
 import numpy as np
 
+from ddpcheck.checks.ids import (
+    COVERAGE,
+    EQUAL_STEPS,
+    NO_OVERLAP,
+    PADDING_BOUND,
+    RESHUFFLE,
+    SINGLE_PROCESS_EQUIVALENCE,
+)
 from ddpcheck.figures import NO_RANK, SEVERAL, EpochFigure, FigureData
-from ddpcheck.report._common import show_backend, world_label
+from ddpcheck.report.view import ReportView, as_view
 from ddpcheck.result import CheckResult, WorldResult
 
 WIDTH = 960
@@ -74,29 +81,41 @@ class Picture:
     svg: str
 
 
-def pictures(data: FigureData) -> list[Picture]:
-    """The pictures this data supports, in report order (none when there is nothing to draw)."""
-    return list(_pictures(data))
+def pictures(data: FigureData, failed: frozenset[str] = frozenset()) -> list[Picture]:
+    """The pictures this data supports, in report order (none when there is nothing to draw).
+
+    ``failed`` names the checks that failed at this layout: only what failed is drawn in alarm colours
+    (a loader that drops its tail by design has missing samples, and a passing check says that is fine).
+    """
+    return list(_pictures(data, failed))
 
 
 @functools.lru_cache(maxsize=32)
-def _pictures(data: FigureData) -> tuple[Picture, ...]:
-    """Drawn once per world size, however many reports (HTML, Markdown, its .svg files) show them."""
+def _pictures(data: FigureData, failed: frozenset[str]) -> tuple[Picture, ...]:
+    """Drawn once per layout, however many reports (HTML, Markdown, its .svg files) show them."""
     if not data.epochs:
         return ()
     out = [
-        Picture("samples", f"Which rank saw which sample (world size {data.world_size})", samples_svg(data)),
-        Picture("steps", f"Steps per rank (world size {data.world_size})", steps_svg(data)),
+        Picture(
+            "samples",
+            f"Which rank saw which sample (world size {data.world_size})",
+            samples_svg(data, failed),
+        ),
+        Picture("steps", f"Steps per rank (world size {data.world_size})", steps_svg(data, failed)),
     ]
     if len(data.ranks) > 1 and data.owners:
         out.append(
             Picture(
                 "assignment",
                 f"Sample-to-rank assignment across epochs (world size {data.world_size})",
-                assignment_svg(data),
+                assignment_svg(data, failed),
             )
         )
     return tuple(out)
+
+
+def failed_checks(run: WorldResult) -> frozenset[str]:
+    return frozenset(v.check for v in run.verdicts if v.failed)
 
 
 def _svg(kind: str, height: int, label: str, body: Sequence[str]) -> str:
@@ -177,7 +196,7 @@ def _axis_note(samples: int, bins: int) -> str:
     return f"{samples:,} samples, one column each, in single-process order"
 
 
-def samples_svg(data: FigureData) -> str:
+def samples_svg(data: FigureData, failed: frozenset[str] = frozenset()) -> str:
     """Per epoch: a strip per rank over the reference epoch's samples, then missing and duplicated."""
     body: list[str] = []
     y = 18
@@ -207,8 +226,10 @@ def samples_svg(data: FigureData) -> str:
             body.append(_strip("strip", y, figure.rank_share[i], rank_color(rank), tip, extra))
             body.append(_label(LEFT + PLOT + 8, y + 11, f"{seen:,} samples", color=MUTED))
             y += STRIP + GAP
-        for css, name, shares, count, color, what in (
-            ("missing", "missing", figure.missing, figure.missing_count, MISSING, "seen by no rank"),
+        lost = bool(failed & {COVERAGE, SINGLE_PROCESS_EQUIVALENCE})
+        repeated = bool(failed & {NO_OVERLAP, PADDING_BOUND})
+        for css, name, shares, count, color, what, alarm in (
+            ("missing", "missing", figure.missing, figure.missing_count, MISSING, "seen by no rank", lost),
             (
                 "duplicated",
                 "duplicated",
@@ -216,14 +237,14 @@ def samples_svg(data: FigureData) -> str:
                 figure.duplicated_count,
                 DUPLICATED,
                 "seen twice+",
+                repeated,
             ),
         ):
             tip = f"{count:,} samples {what} in epoch {figure.epoch}"
-            body.append(_label(LEFT - 8, y + 11, name, anchor="end", color=color if count else MUTED))
+            shown = color if count and alarm else MUTED
+            body.append(_label(LEFT - 8, y + 11, name, anchor="end", color=shown))
             body.append(_strip(css, y, shares, color, tip, f' data-epoch="{figure.epoch}"'))
-            body.append(
-                _label(LEFT + PLOT + 8, y + 11, f"{count:,}", color=color if count else MUTED, bold=count > 0)
-            )
+            body.append(_label(LEFT + PLOT + 8, y + 11, f"{count:,}", color=shown, bold=count > 0 and alarm))
             y += STRIP + GAP
         odd = [f"rank {r}: {n:,}" for r, n in zip(data.ranks, figure.foreign, strict=False) if n]
         if odd:
@@ -234,8 +255,9 @@ def samples_svg(data: FigureData) -> str:
     return _svg("samples", y + 14, f"Which rank saw which sample, world size {data.world_size}", body)
 
 
-def steps_svg(data: FigureData) -> str:
-    """Per epoch: one bar per rank (batches it yielded); bars that differ from the most common are red."""
+def steps_svg(data: FigureData, failed: frozenset[str] = frozenset()) -> str:
+    """Per epoch: one bar per rank (batches it yielded); when equal_steps failed, bars that differ from the
+    most common are red."""
     body: list[str] = []
     most = max((max(f.steps, default=0) for f in data.epochs), default=0)
     most = max(most, *(f.reference_steps for f in data.epochs), 1)
@@ -256,7 +278,7 @@ def steps_svg(data: FigureData) -> str:
         y += 10
         rows = list(zip(data.ranks, figure.steps, figure.len_loader, strict=False))
         for rank, steps, length in rows[:MAX_STEP_ROWS]:
-            odd = steps != common or (length is not None and length != steps)
+            odd = EQUAL_STEPS in failed and (steps != common or (length is not None and length != steps))
             color = STEP_ODD if odd else STEP_OK
             tip = f"rank {rank}: {steps:,} batches" + (
                 f", len(loader) = {length:,}" if length is not None else ""
@@ -291,7 +313,7 @@ def steps_svg(data: FigureData) -> str:
     return _svg("steps", y + 14, f"Steps per rank, world size {data.world_size}", body)
 
 
-def assignment_svg(data: FigureData) -> str:
+def assignment_svg(data: FigureData, failed: frozenset[str] = frozenset()) -> str:
     """One row per epoch over epoch 0's samples, coloured by the rank that saw each sample.
 
     Identical rows mean the same samples go to the same ranks every epoch: no reshuffle.
@@ -319,8 +341,8 @@ def assignment_svg(data: FigureData) -> str:
         if epoch:
             share = data.changed[epoch - 1] if epoch - 1 < len(data.changed) else None
             text = "moved: -" if share is None else f"moved: {share:.0%}"
-            color = MISSING if share == 0 else MUTED
-            body.append(_label(LEFT + PLOT + 8, y + 11, text, color=color, bold=share == 0))
+            alarm = share == 0 and RESHUFFLE in failed
+            body.append(_label(LEFT + PLOT + 8, y + 11, text, color=MISSING if alarm else MUTED, bold=alarm))
         y += STRIP + GAP
     y += 14
     x = LEFT
@@ -368,15 +390,12 @@ class PictureFile:
     picture: Picture
 
 
-def picture_files(result: CheckResult, stem: str) -> list[PictureFile]:
+def picture_files(result: CheckResult | ReportView, stem: str) -> list[PictureFile]:
     """Every picture of ``result`` with the file name the Markdown report links it by."""
-    with_backend = show_backend(result)
     out = []
-    for run in result.runs:
-        if run.figures is None:
+    for row in as_view(result).rows:
+        if row.run.figures is None:
             continue
-        label = world_label(run, with_backend).replace("=", "")
-        safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", label)
-        for picture in pictures(run.figures):
-            out.append(PictureFile(f"{stem}-{safe}-{picture.kind}.svg", run, picture))
+        for picture in pictures(row.run.figures, failed_checks(row.run)):
+            out.append(PictureFile(f"{stem}-{row.anchor}-{picture.kind}.svg", row.run, picture))
     return out

@@ -17,30 +17,20 @@ import tabulate as tabulate_module
 from tabulate import tabulate
 
 from ddpcheck.checks.ids import SHORT_LABELS
-from ddpcheck.report._common import (
+from ddpcheck.report.view import (
     NOT_RUN,
     RESUME_HEADERS,
     STATUS_WORD,
-    Cause,
-    cause_number,
-    cause_title,
-    causes,
-    cell_status,
-    check_columns,
+    ReportView,
+    Row,
+    as_view,
     divergence_cause,
-    evidence,
-    explains,
     fmt_diff,
     fmt_number,
-    rank_summary,
     resume_cells,
-    show_backend,
-    skip_reasons,
-    summary_line,
     trim_stack,
-    world_label,
 )
-from ddpcheck.result import CheckResult, WorldResult
+from ddpcheck.result import CheckResult
 
 Layout = Literal["auto", "wide", "tall"]
 Paint = Callable[[str, str], str]
@@ -52,29 +42,30 @@ _INDENT = "    "
 
 
 def render_table(
-    result: CheckResult, *, color: bool = False, width: int = 100, layout: Layout = "auto"
+    result: CheckResult | ReportView, *, color: bool = False, width: int = 100, layout: Layout = "auto"
 ) -> str:
     """The whole terminal report as one string (no trailing newline); ``color`` adds ANSI colours."""
     if layout not in ("auto", "wide", "tall"):
         raise ValueError(f"layout must be 'auto', 'wide' or 'tall', not {layout!r}")
     if width < 40:
         raise ValueError(f"width must be at least 40 columns, not {width}")
+    view = as_view(result)
     paint = _painter(color)
-    found = causes(result)
-    blocks = [_title(result)]
+    blocks = [_title(view.result)]
     for block in (
-        _causes(result, found, width),
-        _grid(result, paint, width, layout),
-        _details(result, found, width),
-        _skips(result, width, "skip", "Skipped (could not be judged)"),
-        _skips(result, width, "n/a", "Not applicable"),
-        _divergence(result, width),
-        _resume(result, width),
-        _notes(result, width),
+        _causes(view, width),
+        _grid(view, paint, width, layout),
+        _padding(view, width),
+        _details(view, width),
+        _reasons(view.skipped, width, "Skipped (could not be judged)"),
+        _reasons(view.not_applicable, width, "Not applicable"),
+        _divergence(view, width),
+        _resume(view, width),
+        _notes(view.result, width),
     ):
         if block:
             blocks.append(block)
-    blocks.append(summary_line(result, paint if color else None))
+    blocks.append(view.summary(paint if color else None))
     return "\n\n".join(blocks)
 
 
@@ -115,21 +106,15 @@ def _wrap(text: str, width: int, first: str = "", rest: str = _INDENT) -> list[s
     return lines or [first.rstrip()]
 
 
-def _status_cell(run: WorldResult, check: str, paint: Paint) -> str:
-    status = cell_status(run, check)
+def _status_cell(row: Row, check: str, paint: Paint) -> str:
+    status = row.cell(check).status
     if status is None:
         return NOT_RUN
     return paint(STATUS_WORD.get(status, status), status)
 
 
-def _ranks_cell(run: WorldResult) -> str:
-    parts = []
-    if run.skipped:
-        parts.append(f"skipped: {run.skipped}")
-    if run.failures:
-        parts.append(rank_summary(run.failures))
-    text = "; ".join(parts) if parts else "ok"
-    # a stray \b, \r or line separator in a reason would wreck the grid's column widths
+def _printable(text: str) -> str:
+    """A stray \\b, \\r or line separator in a reason would wreck the grid's column widths."""
     return "".join(ch if ch.isprintable() else " " for ch in text)
 
 
@@ -144,129 +129,129 @@ def _table(rows: list[list[str]], headers: Sequence[str], *, pad: bool = True, *
         tabulate_module.MIN_PADDING = saved
 
 
-def _grid(result: CheckResult, paint: Paint, width: int, layout: Layout) -> str:
-    if not result.runs:
+def _grid(view: ReportView, paint: Paint, width: int, layout: Layout) -> str:
+    if not view.rows:
         return "(no world sizes were run)"
-    checks = check_columns(result)
     if layout != "tall":
-        wide = _wide_grid(result, checks, paint, width)
+        wide = _wide_grid(view, paint, width)
         if layout == "wide" or visible_width(wide) <= width:
             return wide
-    return _tall_grid(result, checks, paint, width)
+    return _tall_grid(view, paint, width)
 
 
-def _wide_grid(result: CheckResult, checks: Sequence[str], paint: Paint, width: int) -> str:
-    """One row per world size, one column per check (short labels, explained in a legend line)."""
-    with_backend = show_backend(result)
+def _wide_grid(view: ReportView, paint: Paint, width: int) -> str:
+    """One row per layout, one column per check (short labels, explained in a legend line)."""
+    checks = view.columns
     headers = ["ws", *(SHORT_LABELS.get(check, check) for check in checks)]
-    rows = [
-        [
-            f"{run.world_size} {run.backend}" if with_backend else str(run.world_size),
-            *(_status_cell(run, check, paint) for check in checks),
-        ]
-        for run in result.runs
-    ]
+    rows = [[row.short, *(_status_cell(row, check, paint) for check in checks)] for row in view.rows]
     room = max(width - visible_width(_table(rows, headers, pad=False)) - 2, _MIN_WRAP)
-    for row, run in zip(rows, result.runs, strict=True):
-        row.append(_ranks_cell(run))
+    for cells, row in zip(rows, view.rows, strict=True):
+        cells.append(_printable(row.ranks))
     grid = _table(rows, [*headers, "ranks"], pad=False, maxcolwidths=[None] * len(headers) + [room])
-    legend = ", ".join(f"{SHORT_LABELS[c]} = {c}" for c in checks if SHORT_LABELS.get(c, c) != c)
-    return grid + "\n\n" + textwrap.fill(f"columns: {legend}", width=width, subsequent_indent="  ")
+    return grid + "\n\n" + textwrap.fill(f"columns: {view.legend}", width=width, subsequent_indent="  ")
 
 
-def _tall_grid(result: CheckResult, checks: Sequence[str], paint: Paint, width: int) -> str:
-    """One row per check, one column per world size: fits any number of checks."""
-    with_backend = show_backend(result)
-    headers = ["check", *(world_label(run, with_backend).replace(" ", "\n") for run in result.runs)]
-    rows = [[check, *(_status_cell(run, check, paint) for run in result.runs)] for check in checks]
-    rows.append(["ranks", *(_ranks_cell(run) for run in result.runs)])
+def _tall_grid(view: ReportView, paint: Paint, width: int) -> str:
+    """One row per check, one column per layout: fits any number of checks."""
+    checks = view.columns
+    headers = ["check", *(row.label.replace(" ", "\n") for row in view.rows)]
+    rows = [[check, *(_status_cell(row, check, paint) for row in view.rows)] for check in checks]
+    rows.append(["ranks", *(_printable(row.ranks) for row in view.rows)])
     label_width = max(len(label) for label in ["check", "ranks", *checks])
-    runs = len(result.runs)
+    runs = len(view.rows)
     column = max((width - label_width - 2 * runs) // runs, 8)
     return _table(rows, headers, maxcolwidths=[None] + [column] * runs)
 
 
-def _causes(result: CheckResult, found: Sequence[Cause], width: int) -> str:
-    """Each distinct cause once, with the checks and world sizes it explains."""
-    with_backend = show_backend(result)
+def _causes(view: ReportView, width: int) -> str:
+    """Each distinct cause once, with the checks and layouts it explains and how to fix it."""
     lines: list[str] = []
-    for cause in found:
-        lines += _wrap(f"[{cause.number}] {cause_title(cause)}", width)
-        lines += _wrap(f"-> {explains(cause, with_backend)}", width, _INDENT, _INDENT * 2)
+    for cause in view.causes:
+        lines += _wrap(f"[{cause.number}] {cause.title}", width)
+        lines += _wrap(f"-> {cause.explains}", width, _INDENT, _INDENT * 2)
+        if cause.fix:
+            lines += _wrap(f"fix: {cause.fix}", width, _INDENT, _INDENT * 2)
     return _section("Causes", lines)
 
 
-def _details(result: CheckResult, found: Sequence[Cause], width: int) -> str:
-    with_backend = show_backend(result)
+def _padding(view: ReportView, width: int) -> str:
+    """What padding costs where it repeated samples (it passes, but an evaluation counts them twice)."""
     lines: list[str] = []
-    for run in result.runs:
-        label = world_label(run, with_backend)
-        for verdict in run.verdicts:
-            if verdict.status not in ("fail", "allowed"):
-                continue
-            number = cause_number(found, verdict)
-            tag = "allowed, " if verdict.status == "allowed" else ""
-            ref = f" ({tag}cause {number})" if number is not None else ""
-            lines += _wrap(f"[{label}] {verdict.check}{ref}: {verdict.detail or 'failed'}", width)
-            for name, text in evidence(verdict, cause=number is None):
+    for row in view.padded:
+        lines += _wrap(f"[{row.label}] {row.padding}", width)
+    return _section("Padding", lines)
+
+
+def _details(view: ReportView, width: int) -> str:
+    """The evidence, grouped by cause: each failing check once, at the first layout it fails at."""
+    lines: list[str] = []
+    for cause in view.causes:
+        for finding in cause.findings:
+            also = f" (also {', '.join(finding.also)})" if finding.also else ""
+            tag = " (allowed)" if finding.status == "allowed" else ""
+            head = f"[{cause.number}] {finding.where} {finding.check}{tag}{also}: {finding.detail}"
+            lines += _wrap(head, width)
+            for name, text in finding.evidence:
                 lines += _wrap(f"{name}: {text}", width, _INDENT, _INDENT * 2)
-        for failure in run.failures:
-            lines += _wrap(f"[{label}] rank {failure.rank} {failure.kind}: {failure.message}", width)
-            if failure.progress:
-                lines += _wrap(f"progress: {failure.progress}", width, _INDENT, _INDENT * 2)
-            if failure.stack.strip():
-                lines.append(f"{_INDENT}stack:")
-                lines += [f"{_INDENT * 2}{line}" for line in trim_stack(failure.stack)]
+    for entry in view.failures:
+        failure = entry.failure
+        number = f"[{entry.cause}] " if entry.cause is not None else ""
+        lines += _wrap(f"{number}{entry.where} rank {failure.rank} {failure.kind}: {failure.message}", width)
+        if failure.progress:
+            lines += _wrap(f"progress: {failure.progress}", width, _INDENT, _INDENT * 2)
+        if failure.stack.strip():
+            lines.append(f"{_INDENT}stack:")
+            lines += [f"{_INDENT * 2}{line}" for line in trim_stack(failure.stack)]
     return _section("Details", lines)
 
 
-def _skips(result: CheckResult, width: int, status: str, title: str) -> str:
+def _reasons(reasons: Sequence[object], width: int, title: str) -> str:
     lines: list[str] = []
-    for where, check, why in skip_reasons(result, status):
+    for reason in reasons:
+        where, check, why = (getattr(reason, name) for name in ("where", "check", "why"))
         lines += _wrap(f"[{where}] {check}: {why}", width)
     return _section(title, lines)
 
 
-def _divergence(result: CheckResult, width: int) -> str:
-    with_backend = show_backend(result)
+def _divergence(view: ReportView, width: int) -> str:
     headers = ["metric", "reference", "naive DDP", "corrected DDP", "naive diff", "corrected diff"]
     align = ("left", "right", "right", "right", "right", "right", "left")
     blocks: list[str] = []
-    for run in result.runs:
+    for row in view.rows:
+        run = row.run
         if not run.divergence:
             continue
-        rows = [
+        cells = [
             [
-                row.metric,
-                fmt_number(row.reference),
-                fmt_number(row.naive),
-                fmt_number(row.corrected),
-                fmt_diff(row.naive_diff),
-                fmt_diff(row.corrected_diff),
+                metric.metric,
+                fmt_number(metric.reference),
+                fmt_number(metric.naive),
+                fmt_number(metric.corrected),
+                fmt_diff(metric.naive_diff),
+                fmt_diff(metric.corrected_diff),
             ]
-            for row in run.divergence
+            for metric in run.divergence
         ]
         limits: list[int | None] = [24, None, None, None, None, None]
-        room = max(width - visible_width(_table(rows, headers, maxcolwidths=limits)) - 2, _MIN_WRAP)
-        for cells, row in zip(rows, run.divergence, strict=True):
-            cells.append(divergence_cause(row))
-        table = _table(rows, [*headers, "cause"], colalign=align, maxcolwidths=[*limits, room])
-        blocks.append(f"{world_label(run, with_backend)}:\n{table}")
+        room = max(width - visible_width(_table(cells, headers, maxcolwidths=limits)) - 2, _MIN_WRAP)
+        for line, metric in zip(cells, run.divergence, strict=True):
+            line.append(divergence_cause(metric))
+        table = _table(cells, [*headers, "cause"], colalign=align, maxcolwidths=[*limits, room])
+        blocks.append(f"{row.label}:\n{table}")
     return _section("Divergence", "\n\n".join(blocks).splitlines())
 
 
-def _resume(result: CheckResult, width: int) -> str:
-    with_backend = show_backend(result)
+def _resume(view: ReportView, width: int) -> str:
     blocks: list[str] = []
-    for run in result.runs:
-        if not run.resume:
+    for row in view.rows:
+        if not row.run.resume:
             continue
-        rows = [resume_cells(row) for row in run.resume]
-        room = max(width - visible_width(_table(rows, RESUME_HEADERS[:-1])) - 2, _MIN_WRAP)
-        for cells, row in zip(rows, run.resume, strict=True):
-            cells.append(row.note or NOT_RUN)
-        table = _table(rows, RESUME_HEADERS, maxcolwidths=[None] * 7 + [room])
-        blocks.append(f"{world_label(run, with_backend)}:\n{table}")
+        cells = [resume_cells(stop) for stop in row.run.resume]
+        room = max(width - visible_width(_table(cells, RESUME_HEADERS[:-1])) - 2, _MIN_WRAP)
+        for line, stop in zip(cells, row.run.resume, strict=True):
+            line.append(stop.note or NOT_RUN)
+        table = _table(cells, RESUME_HEADERS, maxcolwidths=[None] * 7 + [room])
+        blocks.append(f"{row.label}:\n{table}")
     return _section("Resume", "\n\n".join(blocks).splitlines())
 
 

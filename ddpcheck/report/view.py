@@ -1,0 +1,533 @@
+"""One view of a :class:`~ddpcheck.result.CheckResult`, computed once; every format renders it.
+
+The view holds what any report shows: a row per layout (its cells, its ranks, its padding), each distinct
+cause once with the checks and layouts it explains, how to fix it and its evidence (once per check, not
+once per layout), the rank failures, the skip and n/a reasons, the notes. Formats (table, Markdown, HTML,
+JUnit, JSON, GitHub annotations) only lay it out, so they can never disagree on what passed, and nothing
+here re-runs or re-judges a check.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from ddpcheck.checks.ids import ALL_CHECKS, PADDING_BOUND, SHORT_LABELS
+from ddpcheck.checks.verdict import Verdict
+from ddpcheck.messages import count_text
+from ddpcheck.result import CheckResult, ResumeRow, WorldResult
+from ddpcheck.trace import RankFailure
+
+STATUS_WORD = {"pass": "PASS", "fail": "FAIL", "skip": "skip", "n/a": "n/a", "allowed": "allowed"}
+STATUS_RANK = ("fail", "allowed", "pass", "skip", "n/a")  # a cell with several verdicts shows the first
+NO_CAUSE = "cause not identified"
+NOT_RUN = "-"
+FAILURE_VERB = {"error": "crashed", "hang": "hung", "killed": "was killed", "secondary": "aborted"}
+MAX_LISTED = 12  # ranks / epochs / examples shown before "(+N more)"
+MAX_EXAMPLE_CHARS = 60
+STACK_LINES = 20
+CAUSE_KINDS = ("fail", "rank", "allowed")
+RESUME_HEADERS = ("ranks", "epoch", "stop at step", "status", "lost", "repeated", "first divergence", "note")
+
+
+# ------------------------------------------------------------------ the view
+
+
+@dataclass(frozen=True)
+class Counts:
+    """What the summary line and the JUnit suite count; a skipped layout counts as one skip.
+
+    ``allowed`` failures and ``n/a`` checks are counted apart: neither passed, neither failed.
+    """
+
+    passed: int
+    failed: int
+    skipped: int
+    rank_failures: int
+    world_sizes: tuple[int, ...]
+    not_applicable: int = 0
+    allowed: int = 0
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One check at one layout: ``status`` None when it did not run; ``cause`` the cause's number."""
+
+    check: str
+    status: str | None
+    tip: str = ""  # every verdict's detail for this check, for a hover text
+    cause: int | None = None
+
+
+@dataclass(frozen=True)
+class Row:
+    """One layout: its label (``ws=2``), the grid's first column (``2``), its cells and its ranks."""
+
+    run: WorldResult
+    label: str
+    short: str
+    anchor: str  # an id for links: "ws2", "dp2-tp2"
+    cells: tuple[Cell, ...]
+    ranks: str  # "ok", "skipped: ...", "rank 1 crashed; ranks 0, 2 aborted"
+    padding: str  # "4 of 64 samples seen twice (6%)", "none", or "" when padding was not judged
+
+    def cell(self, check: str) -> Cell:
+        return next((c for c in self.cells if c.check == check), Cell(check, None))
+
+
+@dataclass(frozen=True)
+class Finding:
+    """The evidence of one check under one cause: shown once, at the first layout; ``also`` the others."""
+
+    check: str
+    status: str  # fail | allowed
+    where: str
+    also: tuple[str, ...]
+    detail: str
+    evidence: tuple[tuple[str, str], ...]  # (label, text), the cause left out
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One distinct reason for failures, listed once with everything it explains.
+
+    ``kind`` is ``fail`` (failed checks), ``allowed`` (failed, allowed with ``--allow``) or ``rank``
+    (ranks that crashed, hung or were killed; the peers they took down are not listed as causes).
+    ``where`` pairs each layout with what failed there: a check id, or ``rank N``.
+    """
+
+    number: int
+    kind: str
+    text: str
+    where: tuple[tuple[WorldResult, str], ...]
+    explains: str = ""
+    fix: str = ""
+    findings: tuple[Finding, ...] = ()
+
+    @property
+    def title(self) -> str:
+        """The cause as its list line says it: allowed ones are marked, so they never read as failures."""
+        return f"(allowed) {self.text}" if self.kind == "allowed" else self.text
+
+
+@dataclass(frozen=True)
+class FailureEntry:
+    """A rank that crashed, hung or was killed, at a layout; ``cause`` None for peers taken down."""
+
+    where: str
+    failure: RankFailure
+    cause: int | None
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why a check was skipped or does not apply, merged over the layouts that say the same."""
+
+    where: str
+    check: str
+    why: str
+
+
+@dataclass(frozen=True)
+class ReportView:
+    result: CheckResult
+    counts: Counts
+    columns: tuple[str, ...]
+    with_backend: bool
+    rows: tuple[Row, ...]
+    causes: tuple[Cause, ...]
+    failures: tuple[FailureEntry, ...]
+    skipped: tuple[Reason, ...]
+    not_applicable: tuple[Reason, ...]
+
+    @property
+    def legend(self) -> str:
+        return ", ".join(f"{SHORT_LABELS[c]} = {c}" for c in self.columns if SHORT_LABELS.get(c, c) != c)
+
+    @property
+    def padded(self) -> tuple[Row, ...]:
+        """Rows whose padding repeated samples (what a user evaluating on the loader pays)."""
+        return tuple(row for row in self.rows if row.padding not in ("", "none"))
+
+    def summary(self, paint: Callable[[str, str], str] | None = None) -> str:
+        return summary_line(self.result, paint, self.counts)
+
+
+def as_view(source: CheckResult | ReportView) -> ReportView:
+    return source if isinstance(source, ReportView) else build_view(source)
+
+
+def build_view(result: CheckResult) -> ReportView:
+    """The view of ``result`` (pure; a report that writes several formats builds it once)."""
+    with_backend = show_backend(result)
+    found = causes(result)
+    columns = check_columns(result)
+    rows = tuple(_row(run, columns, with_backend, found) for run in result.runs)
+    failures = tuple(
+        FailureEntry(world_label(run, with_backend), failure, _failure_cause(found, run, failure))
+        for run in result.runs
+        for failure in run.failures
+    )
+    return ReportView(
+        result=result,
+        counts=count(result),
+        columns=columns,
+        with_backend=with_backend,
+        rows=rows,
+        causes=tuple(found),
+        failures=failures,
+        skipped=tuple(skip_reasons(result, "skip")),
+        not_applicable=tuple(skip_reasons(result, "n/a")),
+    )
+
+
+def _row(run: WorldResult, columns: Sequence[str], with_backend: bool, found: Sequence[Cause]) -> Row:
+    cells = []
+    for check in columns:
+        verdicts = [v for v in run.verdicts if v.check == check]
+        status = cell_status(run, check)
+        failing = next((v for v in verdicts if v.status in ("fail", "allowed")), None)
+        number = cause_number(found, failing) if failing is not None else None
+        tip = "; ".join(v.detail for v in verdicts if v.detail)
+        cells.append(Cell(check, status, tip, number))
+    label = world_label(run, with_backend)
+    short = f"{run.label} {run.backend}" if with_backend else run.label
+    anchor = re.sub(r"[^A-Za-z0-9_-]+", "-", label.replace("=", "")).strip("-")
+    return Row(run, label, short, anchor, tuple(cells), ranks_text(run), padding_text(run))
+
+
+def _failure_cause(found: Sequence[Cause], run: WorldResult, failure: RankFailure) -> int | None:
+    if failure.kind == "secondary":
+        return None
+    text = f"{FAILURE_VERB.get(failure.kind, failure.kind)}: {first_line(failure.message)}"
+    return next((c.number for c in found if c.kind == "rank" and c.text == text), None)
+
+
+# ------------------------------------------------------------------ pieces of the view
+
+
+def check_columns(result: CheckResult) -> tuple[str, ...]:
+    """Check ids seen in any run: known ids in ``ALL_CHECKS`` order, then unknown ones as first seen."""
+    seen: list[str] = []
+    for run in result.runs:
+        for verdict in run.verdicts:
+            if verdict.check not in seen:
+                seen.append(verdict.check)
+    known = [c for c in ALL_CHECKS if c in seen]
+    return (*known, *(c for c in seen if c not in ALL_CHECKS))
+
+
+def show_backend(result: CheckResult) -> bool:
+    """Name the backend next to the layout only when runs used more than one."""
+    return len({run.backend for run in result.runs}) > 1
+
+
+def world_label(run: WorldResult, with_backend: bool) -> str:
+    """``ws=2`` for a world size, ``dp=2,tp=2`` for a mesh (with the backend when runs used several)."""
+    label = run.layout.label if run.layout is not None and run.layout.mesh else f"ws={run.world_size}"
+    return f"{label} {run.backend}" if with_backend else label
+
+
+def cell_status(run: WorldResult, check: str) -> str | None:
+    """The status of ``check`` in ``run`` (fail, allowed, pass, skip, n/a: the first present wins),
+    ``None`` when it did not run."""
+    statuses = [v.status for v in run.verdicts if v.check == check]
+    if not statuses:
+        return None
+    for status in STATUS_RANK:
+        if status in statuses:
+            return status
+    return statuses[0]
+
+
+def ranks_text(run: WorldResult) -> str:
+    parts = []
+    if run.skipped:
+        parts.append(f"skipped: {run.skipped}")
+    if run.failures:
+        parts.append(rank_summary(run.failures))
+    return "; ".join(parts) if parts else "ok"
+
+
+def padding_text(run: WorldResult) -> str:
+    """``4 of 64 samples seen twice (6%)``: the padding a passing layout still costs, from padding_bound's
+    data (the most in any epoch); ``none``; or "" when padding was not judged."""
+    verdict = next((v for v in run.verdicts if v.check == PADDING_BOUND), None)
+    if verdict is None:
+        return ""
+    copies, samples = verdict.data.get("copies"), verdict.data.get("samples")
+    if not isinstance(copies, int) or not isinstance(samples, int) or samples <= 0:
+        return ""
+    if copies == 0:
+        return "none"
+    noun = str(verdict.data.get("noun") or "samples")
+    return f"{copies} of {count_text(samples, noun)} seen twice ({copies / samples:.0%})"
+
+
+def count(result: CheckResult) -> Counts:
+    """Verdicts by status; an unknown status counts as a skip (it could not be judged as pass/fail)."""
+    tally = dict.fromkeys(STATUS_RANK, 0)
+    for run in result.runs:
+        if run.skipped:
+            tally["skip"] += 1
+        for verdict in run.verdicts:
+            tally[verdict.status if verdict.status in tally else "skip"] += 1
+    sizes = tuple(dict.fromkeys(run.world_size for run in result.runs))
+    return Counts(
+        passed=tally["pass"],
+        failed=tally["fail"],
+        skipped=tally["skip"],
+        rank_failures=sum(len(run.failures) for run in result.runs),
+        world_sizes=sizes,
+        not_applicable=tally["n/a"],
+        allowed=tally["allowed"],
+    )
+
+
+def summary_line(
+    result: CheckResult, paint: Callable[[str, str], str] | None = None, counts: Counts | None = None
+) -> str:
+    """``ddpcheck: 27 passed, 2 failed, 3 n/a, 1 allowed, 1 skipped across world sizes 1,2 -> OK (exit 0)``.
+
+    ``n/a`` and ``allowed`` appear only when there are some; the other counts always do.
+    """
+    c = counts or count(result)
+    parts = [f"{c.passed} passed", f"{c.failed} failed"]
+    if c.not_applicable:
+        parts.append(f"{c.not_applicable} n/a")
+    if c.allowed:
+        parts.append(f"{c.allowed} allowed")
+    parts.append(f"{c.skipped} skipped")
+    if c.rank_failures:
+        parts.append(count_text(c.rank_failures, "rank failures"))
+    if not c.world_sizes:
+        where = "across no world sizes"
+    elif len(c.world_sizes) == 1:
+        where = f"across world size {c.world_sizes[0]}"
+    else:
+        where = "across world sizes " + ",".join(str(n) for n in c.world_sizes)
+    word = "INTERRUPTED" if result.interrupted else "OK" if result.ok else "FAIL"
+    if paint is not None:
+        word = paint(word, "pass" if result.ok else "fail")
+    return f"ddpcheck: {', '.join(parts)} {where} -> {word} (exit {result.exit_code})"
+
+
+def rank_summary(failures: Sequence[RankFailure]) -> str:
+    """``rank 1 crashed; ranks 0, 2 aborted``: failures grouped by kind, kinds in first-seen order."""
+    by_kind: dict[str, list[int]] = {}
+    for failure in failures:
+        by_kind.setdefault(failure.kind, []).append(failure.rank)
+    parts = []
+    for kind, ranks in by_kind.items():
+        verb = FAILURE_VERB.get(kind, kind)
+        noun = "rank" if len(ranks) == 1 else "ranks"
+        parts.append(f"{noun} {join_limited(ranks, str)} {verb}")
+    return "; ".join(parts)
+
+
+def join_limited(items: Iterable[object], fmt: Callable[[object], str], limit: int = MAX_LISTED) -> str:
+    """``a, b, c ... (+N more)``: evidence lists stay one readable line however long they are."""
+    items = list(items)
+    text = ", ".join(fmt(item) for item in items[:limit])
+    if len(items) > limit:
+        text += f" ... (+{len(items) - limit} more)"
+    return text
+
+
+def format_example(example: object) -> str:
+    """Ints as themselves, everything else as its repr (so strings and tuples keep their edges)."""
+    text = str(example) if type(example) is int else repr(example)
+    if len(text) > MAX_EXAMPLE_CHARS:
+        text = text[: MAX_EXAMPLE_CHARS - 3] + "..."
+    return text
+
+
+def evidence(verdict: Verdict, *, cause: bool = True) -> list[tuple[str, str]]:
+    """The non-empty evidence fields of a failed verdict, as (label, text) pairs in report order.
+
+    ``cause=False`` leaves the cause out (a report that lists causes once). Examples the detail sentence
+    already quotes are not printed a second time.
+    """
+    examples = join_limited(verdict.examples, format_example)
+    if examples and re.search(rf"(?<!\w)(?<!\d\.){re.escape(examples)}(?!\w)(?!\.\d)", verdict.detail):
+        examples = ""
+    rows = [
+        ("cause", verdict.cause if cause else ""),
+        ("ranks", join_limited(verdict.ranks, str)),
+        ("epochs", join_limited(verdict.epochs, str)),
+        ("e.g.", examples),
+    ]
+    return [(label, text) for label, text in rows if text]
+
+
+def trim_stack(stack: str, max_lines: int = STACK_LINES) -> list[str]:
+    """The innermost ``max_lines`` lines of a stack, with a marker line saying how many were left out.
+
+    Python tracebacks put the innermost frame last, so their tail is kept; faulthandler-style dumps
+    ("most recent call first") put it first, so their head is kept.
+    """
+    lines = [line.rstrip() for line in stack.strip("\n").splitlines()]
+    omitted = len(lines) - max_lines
+    if omitted <= 0:
+        return lines
+    if "most recent call first" in stack:
+        return [*lines[:max_lines], f"... ({omitted} later lines omitted)"]
+    start = omitted
+    for shift in range(4):  # begin at a frame ("  File ...") rather than in the middle of one
+        if start + shift < len(lines) and lines[start + shift].lstrip().startswith("File "):
+            start += shift
+            break
+    return [f"... ({start} earlier lines omitted)", *lines[start:]]
+
+
+def fmt_number(value: float) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if math.isnan(value):
+            return "nan"
+        return f"{value:.6g}"
+    return str(value)
+
+
+def fmt_diff(value: float) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if math.isnan(value):
+            return "nan"
+        return "0" if value == 0 else f"{value:+.4g}"
+    return str(value)
+
+
+def divergence_cause(row: object) -> str:
+    """``duplicated 3; dropped 1`` / ``order only``, then the row's own ``cause`` text if any."""
+    effects = str(getattr(row, "effects", ""))
+    cause = str(getattr(row, "cause", ""))
+    parts = [effects] if effects else []
+    if cause and cause not in parts:
+        parts.append(cause)
+    return "; ".join(parts) if parts else NOT_RUN
+
+
+def resume_cells(row: ResumeRow) -> list[str]:
+    """One stop point as table cells (shared by the terminal and Markdown tables)."""
+    moved = f"{row.world_size_from} -> {row.world_size_to}"
+    first = NOT_RUN if row.first_divergence is None else str(row.first_divergence)
+    return [moved, str(row.epoch), str(row.step), row.status, str(row.skipped), str(row.repeated), first]
+
+
+def skip_reasons(result: CheckResult, status: str = "skip") -> list[Reason]:
+    """Checks with ``status`` (skip or n/a) and why, identical (check, reason) merged across layouts."""
+    with_backend = show_backend(result)
+    merged: dict[tuple[str, str], list[WorldResult]] = {}
+    for run in result.runs:
+        for verdict in run.verdicts:
+            if verdict.status == status and verdict.detail:
+                runs = merged.setdefault((verdict.check, verdict.detail), [])
+                if not any(seen is run for seen in runs):
+                    runs.append(run)
+    return [Reason(worlds_label(runs, with_backend), check, why) for (check, why), runs in merged.items()]
+
+
+def worlds_label(runs: Sequence[WorldResult], with_backend: bool) -> str:
+    """``ws=1,2,4`` (or ``ws=1 gloo, ws=2 nccl`` when backends differ; meshes by their spec)."""
+    if with_backend or any(r.layout is not None and r.layout.mesh for r in runs):
+        plain = [r for r in runs if not (r.layout is not None and r.layout.mesh)]
+        if with_backend or not plain:
+            return ", ".join(world_label(run, with_backend) for run in runs)
+        meshes = [world_label(r, False) for r in runs if r not in plain]
+        return "; ".join(["ws=" + ",".join(str(r.world_size) for r in plain), *meshes])
+    return "ws=" + ",".join(str(run.world_size) for run in runs)
+
+
+def first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+
+# ------------------------------------------------------------------ causes
+
+
+def causes(result: CheckResult) -> list[Cause]:
+    """Distinct causes in report order: failed checks, then rank failures, then allowed failures; each
+    with what it explains, its fix and its findings."""
+    with_backend = show_backend(result)
+    found: dict[tuple[str, str], list[tuple[WorldResult, str]]] = {}
+    verdicts: dict[tuple[str, str], list[tuple[WorldResult, Verdict]]] = {}
+    for kind in CAUSE_KINDS:
+        for run in result.runs:
+            for label, text, verdict in _cause_items(run, kind):
+                where = found.setdefault((kind, text), [])
+                if not any(seen is run and name == label for seen, name in where):
+                    where.append((run, label))
+                if verdict is not None:
+                    verdicts.setdefault((kind, text), []).append((run, verdict))
+    out = []
+    for number, ((kind, text), where) in enumerate(found.items(), start=1):
+        listed = verdicts.get((kind, text), [])
+        fix = next((str(v.data.get("fix")) for _, v in listed if v.data.get("fix")), "")
+        base = Cause(number, kind, text, tuple(where))
+        out.append(
+            Cause(
+                number,
+                kind,
+                text,
+                tuple(where),
+                explains=explains(base, with_backend),
+                fix=fix,
+                findings=_findings(listed, with_backend),
+            )
+        )
+    return out
+
+
+def _cause_items(run: WorldResult, kind: str) -> list[tuple[str, str, Verdict | None]]:
+    if kind == "rank":
+        return [
+            (f"rank {f.rank}", f"{FAILURE_VERB.get(f.kind, f.kind)}: {first_line(f.message)}", None)
+            for f in run.failures
+            if f.kind != "secondary"
+        ]
+    return [(v.check, v.cause or NO_CAUSE, v) for v in run.verdicts if v.status == kind]
+
+
+def _findings(listed: Sequence[tuple[WorldResult, Verdict]], with_backend: bool) -> tuple[Finding, ...]:
+    """One finding per check: the first layout's evidence, the other layouts named."""
+    by_check: dict[str, list[tuple[WorldResult, Verdict]]] = {}
+    for run, verdict in listed:
+        by_check.setdefault(verdict.check, []).append((run, verdict))
+    order = {check: i for i, check in enumerate(ALL_CHECKS)}
+    out = []
+    for check in sorted(by_check, key=lambda c: order.get(c, len(order))):
+        (run, verdict), *others = by_check[check]
+        out.append(
+            Finding(
+                check=check,
+                status=verdict.status,
+                where=world_label(run, with_backend),
+                also=tuple(dict.fromkeys(world_label(r, with_backend) for r, _ in others)),
+                detail=verdict.detail or "failed",
+                evidence=tuple(evidence(verdict, cause=False)),
+            )
+        )
+    return tuple(out)
+
+
+def cause_number(found: Sequence[Cause], verdict: Verdict) -> int | None:
+    """The number of the cause listed for a failed or allowed verdict."""
+    text = verdict.cause or NO_CAUSE
+    for cause in found:
+        if cause.kind == verdict.status and cause.text == text:
+            return cause.number
+    return None
+
+
+def explains(cause: Cause, with_backend: bool) -> str:
+    """``coverage, no_overlap at ws=2,3; padding_bound at ws=3``: names sharing layouts merged."""
+    runs_of: dict[str, list[WorldResult]] = {}
+    for run, name in cause.where:
+        runs_of.setdefault(name, []).append(run)
+    order = {check: i for i, check in enumerate(ALL_CHECKS)}
+    names = sorted(runs_of, key=lambda name: order.get(name, len(order)))
+    merged: dict[str, list[str]] = {}
+    for name in names:
+        merged.setdefault(worlds_label(runs_of[name], with_backend), []).append(name)
+    return "; ".join(f"{', '.join(group)} at {where}" for where, group in merged.items())
