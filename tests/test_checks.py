@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddpcheck.checks import REGISTRY, Context, run_checks
+from ddpcheck.checks.diagnose import SHARDED_TWICE
 from ddpcheck.checks.ids import ALL_CHECKS, DATA_CHECKS, METRIC_EQUIVALENCE
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.trace import EpochTrace, LoaderFacts, RankTrace, RunTrace
@@ -236,11 +237,12 @@ def test_coverage_rank_aware_dataset_under_distributed_sampler() -> None:
     trace = run([[s[r::w]] * 2 for r, s in enumerate(shards)], padding=True)  # ...and split again
     verdict = check("coverage", ref, trace)
     assert verdict.failed
-    assert verdict.cause.startswith("the loader's length depends on the rank")
-    assert "only 10 of 40" in verdict.cause
+    assert verdict.cause == SHARDED_TWICE  # one cause whatever the world size: each rank sees 1/W² of it
+    assert "30 samples of 40 are never seen by any rank" in verdict.detail
+    assert verdict.fix.startswith("shard once")
     with_len = run([[s[r::w]] * 2 for r, s in enumerate(shards)], padding=True, dataset_len=10)
     verdict = check("coverage", ref, with_len)
-    assert "the dataset has 10 samples on rank 0 but 40 in a single process" in verdict.cause
+    assert verdict.cause == SHARDED_TWICE  # named before the per-rank length it implies
 
 
 def test_coverage_with_resampling_reference_counts_only() -> None:
@@ -340,7 +342,9 @@ def test_no_overlap_allows_padding_only_when_padding_possible() -> None:
     verdict = check("padding_bound", ref, no_pad)
     assert verdict.failed
     assert "but the sampler does not pad, so none are allowed" in verdict.detail
-    assert verdict.data == {"duplicates": 2, "bound": 0, "epochs_failing": 2}
+    assert verdict.data == {
+        "duplicates": 2, "bound": 0, "epochs_failing": 2, "copies": 2, "samples": 10, "noun": "samples"
+    }  # fmt: skip
 
 
 def test_padding_bound_pads_to_whole_batches() -> None:

@@ -397,6 +397,7 @@ KNOWN_JSON = {
                     "status": "pass",
                     "detail": "",
                     "cause": "",
+                    "fix": "",
                     "ranks": [],
                     "epochs": [],
                     "examples": [],
@@ -406,6 +407,7 @@ KNOWN_JSON = {
                     "status": "fail",
                     "detail": "2 samples on two ranks",
                     "cause": "set_epoch missing",
+                    "fix": "",
                     "ranks": [0, 1],
                     "epochs": [1],
                     "examples": [5, [6, [7, 8]], "x", "b'\\x00'"],
@@ -512,7 +514,7 @@ def test_json_round_trips_the_mixed_result() -> None:
             "resume",
         }
         for check in run["checks"].values():
-            assert set(check) == {"status", "detail", "cause", "ranks", "epochs", "examples", "data"}
+            assert set(check) == {"status", "detail", "cause", "fix", "ranks", "epochs", "examples", "data"}
 
 
 def test_jsonable_never_produces_invalid_json() -> None:
@@ -849,7 +851,10 @@ def test_allowed_and_na_are_counted_apart_and_never_fail_the_run() -> None:
     assert cells["determinism"] == ["PASS", "skip"]
     assert _section(text, "Causes") == ["[1] (allowed) set_epoch is never called", "    -> reshuffle at ws=2"]
     details = _section(text, "Details")
-    assert details[0] == "[1] ws=2 reshuffle (allowed): every rank sees the same samples in epoch 1 as in epoch 0"
+    assert (
+        details[0]
+        == "[1] ws=2 reshuffle (allowed): every rank sees the same samples in epoch 1 as in epoch 0"
+    )
     assert _section(text, "Not applicable") == ["[ws=1,2] worker_sharding: the loader has no workers"]
     assert _section(text, "Skipped (could not be judged)") == ["[ws=2] determinism: no second run"]
     colored = render_table(result, color=True, layout="tall")
@@ -974,8 +979,10 @@ def test_one_cause_listed_once_for_every_check_and_world_size_it_explains(seed_b
     assert text.count(seed_cause) == 1
     causes = _section(text, "Causes")
     assert causes[0] == f"[1] {seed_cause}"
-    explained = " ".join(line.strip() for line in causes[1:])  # wrapped at 100 columns
+    fix = next(i for i, line in enumerate(causes) if line.strip().startswith("fix:"))
+    explained = " ".join(line.strip() for line in causes[1:fix])  # wrapped at 100 columns
     assert explained == "-> coverage, no_overlap, padding_bound, single_process_equivalence at ws=2,3"
+    assert causes[fix].strip() == "fix: seed the sampler the same on every rank (seed=0, not seed=rank)"
     details = _section(text, "Details")
     heads = [line for line in details if line.startswith("[1] ws=")]
     # grouped by cause: each failing check once, at the first world size, the other one named

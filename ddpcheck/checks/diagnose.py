@@ -4,7 +4,7 @@ Each bug leaves a distinct shape in the trace: a sampler that ignores the rank g
 same stream; a rank-dependent seed gives ranks unrelated permutations, so a large random share of
 each rank's items shows up on another rank too while other items reach no rank at all; a rank-aware
 dataset under a DistributedSampler splits the data twice, so the ranks together see only about 1/W
-of it.
+of it (each rank 1/W²).
 """
 
 from __future__ import annotations
@@ -37,6 +37,11 @@ PADS_TOO_MUCH = (
 WITHIN_RANK = "a rank repeats samples within its own epoch (see worker_sharding)"
 DROPS_TAIL = "the sampler drops the tail: pad or use fewer ranks"
 LENGTH_BY_RANK = "the loader's length depends on the rank"
+SHARDED_TWICE = (
+    "sharded twice: the data is split by rank and then split again (a rank-aware dataset under a "
+    "DistributedSampler, or a framework that shards a loader already sharded), so each rank sees about "
+    "1/W² of the epoch"
+)
 GAPS = (
     "some samples reach no rank: the split between ranks leaves gaps "
     "(check the sampler's num_replicas/rank arithmetic)"
@@ -152,16 +157,13 @@ def missing_cause(ctx: Context, view: EpochView, allowed: int) -> str:
     """The likely bug behind reference items that no rank sees."""
     if view.cross_excess > ctx.allowance(view).duplicates:
         return overlap_cause(ctx, view)[0]
+    n = len(view.ref_items)
+    w = ctx.world_size
+    if w > 1 and n >= w * w and view.total * w <= n * 1.5:  # together about 1/W of the epoch
+        return SHARDED_TWICE
     why, _ = length_by_rank(ctx)
     if why:
         return why
-    n = len(view.ref_items)
-    w = ctx.world_size
-    if w > 1 and n >= w and view.total * w <= n * 1.5:
-        return (
-            f"{LENGTH_BY_RANK}: the ranks together yield only {view.total} of {n} {ctx.noun}, "
-            f"as if the data were split twice (a rank-aware dataset under a DistributedSampler?)"
-        )
     counts = {len(items) for items in view.rank_items}
     step = max(ctx.facts.batch_size or 1, 1) if not ctx.batch_level else 1
     if len(counts) == 1 and view.missing_count < w * step + allowed:

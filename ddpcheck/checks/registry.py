@@ -10,6 +10,7 @@ from ddpcheck.checks.context import Context
 from ddpcheck.checks.coverage import check_coverage
 from ddpcheck.checks.determinism import check_determinism
 from ddpcheck.checks.equivalence import check_single_process_equivalence
+from ddpcheck.checks.fixes import with_fix
 from ddpcheck.checks.ids import (
     ALL_CHECKS,
     BATCH_INTEGRITY,
@@ -86,4 +87,4 @@ def run_checks(
     """
     selected = _selected(only)
     ctx = Context(reference, run, rerun)
-    return [REGISTRY[check](reference, run, rerun, ctx=ctx) for check in selected]
+    return [with_fix(REGISTRY[check](reference, run, rerun, ctx=ctx)) for check in selected]

@@ -13,7 +13,8 @@ user declared that failure a design choice with ``--allow CHECK``."""
 
 @dataclass(frozen=True)
 class Verdict:
-    """``detail`` is one plain sentence a user can act on; ``cause`` names the likely bug.
+    """``detail`` is one plain sentence a user can act on; ``cause`` names the likely bug and ``fix``
+    says what to change (:mod:`ddpcheck.checks.fixes`).
 
     ``ranks``, ``epochs`` and ``examples`` carry the concrete evidence (a few ids, not all of them),
     so a report can say "rank 1 and rank 3 both see samples 17, 42".
@@ -27,6 +28,7 @@ class Verdict:
     epochs: tuple[int, ...] = ()
     examples: tuple[object, ...] = ()
     data: dict[str, object] = field(default_factory=dict)
+    fix: str = ""
 
     @property
     def failed(self) -> bool:

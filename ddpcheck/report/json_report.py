@@ -34,7 +34,7 @@ Schema (``SCHEMA_VERSION = 2``); every key is always present::
         "padding": str,              # "4 of 64 samples seen twice (6%)", "none", "" when not judged
         "checks": {                  # in report column order; a repeated id gets "#2", "#3" ...
           CHECK_ID: {"status": "pass" | "fail" | "skip" | "n/a" | "allowed", "detail": str,
-                     "cause": str, "ranks": [int, ...], "epochs": [int, ...], "examples": [...],
+                     "cause": str, "fix": str, "ranks": [int, ...], "epochs": [int, ...], "examples": [...],
                      "data": {...}}
         },
         "failures": [{"rank": int, "kind": str, "message": str, "stack": str, "progress": str}],
@@ -202,6 +202,7 @@ def _verdict(verdict: Verdict) -> dict[str, Any]:
         "status": verdict.status,
         "detail": verdict.detail,
         "cause": verdict.cause,
+        "fix": verdict.fix,
         "ranks": jsonable(list(verdict.ranks)),
         "epochs": jsonable(list(verdict.epochs)),
         "examples": jsonable(list(verdict.examples)),

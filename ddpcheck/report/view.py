@@ -463,7 +463,7 @@ def causes(result: CheckResult) -> list[Cause]:
     out = []
     for number, ((kind, text), where) in enumerate(found.items(), start=1):
         listed = verdicts.get((kind, text), [])
-        fix = next((str(v.data.get("fix")) for _, v in listed if v.data.get("fix")), "")
+        fix = next((v.fix for _, v in listed if v.fix), "")
         base = Cause(number, kind, text, tuple(where))
         out.append(
             Cause(
