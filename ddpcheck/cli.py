@@ -60,6 +60,32 @@ def _world_sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
+def _mesh(text: str) -> str:
+    """``--mesh dp=2,tp=2``: checked as a spec here (sizes, names); which dimensions split the data is
+    checked with ``--data-dims`` once both are known."""
+    from ddpcheck.layout import LayoutError, parse_mesh
+
+    try:
+        layout = parse_mesh(text, data_dims=tuple(part.split("=")[0].strip() for part in text.split(",")))
+    except LayoutError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if layout.world_size > MAX_SIMULATED_RANKS:
+        raise argparse.ArgumentTypeError(
+            f"mesh {layout.spec} has {layout.world_size} ranks, more than {MAX_SIMULATED_RANKS} "
+            "(simulated ranks)"
+        )
+    return layout.spec
+
+
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not names or not all(name.isidentifier() for name in names):
+        raise argparse.ArgumentTypeError(
+            f"expected mesh dimension names such as dp or dp_replicate,dp_shard, got {text!r}"
+        )
+    return names
+
+
 def _number(
     convert: Callable[[str], Any],
     expected: str,
@@ -112,7 +138,7 @@ def _factory_arg(text: str) -> tuple[str, Any]:
     key = key.strip()
     if not sep or not key.isidentifier() or keyword.iskeyword(key):
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE with KEY a Python name, got {text!r}")
-    if key in ("rank", "world_size", "batch_size"):
+    if key in ("rank", "world_size", "batch_size", "dp_rank", "dp_world_size", "mesh"):
         raise argparse.ArgumentTypeError(
             f"ddpcheck passes {key} itself" + (" (use --batch-size)" if key == "batch_size" else "")
         )
@@ -183,6 +209,33 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="1,2,3,4",
         help=f"world sizes to check (real ranks: at most {MAX_REAL_RANKS}; "
         f"with --simulate at most {MAX_SIMULATED_RANKS})",
+    )
+    parser.add_argument(
+        "--mesh",
+        "--meshes",
+        dest="meshes",
+        type=_mesh,
+        action="append",
+        default=[],
+        metavar="dp=2,tp=2",
+        help="a device mesh to check, dimensions outermost first (repeatable; with --world-sizes too): "
+        "only data-parallel dimensions (names starting with dp) split the data, the others must see "
+        "identical batches",
+    )
+    parser.add_argument(
+        "--data-dims",
+        type=_names,
+        default=(),
+        metavar="NAME[,NAME]",
+        help="the mesh dimensions that split the data (default: the names that start with dp)",
+    )
+    parser.add_argument(
+        "--sequence-dims",
+        type=_names,
+        default=None,
+        metavar="NAME[,NAME]",
+        help="mesh dimensions whose ranks get the same samples, each its own slice of every sequence "
+        "(DeepSpeed Ulysses): their contents are not compared (default: the names that start with sp)",
     )
     parser.add_argument("--epochs", type=_epochs, default=2, help="epochs recorded per run")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="process group backend")
@@ -335,9 +388,14 @@ def _given_on_command_line(argv: Sequence[str] | None) -> argparse.Namespace:
 def check_combination(args: argparse.Namespace) -> None:
     """Checks that need several options at once (argparse checks each alone)."""
     joined = args.rank is not None or args.world_size is not None or args.master_addr is not None
-    if not joined and not args.simulate and max(args.world_sizes) > MAX_REAL_RANKS:
+    if args.meshes and args.option_sources.get("world_sizes") == "default":
+        args.world_sizes = ()  # --mesh alone checks the meshes (and the single-process reference)
+    _check_meshes(args)
+    largest = max((*args.world_sizes, *(_ranks_of(mesh) for mesh in args.meshes)), default=1)
+    if not joined and not args.simulate and largest > MAX_REAL_RANKS:
+        what = f"world size {largest}" if largest in args.world_sizes else f"a mesh of {largest} ranks"
         raise UsageError(
-            f"world size {max(args.world_sizes)} exceeds {MAX_REAL_RANKS} real ranks (processes on this "
+            f"{what} exceeds {MAX_REAL_RANKS} real ranks (processes on this "
             f"machine); use --simulate for up to {MAX_SIMULATED_RANKS} simulated ranks"
         )
     if args.rank is not None and args.world_size is not None and args.rank >= args.world_size:
@@ -353,6 +411,24 @@ def check_combination(args: argparse.Namespace) -> None:
         raise UsageError(f"cannot use loader file {_short(args.loader)}: {exc}") from None
     if args.junit is not None:
         _refuse_own_report(args.junit, args.report_dir)
+
+
+def _ranks_of(spec: str) -> int:
+    from ddpcheck.layout import parse_mesh
+
+    return parse_mesh(spec, data_dims=tuple(part.split("=")[0] for part in spec.split(","))).world_size
+
+
+def _check_meshes(args: argparse.Namespace) -> None:
+    """Each mesh with the data dimensions: it must have one (--data-dims names only its own)."""
+    from ddpcheck.layout import LayoutError, parse_meshes
+
+    if (args.data_dims or args.sequence_dims) and not args.meshes:
+        raise UsageError("--data-dims and --sequence-dims name mesh dimensions: give --mesh too")
+    try:
+        parse_meshes(args.meshes, args.data_dims, args.sequence_dims)
+    except LayoutError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _short(text: str, limit: int = 80) -> str:
@@ -486,6 +562,9 @@ def _options(args: argparse.Namespace) -> Any:
         elif hasattr(args, field.name):
             values[field.name] = getattr(args, field.name)
     values["allow"] = tuple(args.allow)
+    values["meshes"] = tuple(args.meshes)
+    values["data_dims"] = tuple(args.data_dims)
+    values["sequence_dims"] = None if args.sequence_dims is None else tuple(args.sequence_dims)
     values["factory_args"] = tuple(dict(args.factory_args or {}).items())
     values["extra"] = {"option_sources": args.option_sources}
     if args.config_file:

@@ -176,7 +176,7 @@ def _from_env(action: argparse.Action, text: str, name: str) -> Any:
             raise ConfigError(f"{name}: expected 1/0, true/false, yes/no or on/off, got {text!r}")
         return _flag(action, lowered in _TRUE)
     if _is_list_option(action):  # several values: comma-separated (factory arguments: ';'-separated)
-        sep = ";" if action.dest == "factory_args" else ","
+        sep = ";" if action.dest in ("factory_args", "meshes") else ","  # a mesh spec holds commas
         return [_convert(action, part.strip(), name) for part in text.split(sep) if part.strip()]
     return _convert(action, text, name)
 

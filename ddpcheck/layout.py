@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 DATA_PREFIX = "dp"  # dimensions whose names start with this split the data (dp, dp_replicate, dp_shard)
+SEQUENCE_PREFIX = "sp"  # ... with this, the loader slices each sequence (DeepSpeed Ulysses): same samples
 PLAIN_DIM = "dp"  # the one dimension of a plain world size
 
 
@@ -33,6 +34,9 @@ class Layout:
     dims: tuple[tuple[str, int], ...]
     data_dims: tuple[str, ...]
     mesh: bool = True
+    # replicas along these dimensions get the same samples but each its own slice of every sequence
+    # (a loader that shards the sequence, as DeepSpeed's Ulysses adapter does): contents may differ
+    sequence_dims: tuple[str, ...] = ()
 
     @classmethod
     def plain(cls, world_size: int) -> Layout:
@@ -106,6 +110,12 @@ class Layout:
         ]
         return ",".join(parts)
 
+    def sequence_coords(self, rank: int) -> tuple[int, ...]:
+        """``rank``'s coordinates along the sequence-sharding dimensions (() when there are none)."""
+        return tuple(
+            c for (name, _), c in zip(self.dims, self.coords(rank), strict=True) if name in self.sequence_dims
+        )
+
     def replica_groups(self) -> list[list[int]]:
         """Ranks grouped by data-parallel rank (index = dp rank), each group in rank order."""
         groups: list[list[int]] = [[] for _ in range(self.dp_world_size)]
@@ -118,10 +128,13 @@ class Layout:
         return [group[0] for group in self.replica_groups()]
 
 
-def parse_mesh(text: str, data_dims: tuple[str, ...] | None = None) -> Layout:
+def parse_mesh(
+    text: str, data_dims: tuple[str, ...] | None = None, sequence_dims: tuple[str, ...] | None = None
+) -> Layout:
     """``"dp=2,tp=2"`` -> a mesh layout; raises :class:`LayoutError` with one line for a bad spec.
 
-    ``data_dims`` overrides which names split the data (default: the names that start with ``dp``).
+    ``data_dims`` overrides which names split the data (default: the names that start with ``dp``);
+    ``sequence_dims`` which ones slice every sequence (default: the names that start with ``sp``).
     """
     dims: list[tuple[str, int]] = []
     for part in text.split(","):
@@ -147,14 +160,33 @@ def parse_mesh(text: str, data_dims: tuple[str, ...] | None = None) -> Layout:
     names = [name for name, _ in dims]
     if data_dims is None:
         chosen = tuple(name for name in names if name.startswith(DATA_PREFIX))
-    else:
-        unknown = [name for name in data_dims if name not in names]
-        if unknown:
-            raise LayoutError(f"mesh {text!r} has no dimension {unknown[0]} (named by --data-dims)")
+    else:  # names another mesh has are no error here (check_names checks them against every mesh)
         chosen = tuple(name for name in names if name in data_dims)
     if not chosen:
         raise LayoutError(
             f"mesh {text!r} has no data-parallel dimension: name one dp, dp_replicate or dp_shard, "
             "or say which with --data-dims"
         )
-    return Layout(tuple(dims), chosen, mesh=True)
+    if sequence_dims is None:
+        sequence = tuple(n for n in names if n.startswith(SEQUENCE_PREFIX) and n not in chosen)
+    else:
+        both = [n for n in sequence_dims if n in chosen]
+        if both:
+            raise LayoutError(f"mesh {text!r}: {both[0]} cannot both split the data and slice sequences")
+        sequence = tuple(n for n in names if n in sequence_dims)
+    return Layout(tuple(dims), chosen, mesh=True, sequence_dims=sequence)
+
+
+def parse_meshes(
+    specs: tuple[str, ...] | list[str],
+    data_dims: tuple[str, ...] = (),
+    sequence_dims: tuple[str, ...] | None = None,
+) -> list[Layout]:
+    """Every ``--mesh`` with the ``--data-dims`` and ``--sequence-dims`` given for all of them; a name in
+    those that no mesh has is an error (a typo must not pass silently)."""
+    known = {part.partition("=")[0].strip() for spec in specs for part in spec.split(",")}
+    for option, names in (("--data-dims", data_dims), ("--sequence-dims", sequence_dims or ())):
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            raise LayoutError(f"{option} names {unknown[0]}, a dimension of no mesh given")
+    return [parse_mesh(spec, data_dims or None, sequence_dims) for spec in specs]

@@ -145,6 +145,7 @@ class EpochTrace:
     batch_sizes: Sequence[int]
     len_loader: int | None
     worker_ids: Sequence[int] | None = None  # per batch, the DataLoader worker that produced it
+    digests: Sequence[int] | None = None  # per batch, a digest of its whole content (replica checks)
 
     @property
     def num_batches(self) -> int:

@@ -27,6 +27,7 @@ from ddpcheck.checks.ids import (
     EQUAL_STEPS,
     NO_OVERLAP,
     PADDING_BOUND,
+    REPLICA_CONSISTENCY,
     RESHUFFLE,
     RESUME,
     SINGLE_PROCESS_EQUIVALENCE,
@@ -193,7 +194,11 @@ def _assert_matches(case: Case, result: CheckResult) -> None:
     for run in result.runs:
         assert not run.failures, f"world size {run.world_size}: rank failures {run.failures}"
         statuses = {v.check: v.status for v in run.verdicts}
-        assert set(statuses) - {RESUME} == set(DATA_CHECKS)  # resume: n/a, or pass for --patch loaders
+        assert set(statuses) - {RESUME} == {
+            *DATA_CHECKS,
+            REPLICA_CONSISTENCY,
+        }  # resume: n/a or pass (--patch)
+        assert statuses[REPLICA_CONSISTENCY] == "n/a"  # plain world sizes have no replicas
         failed = {check for check, status in statuses.items() if status == "fail"}
         expected = case.fails_at_1 if run.world_size == 1 else case.fails
         assert failed == expected, (

@@ -34,9 +34,9 @@ from ddpcheck.report import (
     to_json_dict,
     write_reports,
 )
-from ddpcheck.report.view import evidence
 from ddpcheck.report.json_report import jsonable
 from ddpcheck.report.junit import xml_text
+from ddpcheck.report.view import evidence
 from ddpcheck.result import CheckResult, MetricRow, ResumeRow, WorldResult
 from ddpcheck.session import check_loader
 from ddpcheck.trace import RankFailure
@@ -363,6 +363,7 @@ KNOWN_JSON = {
         "skipped": 1,
         "rank_failures": 1,
         "world_sizes": [2, 4],
+        "meshes": [],
     },
     "causes": [
         {
@@ -873,6 +874,7 @@ def test_statuses_in_json_and_markdown() -> None:
         "skipped": 1,
         "rank_failures": 0,
         "world_sizes": [1, 2],
+        "meshes": [],
     }
     ws2 = data["runs"][1]["checks"]
     assert ws2["reshuffle"]["status"] == "allowed" and ws2["reshuffle"]["detail"] == RESHUFFLE_FAIL.detail

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from ddpcheck.checker.recording import RecordOptions
+from ddpcheck.layout import Layout, LayoutError, parse_meshes
 
 if TYPE_CHECKING:
     from ddpcheck.launch import ProgressCallback
@@ -46,17 +47,35 @@ class CheckOptions:
     preload: bool = True  # import the file's third-party modules once, before ranks are forked
     resume: bool = True  # the mid-epoch resume check, where the loader has a state mechanism
     elastic: bool = False  # also restore at other world sizes
+    # --- device meshes: each spec a layout beside the world sizes (ddpcheck.layout) ---
+    meshes: tuple[str, ...] = ()  # "dp=2,tp=2", dimensions outermost first
+    data_dims: tuple[str, ...] = ()  # the dimensions that split the data; () = the names starting with dp
+    sequence_dims: tuple[str, ...] | None = None  # ...that slice every sequence; None = names starting sp
     # --- the live progress display (ddpcheck.progress): not an option of the run, never reported ---
     on_progress: ProgressCallback | None = field(default=None, compare=False, repr=False)
 
-    def record_options(self) -> RecordOptions:
-        """What the ranks need of these options (the fields both share, by name)."""
-        return RecordOptions(**{f.name: getattr(self, f.name) for f in fields(RecordOptions)})
+    def record_options(self, layout: Layout | None = None, *, digest: bool = False) -> RecordOptions:
+        """What the ranks need of these options (the fields both share, by name), in ``layout``."""
+        shared = {f.name: getattr(self, f.name) for f in fields(RecordOptions) if hasattr(self, f.name)}
+        return RecordOptions(**shared, layout=layout, digest=digest)
+
+
+def mesh_layouts(options: CheckOptions) -> list[Layout]:
+    """The meshes asked for, as layouts; BadInput (exit 2) for a spec that describes no ranks."""
+    if (options.data_dims or options.sequence_dims) and not options.meshes:
+        raise BadInput("--data-dims and --sequence-dims name mesh dimensions: give --mesh too")
+    try:
+        return parse_meshes(options.meshes, options.data_dims, options.sequence_dims)
+    except LayoutError as exc:
+        raise BadInput(str(exc)) from None
 
 
 def validate(options: CheckOptions) -> None:
-    if not options.world_sizes:
-        raise BadInput("no world sizes given")
+    if not isinstance(options.meshes, tuple) or not all(isinstance(m, str) for m in options.meshes):
+        raise BadInput(f"meshes must be specs such as 'dp=2,tp=2', got {options.meshes!r}")
+    meshes = mesh_layouts(options)
+    if not options.world_sizes and not meshes:
+        raise BadInput("no world sizes or meshes given")
     for ws in options.world_sizes:
         if not isinstance(ws, int) or isinstance(ws, bool) or ws < 1:
             raise BadInput(f"world sizes must be positive integers, got {ws!r}")

@@ -11,13 +11,14 @@ from __future__ import annotations
 import copy
 import operator
 import sys
+from array import array
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Any, cast
 
-from ddpcheck.checker.identity import make_id_extractor
+from ddpcheck.checker.identity import batch_digest, make_id_extractor
 from ddpcheck.checker.index_log import adopt, catch_all, index_items, log_of
 from ddpcheck.checker.loaderfile import (
     BadLoaderFile,
@@ -31,9 +32,11 @@ from ddpcheck.checker.loaderfile import (
     unwrap_loader,
 )
 from ddpcheck.launch.rank import report_progress
+from ddpcheck.layout import Layout
 from ddpcheck.trace import EpochTrace, IdBuffer, LoaderFacts, RankTrace
 
 MAX_ITEMS_PER_EPOCH = 50_000_000
+Batch = tuple[list[Hashable], "int | None", "int | None"]  # ids, DataLoader worker, content digest
 
 
 @dataclass(frozen=True)
@@ -48,12 +51,41 @@ class RecordOptions:
     steps: int | None = None  # per rank per window: one continuing iterator, cut into ``epochs`` windows
     ids_from_data: bool = False  # map-style too: ids from the batches (a field), not dataset indices
     factory_args: tuple[tuple[str, Any], ...] = ()  # --factory-arg KEY=VALUE, passed by name
+    layout: Layout | None = None  # the ranks' layout (a device mesh); None: a plain world size
+    digest: bool = False  # digest every batch's content (replicas of a mesh must receive identical batches)
 
 
 @dataclass(frozen=True)
 class RankRecording:
     trace: RankTrace
     id_source: str
+
+
+MESH_DEVICE = {"nccl": "cuda"}  # the device type init_device_mesh takes for a backend (else cpu)
+
+
+class _MeshWanted:
+    """Stands in for ``mesh`` among a factory's keywords until it is known the factory takes it: a
+    DeviceMesh creates process groups, which only a factory that uses one should pay for."""
+
+
+def device_mesh(layout: Layout) -> Any:
+    """A real ``DeviceMesh`` of ``layout`` over the initialised default group (its names, its shape)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    device = MESH_DEVICE.get(str(dist.get_backend()), "cpu") if dist.is_initialized() else "cpu"
+    return init_device_mesh(device, layout.shape, mesh_dim_names=layout.names)
+
+
+def layout_of(options: RecordOptions, world_size: int) -> Layout:
+    """The layout this rank runs in; a mesh whose size is not the group's is bad input."""
+    layout = options.layout or Layout.plain(world_size)
+    if layout.world_size != world_size:
+        raise BadLoaderFile(
+            f"mesh {layout.spec} has {layout.world_size} ranks, but the process group has {world_size}"
+        )
+    return layout
 
 
 def group_position() -> tuple[int, int]:
@@ -74,7 +106,14 @@ def build_loader(
     """
     module = load_module(spec, fresh=fresh)
     factory = get_factory(module, spec)
-    available: dict[str, Any] = {"rank": rank, "world_size": world_size}
+    layout = layout_of(options, world_size)
+    available: dict[str, Any] = {
+        "rank": rank,
+        "world_size": world_size,
+        "dp_rank": layout.dp_rank(rank),
+        "dp_world_size": layout.dp_world_size,
+        "mesh": _MeshWanted(),
+    }
     if options.batch_size is not None:
         available["batch_size"] = options.batch_size
     if options.factory_args:
@@ -84,13 +123,18 @@ def build_loader(
             name = getattr(factory, "__name__", "factory")
             raise BadLoaderFile(f"{name}() takes no parameter {refused[0]!r} (given with --factory-arg)")
         available.update(options.factory_args)
+    if isinstance(factory_kwargs(factory, available).get("mesh"), _MeshWanted):
+        available["mesh"] = device_mesh(layout)
+    else:
+        del available["mesh"]
     with catch_all() as early:  # iterators the factory itself starts (one kept for every epoch)
         loader = call_factory(factory, available)
     adopt(unwrap_loader(loader), early)
     if options.patch:
         from ddpcheck.reference.patch import patch_dataloader_to_ddp
 
-        loader = patch_dataloader_to_ddp(unwrap_loader(loader), num_replicas=world_size, rank=rank)
+        replicas, replica = layout.dp_world_size, layout.dp_rank(rank)
+        loader = patch_dataloader_to_ddp(unwrap_loader(loader), num_replicas=replicas, rank=replica)
     return loader, module
 
 
@@ -173,6 +217,7 @@ def record_rank(spec: LoaderSpec, options: RecordOptions) -> RankRecording:
         and hook is None
         and not options.load_data
         and not options.ids_from_data
+        and not options.digest
         and sampler_only_is_exact(outer, loader)
     )
     if not by_sampler:
@@ -206,16 +251,17 @@ class Stream:
         self.by_sampler = by_sampler
         self.info = StreamInfo()
         self.passes = 0
-        self._iterator: Iterator[tuple[list[Hashable], int | None]] | None = None
+        self._iterator: Iterator[Batch] | None = None
 
-    def _open(self, epoch: int) -> Iterator[tuple[list[Hashable], int | None]]:
+    def _open(self, epoch: int) -> Iterator[Batch]:
         if self.options.set_epoch and epoch > 0:
             set_epoch_everywhere(self.outer, epoch)
         if self.by_sampler:
-            return _sampler_batches(self.loader)
+            return ((ids, worker, None) for ids, worker in _sampler_batches(self.loader))
+        digest = self.options.digest
         return (
-            (ids, worker)
-            for _, ids, worker in batches_with_ids(
+            (ids, worker, batch_digest(batch) if digest else None)
+            for batch, ids, worker in batches_with_ids(
                 self.outer,
                 self.hook,
                 self.facts,
@@ -230,6 +276,7 @@ class Stream:
         ids = IdBuffer()
         sizes: list[int] = []
         workers: list[int | None] = []
+        digests: list[int] = []
         if steps is None:
             iterator = self._open(epoch)
             limit = None
@@ -245,17 +292,19 @@ class Stream:
         while limit is None or count < limit:
             report_progress(f"epoch {epoch}, batch {count + 1}{of}")
             try:
-                batch_ids, worker = next(iterator)
+                batch_ids, worker, digest = next(iterator)
             except StopIteration:
                 if steps is None:
                     break
                 self.passes += 1  # an iteration-based loop starts the next pass of the loader
                 self._iterator = iterator = self._open(self.passes)
                 try:
-                    batch_ids, worker = next(iterator)
+                    batch_ids, worker, digest = next(iterator)
                 except StopIteration:
                     break
             count += 1
+            if digest is not None:
+                digests.append(digest)
             ids.extend(batch_ids)
             size = len(batch_ids)
             sizes.append(size)
@@ -271,6 +320,7 @@ class Stream:
             batch_sizes=sizes,
             len_loader=len_loader,
             worker_ids=[w for w in workers if w is not None] if known_workers else None,
+            digests=array("q", digests) if self.options.digest else None,
         )
 
 

@@ -9,6 +9,7 @@ DETERMINISM = "determinism"
 BATCH_INTEGRITY = "batch_integrity"
 WORKER_SHARDING = "worker_sharding"
 SINGLE_PROCESS_EQUIVALENCE = "single_process_equivalence"
+REPLICA_CONSISTENCY = "replica_consistency"
 METRIC_EQUIVALENCE = "metric_equivalence"
 TRAINING_EQUIVALENCE = "training_equivalence"
 RESUME = "resume"
@@ -25,7 +26,16 @@ DATA_CHECKS = (
     WORKER_SHARDING,
     SINGLE_PROCESS_EQUIVALENCE,
 )
-ALL_CHECKS = (*DATA_CHECKS, METRIC_EQUIVALENCE, TRAINING_EQUIVALENCE, RESUME, ELASTIC_RESUME)
+# replica_consistency is judged per layout beside the data checks (ddpcheck.checks.replicas)
+ALL_CHECKS = (
+    *DATA_CHECKS[:4],
+    REPLICA_CONSISTENCY,
+    *DATA_CHECKS[4:],
+    METRIC_EQUIVALENCE,
+    TRAINING_EQUIVALENCE,
+    RESUME,
+    ELASTIC_RESUME,
+)
 
 # Column labels for one-row-per-world-size tables, where full ids would not fit a terminal.
 SHORT_LABELS = {
@@ -33,6 +43,7 @@ SHORT_LABELS = {
     NO_OVERLAP: "overlap",
     PADDING_BOUND: "pad",
     EQUAL_STEPS: "steps",
+    REPLICA_CONSISTENCY: "replica",
     RESHUFFLE: "shuffle",
     DETERMINISM: "determ",
     BATCH_INTEGRITY: "batches",

@@ -50,14 +50,14 @@ def failure_summary(result: CheckResult) -> str:
     problems = []
     for run in result.runs:
         failed = [v.check for v in run.verdicts if v.failed]
+        mesh = run.layout is not None and run.layout.mesh
+        where = f"mesh {run.label}" if mesh else f"world size {run.world_size}"
         if failed:
-            problems.append(f"{', '.join(failed)} at world size {run.world_size}")
+            problems.append(f"{', '.join(failed)} at {where}")
         own = [f for f in run.failures if f.kind != "secondary"] or list(run.failures)
         if own:
             ranks = ", ".join(str(f.rank) for f in own)
-            problems.append(
-                f"rank{'s' if len(own) > 1 else ''} {ranks} crashed or hung at world size {run.world_size}"
-            )
+            problems.append(f"rank{'s' if len(own) > 1 else ''} {ranks} crashed or hung at {where}")
     path, sep, factory = result.loader.partition("::")
     name = Path(path).name + sep + factory
     return f"ddpcheck: {name} fails {'; '.join(problems) or 'its checks'}"
@@ -143,24 +143,44 @@ def loader_spec(source: LoaderSource, factory: str | None) -> tuple[str, str]:
 
 
 def check_options(
-    world_sizes: int | tuple[int, ...] | list[int], epochs: int, factory: str | None, options: dict[str, Any]
+    world_sizes: int | tuple[int, ...] | list[int] | None,
+    epochs: int,
+    factory: str | None,
+    options: dict[str, Any],
 ) -> CheckOptions:
-    """``CheckOptions`` from keyword options; an unknown option is a TypeError that lists the known ones."""
+    """``CheckOptions`` from keyword options; an unknown option is a TypeError that lists the known ones.
+
+    ``meshes`` may be specs (``"dp=2,tp=2"``) or dicts (``{"dp": 2, "tp": 2}``); without ``world_sizes``
+    a check with meshes checks only the meshes, else world sizes 1 and 2.
+    """
     __tracebackhide__ = True
     from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.pytest_plugin.marker import MarkerError, check_meshes
 
     allowed = sorted(f.name for f in fields(CheckOptions) if f.name not in ("world_sizes", "epochs", "extra"))
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise TypeError(f"unknown ddpcheck option(s) {', '.join(unknown)}; choose from {', '.join(allowed)}")
+    if options.get("meshes"):
+        try:
+            options = {**options, "meshes": check_meshes(options["meshes"])}
+        except MarkerError as exc:
+            raise TypeError(str(exc)) from None
+    if "data_dims" in options:
+        options = {**options, "data_dims": tuple(options["data_dims"])}
+    if world_sizes is None:
+        world_sizes = () if options.get("meshes") else DEFAULT_WORLD_SIZES
     sizes = (world_sizes,) if isinstance(world_sizes, int) else tuple(world_sizes)
     return CheckOptions(world_sizes=sizes, epochs=epochs, factory=factory or "make_loader", **options)
+
+
+DEFAULT_WORLD_SIZES = (1, 2)
 
 
 def run_check(
     source: LoaderSource,
     *,
-    world_sizes: int | tuple[int, ...] | list[int] = (1, 2),
+    world_sizes: int | tuple[int, ...] | list[int] | None = None,
     epochs: int = 2,
     factory: str | None = None,
     item: Any = None,
@@ -213,7 +233,8 @@ def result_properties(result: CheckResult, prefix: str = "ddpcheck") -> list[tup
     """``(name, value)`` pairs for JUnit: the verdict, then every check's status per world size."""
     props = [(f"{prefix}.loader", result.loader), (f"{prefix}.result", "pass" if result.ok else "fail")]
     for run in result.runs:
-        at = f"{prefix}.ws{run.world_size}"
+        mesh = run.layout is not None and run.layout.mesh
+        at = f"{prefix}.{run.label}" if mesh else f"{prefix}.ws{run.world_size}"
         if run.skipped:
             props.append((f"{at}.skipped", run.skipped))
         props.extend((f"{at}.{v.check}", v.status) for v in run.verdicts)
@@ -230,7 +251,7 @@ def result_properties(result: CheckResult, prefix: str = "ddpcheck") -> list[tup
 def assert_ddp_safe(
     factory_or_path: LoaderSource,
     *,
-    world_sizes: int | tuple[int, ...] | list[int] = (1, 2),
+    world_sizes: int | tuple[int, ...] | list[int] | None = None,
     epochs: int = 2,
     factory: str | None = None,
     **options: Any,
@@ -261,7 +282,7 @@ class DdpCheck:
         self,
         factory_or_path: LoaderSource,
         *,
-        world_sizes: int | tuple[int, ...] | list[int] = (1, 2),
+        world_sizes: int | tuple[int, ...] | list[int] | None = None,
         epochs: int = 2,
         factory: str | None = None,
         **options: Any,

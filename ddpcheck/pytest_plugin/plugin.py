@@ -21,12 +21,15 @@ import pytest
 from ddpcheck.pytest_plugin.marker import (
     MARKER,
     MARKER_HELP,
+    MESH_ARG,
     RANK_ARG,
     WORLD_ARG,
     DdpSpec,
     MarkerError,
+    MeshSpec,
     Overrides,
     check_backend,
+    mesh_id,
     param_id,
     parse_world_sizes,
     spec_from_marker,
@@ -114,6 +117,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     spec = _spec(metafunc.definition, metafunc.config)
     if spec is None:
         return
+    if spec.meshes:  # one test per mesh; its world size follows from the mesh
+        if MESH_ARG not in metafunc.fixturenames:
+            metafunc.fixturenames.append(MESH_ARG)
+        meshes = [MeshSpec(m) for m in spec.meshes]
+        metafunc.parametrize(MESH_ARG, meshes, ids=[mesh_id(m) for m in spec.meshes])
+        return
     if WORLD_ARG not in metafunc.fixturenames:
         metafunc.fixturenames.append(WORLD_ARG)  # so every item carries its world size
     metafunc.parametrize(WORLD_ARG, spec.world_sizes, ids=[param_id(ws) for ws in spec.world_sizes])
@@ -133,7 +142,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def _world_size(item: Any) -> int:
-    return int(item.callspec.params[WORLD_ARG])
+    params = item.callspec.params
+    mesh = params.get(MESH_ARG)
+    return mesh.world_size if isinstance(mesh, MeshSpec) else int(params[WORLD_ARG])
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -148,9 +159,11 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     world_size = _world_size(pyfuncitem)
     capture = pyfuncitem.config.getoption("capture", "fd") != "no"
     result = run_in_ranks(pyfuncitem, spec, world_size, capture=capture)
+    mesh = pyfuncitem.callspec.params.get(MESH_ARG)
     add_properties(
         pyfuncitem,
         [
+            *([("ddp.mesh", mesh.spec)] if isinstance(mesh, MeshSpec) else []),
             ("ddp.world_size", str(world_size)),
             ("ddp.backend", spec.backend),
             ("ddp.seconds", f"{result.seconds:.3f}"),
@@ -190,7 +203,20 @@ def ddp_rank(request: pytest.FixtureRequest) -> Any:
 def ddp_world_size(request: pytest.FixtureRequest) -> int:
     """The number of ranks in the process group of a ``ddp``-marked test (its ``[ddpN]``)."""
     _needs_marker(request, WORLD_ARG)
+    mesh = getattr(getattr(request.node, "callspec", None), "params", {}).get(MESH_ARG)
+    if isinstance(mesh, MeshSpec):
+        return mesh.world_size
     return int(getattr(request, "param", 1))  # marked tests are parametrized, which replaces this value
+
+
+@pytest.fixture
+def ddp_mesh(request: pytest.FixtureRequest) -> Any:
+    """The device mesh of a test marked ``@pytest.mark.ddp(mesh={"dp": 2, "tp": 2})``: inside each rank a
+    real ``DeviceMesh`` over the test's process group (named dimensions, outermost first); outside the
+    ranks (in other fixtures) only its spec."""
+    if not isinstance(getattr(request, "param", None), MeshSpec):
+        pytest.fail("the ddp_mesh fixture needs a test marked @pytest.mark.ddp(mesh={...})", pytrace=False)
+    return request.param
 
 
 @pytest.fixture

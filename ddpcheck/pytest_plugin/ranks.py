@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddpcheck.pytest_plugin.marker import RANK_ARG, WORLD_ARG, DdpSpec
+from ddpcheck.pytest_plugin.marker import MESH_ARG, RANK_ARG, WORLD_ARG, DdpSpec, MeshSpec
 
 if TYPE_CHECKING:
     import pytest
@@ -99,7 +99,19 @@ def run_test_body(test: Callable[..., Any] | ItemRef, funcargs: dict[str, Any]) 
         args[RANK_ARG] = dist.get_rank()
     if WORLD_ARG in args:
         args[WORLD_ARG] = dist.get_world_size()
+    if isinstance(args.get(MESH_ARG), MeshSpec):
+        args[MESH_ARG] = build_mesh(args[MESH_ARG])
     func(**args)
+
+
+def build_mesh(spec: MeshSpec) -> Any:
+    """The test's ``DeviceMesh`` over this rank's group (cuda for nccl, else cpu)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    names = tuple(name for name, _ in spec.dims)
+    return init_device_mesh(device, tuple(size for _, size in spec.dims), mesh_dim_names=names)
 
 
 def call_arguments(item: pytest.Function) -> dict[str, Any]:

@@ -14,7 +14,8 @@ Schema (``SCHEMA_VERSION = 2``); every key is always present::
       "notes": [str, ...],
       "summary": {"passed": int, "failed": int, "not_applicable": int, "allowed": int,
                   "skipped": int, "rank_failures": int,
-                  "world_sizes": [int, ...]},    # same counts as the terminal summary line
+                  "world_sizes": [int, ...],     # the plain world sizes checked
+                  "meshes": [str, ...]},         # the meshes checked; same counts as the summary line
       "causes": [{                   # each distinct cause once, in report order (numbers as shown)
         "number": int,
         "kind": "fail" | "rank" | "allowed",   # failed checks, rank failures, allowed failures
@@ -128,6 +129,7 @@ def to_json_dict(result: CheckResult | ReportView) -> dict[str, Any]:
             "skipped": counts.skipped,
             "rank_failures": counts.rank_failures,
             "world_sizes": list(counts.world_sizes),
+            "meshes": list(counts.meshes),
         },
         "causes": [_cause(cause) for cause in view.causes],
         "runs": [_run(row, view.columns) for row in view.rows],

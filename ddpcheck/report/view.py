@@ -49,6 +49,7 @@ class Counts:
     world_sizes: tuple[int, ...]
     not_applicable: int = 0
     allowed: int = 0
+    meshes: tuple[str, ...] = ()  # the mesh layouts' specs, in order
 
 
 @dataclass(frozen=True)
@@ -274,8 +275,12 @@ def count(result: CheckResult) -> Counts:
             tally["skip"] += 1
         for verdict in run.verdicts:
             tally[verdict.status if verdict.status in tally else "skip"] += 1
-    sizes = tuple(dict.fromkeys(run.world_size for run in result.runs))
+    meshes = tuple(
+        dict.fromkeys(run.label for run in result.runs if run.layout is not None and run.layout.mesh)
+    )
+    sizes = tuple(dict.fromkeys(run.world_size for run in result.runs if run.label not in meshes))
     return Counts(
+        meshes=meshes,
         passed=tally["pass"],
         failed=tally["fail"],
         skipped=tally["skip"],
@@ -302,12 +307,14 @@ def summary_line(
     parts.append(f"{c.skipped} skipped")
     if c.rank_failures:
         parts.append(count_text(c.rank_failures, "rank failures"))
-    if not c.world_sizes:
-        where = "across no world sizes"
-    elif len(c.world_sizes) == 1:
-        where = f"across world size {c.world_sizes[0]}"
-    else:
-        where = "across world sizes " + ",".join(str(n) for n in c.world_sizes)
+    places = []
+    if len(c.world_sizes) == 1:
+        places.append(f"world size {c.world_sizes[0]}")
+    elif c.world_sizes:
+        places.append("world sizes " + ",".join(str(n) for n in c.world_sizes))
+    if c.meshes:
+        places.append(("mesh " if len(c.meshes) == 1 else "meshes ") + " and ".join(c.meshes))
+    where = "across " + (" and ".join(places) or "no world sizes")
     word = "INTERRUPTED" if result.interrupted else "OK" if result.ok else "FAIL"
     if paint is not None:
         word = paint(word, "pass" if result.ok else "fail")

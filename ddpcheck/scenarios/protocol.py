@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from ddpcheck.checks.verdict import Verdict
+from ddpcheck.layout import Layout
 from ddpcheck.result import MetricRow, ResumeRow
 from ddpcheck.trace import RankFailure, RunTrace
 
@@ -45,9 +46,10 @@ class DataRun:
     """What the session hands a scenario for one layout: the data run it judged (plain data)."""
 
     world_size: int
-    run: RunTrace
+    run: RunTrace  # every rank of the layout
     reference: RunTrace
     extra: dict[str, object] = field(default_factory=dict)
+    layout: Layout | None = None  # None: the plain world size ``world_size``
 
 
 class Scenario(Protocol):

@@ -15,11 +15,13 @@ from datetime import timedelta
 from typing import Any
 
 from ddpcheck.checker.loaderfile import BadLoaderFile, LoaderSpec, precheck
-from ddpcheck.checker.options import BadInput, CheckOptions, validate
+from ddpcheck.checker.options import BadInput, CheckOptions, mesh_layouts, validate
 from ddpcheck.checker.recording import RankRecording, record_rank
-from ddpcheck.checks import run_checks
+from ddpcheck.checks.replicas import judge_layout
 from ddpcheck.launch.rank import error_message
+from ddpcheck.layout import Layout
 from ddpcheck.result import EXIT_BAD_INPUT, CheckResult, WorldResult
+from ddpcheck.session.plan import reference_layout
 from ddpcheck.session.record import Job, record
 from ddpcheck.session.run import jsonable_options, raise_if_bad_input, reference_notes
 from ddpcheck.trace import RankFailure, RunTrace
@@ -60,6 +62,9 @@ def check_joined(path: str, options: CheckOptions, target: JoinTarget) -> tuple[
     if (target.rank is None) != (target.world_size is None):
         raise BadInput("pass --rank and --world-size together")
     validate(options)
+    meshes = mesh_layouts(options)
+    if len(meshes) > 1:
+        raise BadInput("a joined launch is one layout: give at most one --mesh, the launch's own")
     spec = LoaderSpec(path=str(path), factory=options.factory)
     try:
         rank = launched_rank(target)
@@ -70,7 +75,8 @@ def check_joined(path: str, options: CheckOptions, target: JoinTarget) -> tuple[
     if rank == 0:  # before joining: a fresh single-process group, no peers waiting on it yet
         try:
             precheck(spec)
-            reference = record(spec, [Job(replace(options, set_epoch=True, simulate=False), 1)])[0]
+            single = reference_layout(meshes)
+            reference = record(spec, [Job(replace(options, set_epoch=True, simulate=False), single)])[0]
             raise_if_bad_input(reference)
         except (BadLoaderFile, BadInput) as exc:
             bad = str(exc)
@@ -84,10 +90,19 @@ def check_joined(path: str, options: CheckOptions, target: JoinTarget) -> tuple[
     )
     started = time.monotonic()
     try:
+        layout = meshes[0] if meshes else Layout.plain(info.world_size)
+        if layout.world_size != info.world_size:  # every rank knows both: each exits 2 before any collective
+            raise BadInput(
+                f"mesh {layout.spec} has {layout.world_size} ranks, but the launch has {info.world_size}: "
+                "--mesh describes the launch's own ranks"
+            )
         payload: tuple[str, Any] = ("skip", None)
         if not _broadcast(bad, info.rank):
             try:
-                payload = ("ok", record_rank(spec, options.record_options()))
+                payload = (
+                    "ok",
+                    record_rank(spec, options.record_options(layout, digest=layout.replicas > 1)),
+                )
             except BaseException as exc:
                 payload = ("error", error_message(exc))
         gathered: list[Any] = [None] * info.world_size
@@ -96,7 +111,8 @@ def check_joined(path: str, options: CheckOptions, target: JoinTarget) -> tuple[
         code = EXIT_BAD_INPUT
         if info.rank == 0 and not bad:
             assert reference is not None
-            result = _judge(path, options, reference, gathered, info.backend, time.monotonic() - started)
+            seconds = time.monotonic() - started
+            result = _judge(path, options, reference, gathered, info.backend, seconds, layout)
             code = result.exit_code
         codes = [code]
         dist.broadcast_object_list(codes, src=0)
@@ -117,7 +133,13 @@ def _broadcast(bad: str, rank: int) -> str:
 
 
 def _judge(
-    path: str, options: CheckOptions, reference: RunTrace, gathered: list[Any], backend: str, seconds: float
+    path: str,
+    options: CheckOptions,
+    reference: RunTrace,
+    gathered: list[Any],
+    backend: str,
+    seconds: float,
+    layout: Layout,
 ) -> CheckResult:
     recordings = [p[1] for p in gathered if p[0] == "ok" and isinstance(p[1], RankRecording)]
     failures = tuple(
@@ -135,14 +157,14 @@ def _judge(
     )
     verdicts = [
         v if v.check != "determinism" else type(v)(v.check, "skip", DETERMINISM_SKIP)
-        for v in run_checks(reference, run, None)
+        for v in judge_layout(reference, run, None, layout)
     ]
-    world = WorldResult(len(gathered), backend, tuple(verdicts), failures, seconds=seconds)
+    world = WorldResult(len(gathered), backend, tuple(verdicts), failures, seconds=seconds, layout=layout)
     return CheckResult(
         loader=str(path),
         runs=(world,),
         id_source=reference.id_source,
         epochs=options.epochs,
         options={**jsonable_options(options), "joined": True},
-        notes=tuple(reference_notes(reference, (len(gathered),))),
+        notes=tuple(reference_notes(reference, (layout.dp_world_size,))),
     )

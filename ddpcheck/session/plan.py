@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ddpcheck.checker.options import CheckOptions
+from ddpcheck.checker.options import CheckOptions, mesh_layouts
 from ddpcheck.layout import Layout
 from ddpcheck.session.record import Job, rerun_sample
 
@@ -36,7 +36,8 @@ class LayoutPlan:
 @dataclass(frozen=True)
 class RunPlan:
     """The whole run: the reference (and its rerun beside it, when world size 1 is checked on real
-    ranks: the second core records it meanwhile), then every layout in order."""
+    ranks: the second core records it meanwhile), then every layout in order. ``reference.layout`` is
+    the single process shaped like the meshes (every dimension of size 1)."""
 
     reference: Job
     reference_rerun: bool
@@ -47,26 +48,68 @@ def plan_run(options: CheckOptions) -> RunPlan:
     # The reference is always the correct loop (set_epoch called); with --no-set-epoch only the runs
     # skip it, so reshuffle fails exactly when the order depends on that call.
     correct = replace(options, set_epoch=True)
+    meshes = mesh_layouts(options)
     sizes = tuple(sorted(set(options.world_sizes)))
     beside = options.determinism and options.set_epoch and 1 in sizes and not options.simulate
-    layouts = tuple(_plan_layout(options, Layout.plain(ws), beside) for ws in sizes)
-    return RunPlan(reference=Job(correct, 1), reference_rerun=beside, layouts=layouts)
+    reference = Job(correct, reference_layout(meshes))
+    layouts = tuple(
+        _plan_layout(options, layout, beside, reference.layout) for layout in run_layouts(sizes, meshes)
+    )
+    return RunPlan(reference=reference, reference_rerun=beside, layouts=layouts)
 
 
-def _plan_layout(options: CheckOptions, layout: Layout, beside: bool) -> LayoutPlan:
+def run_layouts(world_sizes: tuple[int, ...], meshes: list[Layout]) -> list[Layout]:
+    """The world sizes (in order), then the meshes (as given). With meshes, a world size is the mesh of
+    their dimension names whose first data dimension has that size and every other one size 1, so a
+    factory that indexes its mesh by name (``mesh["tp"]``) runs at every world size too."""
+    return [*(_with_size(meshes, ws) for ws in world_sizes), *meshes]
+
+
+def reference_layout(meshes: list[Layout]) -> Layout:
+    """The single process, shaped like ``meshes`` (every dimension of size 1)."""
+    return _with_size(meshes, 1)
+
+
+def _with_size(meshes: list[Layout], world_size: int) -> Layout:
+    """A plain world size, shaped like ``meshes``: their names, the first data dimension ``world_size``."""
+    if not meshes:
+        return Layout.plain(world_size)
+    names = list(dict.fromkeys(name for mesh in meshes for name in mesh.names))
+    data = tuple(dict.fromkeys(name for mesh in meshes for name in mesh.data_dims))
+    first = next(name for name in names if name in data)
+    dims = tuple((name, world_size if name == first else 1) for name in names)
+    return Layout(dims, data, mesh=False)
+
+
+def _plan_layout(options: CheckOptions, layout: Layout, beside: bool, single: Layout) -> LayoutPlan:
     ws = layout.world_size
     skip = _skip_reason(options, ws)
     if skip:
         return LayoutPlan(layout, skip=skip)
     window = None
-    if options.steps is not None and ws > 1:
-        # windows: the reference runs the same global number of samples as the W ranks together
-        window = Job(replace(options, set_epoch=True, steps=options.steps * ws), 1)
-    run = None if ws == 1 and options.set_epoch else Job(options, ws)
+    if options.steps is not None and layout.dp_world_size > 1:
+        # windows: the reference runs the same global number of samples as the data replicas together
+        steps = options.steps * layout.dp_world_size
+        window = Job(replace(options, set_epoch=True, steps=steps), single)
+    # a mesh's replicas must receive the same content: real ranks load and digest every batch
+    digest = layout.replicas > 1 and (options.load_data or not options.simulate)
+    run = None if ws == 1 and options.set_epoch else Job(options, layout, digest=digest)
     rerun = None
     if options.determinism and not (ws == 1 and beside):
-        rerun = Job(options, ws, rerun_sample(ws) if options.simulate else ())
+        rerun = Job(options, layout, _rerun_ranks(options, layout), digest=digest)
     return LayoutPlan(layout, window=window, run=run, rerun=rerun)
+
+
+def _rerun_ranks(options: CheckOptions, layout: Layout) -> tuple[int, ...]:
+    """Simulated ranks rerun for determinism: a sample of the data-parallel ranks, one replica each
+    (replicas are judged on the first run). Real ranks rerun whole groups (() = all)."""
+    if not options.simulate:
+        return ()
+    sample = rerun_sample(layout.dp_world_size)
+    if layout.replicas == 1:
+        return sample
+    firsts = layout.representatives()
+    return tuple(firsts[dp] for dp in sample) if sample else tuple(firsts)
 
 
 def _skip_reason(options: CheckOptions, world_size: int) -> str:

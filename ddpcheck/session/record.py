@@ -16,8 +16,9 @@ from typing import TypeVar
 
 from ddpcheck.checker.loaderfile import LoaderSpec
 from ddpcheck.checker.options import BadInput, CheckOptions
-from ddpcheck.checker.recording import MIXED_IDS, RankRecording, record_rank
+from ddpcheck.checker.recording import MIXED_IDS, RankRecording, RecordOptions, record_rank
 from ddpcheck.launch import GroupCall, GroupResult, StartedGroups, TargetRef, started_groups
+from ddpcheck.layout import Layout
 from ddpcheck.scenarios import rank_failures
 from ddpcheck.trace import RunTrace
 
@@ -30,11 +31,20 @@ RERUN_SAMPLE_SPREAD = 16  # evenly spaced ranks sampled between them
 
 @dataclass(frozen=True)
 class Job:
-    """One group to record: these options at this world size; ``ranks`` only these ranks (() = all)."""
+    """One group to record: these options in this layout; ``ranks`` only these ranks (() = all);
+    ``digest`` the content of every batch (a mesh's replicas are compared by it)."""
 
     options: CheckOptions
-    world_size: int
+    layout: Layout
     ranks: tuple[int, ...] = ()
+    digest: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+    def record_options(self) -> RecordOptions:
+        return self.options.record_options(self.layout, digest=self.digest)
 
 
 def rerun_sample(world_size: int) -> tuple[int, ...]:
@@ -117,7 +127,7 @@ def _group_call(spec: LoaderSpec, job: Job, *, progress: bool) -> GroupCall:
         job.world_size,
         backend=options.backend,
         timeout=options.timeout,
-        kwargs={"spec": spec, "options": options.record_options()},
+        kwargs={"spec": spec, "options": job.record_options()},
         on_progress=options.on_progress if progress else None,
     )
 
@@ -133,7 +143,7 @@ def simulate(spec: LoaderSpec, job: Job) -> RunTrace:
     from ddpcheck.launch.simulate import SHORTCUTS_FROM, NeedsCollectives, simulate_ranks
 
     options, world_size, ranks = job.options, job.world_size, job.ranks or None
-    kwargs = {"spec": spec, "options": options.record_options()}
+    kwargs = {"spec": spec, "options": job.record_options()}
     try:
         group = simulate_ranks(
             record_rank, world_size, kwargs=kwargs, timeout=options.timeout, ranks=ranks,

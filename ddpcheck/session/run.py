@@ -13,10 +13,11 @@ from typing import Any
 
 from ddpcheck.checker.loaderfile import BadLoaderFile, LoaderSpec, defined_names, precheck
 from ddpcheck.checker.options import BadInput, CheckOptions, validate
-from ddpcheck.checks import run_checks
+from ddpcheck.checks.replicas import data_parallel_view, judge_layout
 from ddpcheck.checks.verdict import Verdict, allow
 from ddpcheck.figures import FigureData, figure_data
 from ddpcheck.launch.preload import frozen_heap, preload_imports
+from ddpcheck.layout import Layout
 from ddpcheck.messages import count_text
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.scenarios import DataRun, Outcome, Scenario
@@ -79,6 +80,7 @@ class _Session:
         self.runs: list[WorldResult] = []
         self.notes: list[str] = []
         self.reference: RunTrace | None = None
+        self.single = Layout.plain(1)  # the reference's layout
 
     def result(self, *, interrupted: bool = False) -> CheckResult:
         return CheckResult(
@@ -109,11 +111,12 @@ class _Session:
         else:
             self.reference = record(self.spec, [plan.reference])[0]
         raise_if_bad_input(self.reference)
-        sizes = tuple(p.layout.world_size for p in plan.layouts)
+        sizes = tuple(p.layout.dp_world_size for p in plan.layouts)
         self.notes.extend(reference_notes(self.reference, sizes))
         scenarios = build_scenarios(self.spec, self.options, defined_names(self.spec.path))
         for layout in plan.layouts:
             beside = rerun if layout.layout.world_size == 1 else None
+            self.single = plan.reference.layout
             result, notes = self._check_layout(layout, beside, scenarios)
             self.runs.append(result)
             self.notes.extend(n for n in notes if n not in self.notes)
@@ -127,25 +130,28 @@ class _Session:
     def _check_layout(
         self, plan: LayoutPlan, rerun: RunTrace | None, scenarios: Sequence[Scenario]
     ) -> tuple[WorldResult, tuple[str, ...]]:
-        ws = plan.layout.world_size
+        layout = plan.layout
+        ws = layout.world_size
+        name = layout_name(layout)
         started = time.monotonic()
         if plan.skip:
-            self.say(f"world size {ws}: skipped ({plan.skip})")
-            return WorldResult(ws, self.options.backend, skipped=plan.skip), ()
+            self.say(f"{name}: skipped ({plan.skip})")
+            return WorldResult(ws, self.options.backend, skipped=plan.skip, layout=layout), ()
         simulated = "simulated " if self.options.simulate else ""
-        self.say(f"world size {ws}: running {count_text(ws, simulated + 'ranks')}")
+        self.say(f"{name}: running {count_text(ws, simulated + 'ranks')}")
         if plan.window is not None:
-            self.say(f"world size {ws}: reference window of {plan.window.options.steps} steps (1 process)")
+            self.say(f"{name}: reference window of {plan.window.options.steps} steps (1 process)")
         assert self.reference is not None
         judged = self._record_layout(plan, rerun)
         options = self.options
-        verdicts = run_checks(judged.reference, judged.run, judged.rerun)
+        verdicts = judge_layout(judged.reference, judged.run, judged.rerun, layout)
         failures = judged.run.failures + (judged.rerun.failures if judged.rerun else ())
         # --- checks with their own rank-side runs (ddpcheck.scenarios): metric, training, resume ---
         extra = Outcome()
         for scenario in scenarios if judged.run.ok else ():
-            extra += scenario.world(DataRun(ws, judged.run, judged.reference))
+            extra += scenario.world(DataRun(ws, judged.run, judged.reference, layout=layout))
         result = WorldResult(
+            layout=layout,
             world_size=ws,
             backend=judged.run.backend,
             verdicts=tuple(allowed(verdicts + list(extra.verdicts), options.allow)),
@@ -161,7 +167,7 @@ class _Session:
             if result.ok
             else f"{count_text(failed, 'checks')} failed, {count_text(len(result.failures), 'rank failures')}"
         )
-        self.say(f"world size {ws}: {status} ({result.seconds:.2f}s)")
+        self.say(f"{name}: {status} ({result.seconds:.2f}s)")
         return result, judged.notes
 
     def _record_layout(self, plan: LayoutPlan, rerun: RunTrace | None) -> _Judged:
@@ -176,17 +182,18 @@ class _Session:
                 reference = traces.pop(0)
             run = reference if plan.run is None else traces.pop(0)
             rerun_job = plan.rerun
-            redone = _by_data(self.spec, self.options, plan.layout.world_size, reference, run)
+            redone = _by_data(self.spec, self.options, plan, self.single, reference, run)
             if redone is not None:
                 reference, run, by_data, note = redone
                 self.say(note)
                 notes.append(note)
-                rerun_job = Job(by_data, plan.layout.world_size) if by_data.determinism else None
+                digest = plan.run.digest if plan.run is not None else False
+                rerun_job = Job(by_data, plan.layout, digest=digest) if by_data.determinism else None
             if not (self.options.determinism and run.ok):
                 rerun, rerun_job = None, None  # a failed run is judged alone: its rerun would only repeat it
 
             def draw(reference: RunTrace = reference, run: RunTrace = run) -> FigureData:
-                return figure_data(reference, run)
+                return figure_data(reference, data_parallel_view(plan.layout, run))
 
             if rerun_job is None:
                 figures = draw()
@@ -203,7 +210,12 @@ class _Session:
 
 
 def _by_data(
-    spec: LoaderSpec, options: CheckOptions, ws: int, reference: RunTrace, run: RunTrace
+    spec: LoaderSpec,
+    options: CheckOptions,
+    plan: LayoutPlan,
+    single: Layout,
+    reference: RunTrace,
+    run: RunTrace,
 ) -> tuple[RunTrace, RunTrace, CheckOptions, str] | None:
     """The reference and the run recorded again with samples identified by their data, when indices
     cannot be compared: each rank indexes its own dataset from 0 (datasets' ``split_dataset_by_node``),
@@ -213,8 +225,12 @@ def _by_data(
     local = _rank_local_indices(reference, run)
     if not (local or _identified_apart(reference, run)):
         return None
+    ws = plan.layout.world_size
     by_data = replace(options, ids_from_data=True)
-    alt_reference, alt_run = record(spec, [Job(replace(by_data, set_epoch=True), 1), Job(by_data, ws)])
+    digest = plan.run.digest if plan.run is not None else False
+    alt_reference, alt_run = record(
+        spec, [Job(replace(by_data, set_epoch=True), single), Job(by_data, plan.layout, digest=digest)]
+    )
     usable = alt_run.id_source.startswith("field:") if local else True
     if not local and _hashes_collide(reference, alt_reference):
         raise BadInput(
@@ -225,7 +241,7 @@ def _by_data(
     if not (alt_run.ok and alt_reference.ok and alt_run.id_source == alt_reference.id_source and usable):
         return None
     why = "rank-local indices" if local else "indices not seen on every rank"
-    note = f"world size {ws}: {why}; samples identified by {_describe_source(alt_run.id_source)}"
+    note = f"{layout_name(plan.layout)}: {why}; samples identified by {_describe_source(alt_run.id_source)}"
     return alt_reference, alt_run, by_data, note
 
 
@@ -259,6 +275,11 @@ def _rank_local_indices(reference: RunTrace, run: RunTrace) -> bool:
     if facts.dataset_kind != "map" or facts.dataset_len is None:
         return False
     return any(r.facts.dataset_len not in (None, facts.dataset_len) for r in run.ranks)
+
+
+def layout_name(layout: Layout) -> str:
+    """``world size 2`` or ``mesh dp=2,tp=2``: how progress lines and notes name a layout."""
+    return f"mesh {layout.label}" if layout.mesh else f"world size {layout.world_size}"
 
 
 def allowed(verdicts: Sequence[Verdict], allow_checks: Sequence[str]) -> list[Verdict]:

@@ -1,0 +1,239 @@
+"""Device meshes: the data-parallel view of a run, and replica consistency.
+
+On a mesh only the data-parallel dimensions split the data. Every check of the data path is judged over
+the data-parallel world (one stream per data-parallel rank, :func:`data_parallel_view`); equal steps
+over every rank, since a tensor-parallel peer with a batch fewer hangs its group; and
+``replica_consistency`` asks that the ranks sharing a data-parallel rank receive the same batches, step
+by step, with the same content (:func:`check_replica_consistency`). :func:`judge_layout` runs them all
+for one layout; a plain world size is the mesh whose every rank is a replica group of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from ddpcheck.checks.arrays import same_ints
+from ddpcheck.checks.context import broken_reason
+from ddpcheck.checks.fixes import with_fix
+from ddpcheck.checks.ids import (
+    COVERAGE,
+    EQUAL_STEPS,
+    NO_OVERLAP,
+    PADDING_BOUND,
+    REPLICA_CONSISTENCY,
+    SINGLE_PROCESS_EQUIVALENCE,
+)
+from ddpcheck.checks.registry import run_checks
+from ddpcheck.checks.steps import check_equal_steps
+from ddpcheck.checks.verdict import Verdict, not_applicable, skipped
+from ddpcheck.checks.wording import few, ids_text
+from ddpcheck.layout import Layout
+from ddpcheck.messages import count_text
+from ddpcheck.trace import EpochTrace, RunTrace
+
+GLOBAL_RANK = (
+    "the sampler uses the global rank where the data-parallel rank belongs: ranks that should share a "
+    "data-parallel rank (tensor, context or pipeline peers) each train on a different shard"
+)
+SHARDED_TWICE_MESH = (
+    "sharded twice: the data is split by the data-parallel rank and again by the global rank, so each "
+    "data-parallel group sees about 1/(dp x tp) of the epoch"
+)
+PER_RANK_RANDOM = (
+    "replicas draw from per-rank random state: the same samples arrive with different content "
+    "(augmentation, noise or masks drawn in the loader from each rank's own generator)"
+)
+REPLICA_STEPS = "a replica runs a different number of batches: its group's next collective hangs"
+REPLICA_IDS = "replicas receive different samples: the loader's split depends on a non-data coordinate"
+MESH_FIXES = {
+    GLOBAL_RANK: "shard by the data-parallel coordinate: DistributedSampler(num_replicas=dp_world_size, "
+    "rank=dp_rank), as torchtitan's ParallelAwareDataloader(dp_rank=..., dp_world_size=...) does",
+    SHARDED_TWICE_MESH: "shard once, by the data-parallel rank: drop the split by the global rank",
+    PER_RANK_RANDOM: "seed the loader's random draws from the data-parallel rank (seed + dp_rank), or draw "
+    "them on one replica and broadcast",
+    REPLICA_STEPS: "build every replica's loader from dp_rank and dp_world_size only, so they run in step",
+    REPLICA_IDS: "build every replica's loader from dp_rank and dp_world_size only",
+}
+# the data-parallel view's failures that a mesh diagnosis (global rank, sharded twice) explains
+_EXPLAINED_CHECKS = (COVERAGE, NO_OVERLAP, PADDING_BOUND, SINGLE_PROCESS_EQUIVALENCE)
+
+
+def data_parallel_view(layout: Layout, run: RunTrace) -> RunTrace:
+    """One stream per data-parallel rank (its first replica's), numbered by data-parallel rank."""
+    if not layout.mesh and layout.replicas == 1:
+        return run
+    first = {rank: dp for dp, rank in enumerate(layout.representatives())}
+    ranks = tuple(replace(r, rank=first[r.rank]) for r in run.ranks if r.rank in first)
+    sample = tuple(sorted(first[r] for r in run.rank_sample if r in first)) if run.rank_sample else ()
+    return replace(run, world_size=layout.dp_world_size, ranks=ranks, rank_sample=sample)
+
+
+def judge_layout(reference: RunTrace, run: RunTrace, rerun: RunTrace | None, layout: Layout) -> list[Verdict]:
+    """Every data check of one layout, in report order, ``replica_consistency`` after ``equal_steps``."""
+    view = data_parallel_view(layout, run)
+    verdicts = run_checks(reference, view, data_parallel_view(layout, rerun) if rerun is not None else None)
+    if view is not run:  # a tensor-parallel peer with a batch fewer hangs its group: every rank counts
+        full = check_equal_steps(reference, run, rerun)
+        if full.failed and not any(v.failed for v in verdicts if v.check == EQUAL_STEPS):
+            full = replace(full, cause=REPLICA_STEPS, fix=MESH_FIXES[REPLICA_STEPS])  # replicas, not shards
+        verdicts = [with_fix(full) if v.check == EQUAL_STEPS else v for v in verdicts]
+    replica = with_fix(check_replica_consistency(reference, run, layout))
+    mesh_cause = str(replica.data.get("mesh_cause", ""))
+    if mesh_cause:
+        verdicts = [_explained(v, mesh_cause) for v in verdicts]
+    at = next((i + 1 for i, v in enumerate(verdicts) if v.check == EQUAL_STEPS), len(verdicts))
+    return [*verdicts[:at], replica, *verdicts[at:]]
+
+
+def _explained(verdict: Verdict, cause: str) -> Verdict:
+    """A data-parallel failure that follows from the mesh's own bug is named after that bug."""
+    if verdict.failed and verdict.check in _EXPLAINED_CHECKS:
+        return replace(verdict, cause=cause, fix=MESH_FIXES.get(cause, ""))
+    return verdict
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where one replica first leaves its group's first rank: ``kind`` ids, content or steps."""
+
+    dp_rank: int
+    epoch: int
+    step: int
+    kind: str
+    first: int  # the group's first rank
+    other: int  # the replica that differs
+
+
+def check_replica_consistency(reference: RunTrace, run: RunTrace, layout: Layout) -> Verdict:
+    """Ranks that share a data-parallel rank get the same batches, in the same order, with the same
+    content, and the same number of steps; ``n/a`` where there are no replicas."""
+    why = broken_reason(run, f"mesh {layout.spec}" if layout.mesh else f"world size {run.world_size}")
+    if why:
+        return skipped(REPLICA_CONSISTENCY, why)
+    if not layout.mesh:
+        return not_applicable(
+            REPLICA_CONSISTENCY,
+            "a plain world size: every rank is a data replica of its own (give --mesh to check replicas)",
+        )
+    if layout.replicas == 1:
+        return not_applicable(
+            REPLICA_CONSISTENCY,
+            f"mesh {layout.spec} has no non-data dimension larger than 1: every rank is its own replica",
+        )
+    by_rank = {r.rank: r for r in run.ranks}
+    groups = layout.replica_groups()
+    content = all(e.digests is not None for r in run.ranks for e in r.epochs)
+    found: list[Divergence] = []
+    for dp, group in enumerate(groups):
+        head = by_rank[group[0]]
+        for other in group[1:]:
+            # sequence-sharding peers hold their own slices: the same samples, not the same tensors
+            same_slices = layout.sequence_coords(group[0]) == layout.sequence_coords(other)
+            for epoch, (a, b) in enumerate(zip(head.epochs, by_rank[other].epochs, strict=False)):
+                where = _first_difference(a, b, content=same_slices)
+                if where is not None:
+                    found.append(Divergence(dp, epoch, where[0], where[1], group[0], other))
+                    break
+    epochs = min((len(r.epochs) for r in run.ranks), default=0)
+    compared = "ids and content" if content else "ids (content not recorded: batches were not loaded)"
+    if content and layout.sequence_dims:
+        compared += f" (content not across {', '.join(layout.sequence_dims)}, which slices every sequence)"
+    data: dict[str, object] = {
+        "groups": len(groups),
+        "replicas": layout.replicas,
+        "content": content,
+        "diverging_groups": len({d.dp_rank for d in found}),
+    }
+    if not found:
+        return Verdict(
+            REPLICA_CONSISTENCY,
+            "pass",
+            f"every replica group ({len(groups)} groups of {layout.replicas} ranks) receives the same "
+            f"batches step by step in all {count_text(epochs, 'epochs')} (compared: {compared})",
+            data=data,
+        )
+    first = min(found, key=lambda d: (d.epoch, d.step, d.dp_rank))
+    cause = _mesh_cause(reference, run, layout, found)
+    data["mesh_cause"] = cause if cause in (GLOBAL_RANK, SHARDED_TWICE_MESH) else ""
+    data["first"] = {"dp_rank": first.dp_rank, "epoch": first.epoch, "step": first.step, "kind": first.kind}
+    one, two = by_rank[first.first].epochs[first.epoch], by_rank[first.other].epochs[first.epoch]
+    detail = (
+        f"{layout.data_coords(first.first)}: {layout.replica_coords(first.first)} and "
+        f"{layout.replica_coords(first.other)} differ from step {first.step} of epoch {first.epoch} "
+        f"({_what(first, one, two)})"
+    )
+    groups_bad = data["diverging_groups"]
+    if groups_bad != 1 or len(groups) > 1:
+        detail += f"; {groups_bad} of {len(groups)} replica groups differ"
+    return Verdict(
+        REPLICA_CONSISTENCY,
+        "fail",
+        detail,
+        cause,
+        ranks=(first.first, first.other),
+        epochs=tuple(sorted({d.epoch for d in found})),
+        data=data,
+        fix=MESH_FIXES.get(cause, ""),
+    )
+
+
+def _first_difference(a: EpochTrace, b: EpochTrace, *, content: bool = True) -> tuple[int, str] | None:
+    """The first step where two replicas' epochs differ, and how; None when they agree. ``content``
+    False compares ids and steps only (peers along a sequence-sharding dimension)."""
+    if not content:
+        a, b = replace(a, digests=None), replace(b, digests=None)
+    sizes_a, sizes_b = list(a.batch_sizes), list(b.batch_sizes)
+    same_ids = same_ints(a.ids, b.ids)
+    if same_ids is None:
+        same_ids = list(a.ids) == list(b.ids)
+    same_content = a.digests is None or b.digests is None or _same(a.digests, b.digests)
+    if same_ids and sizes_a == sizes_b and same_content:
+        return None
+    batches_a, batches_b = a.batches(), b.batches()
+    for step, (x, y) in enumerate(zip(batches_a, batches_b, strict=False)):
+        if list(x) != list(y):
+            return step, "ids"
+        if a.digests is not None and b.digests is not None and a.digests[step] != b.digests[step]:
+            return step, "content"
+    return min(len(batches_a), len(batches_b)), "steps"
+
+
+def _same(x: Sequence[int], y: Sequence[int]) -> bool:
+    same = same_ints(x, y)
+    return same if same is not None else list(x) == list(y)
+
+
+def _what(d: Divergence, a: EpochTrace, b: EpochTrace) -> str:
+    if d.kind == "steps":
+        return f"rank {d.first} yields {a.num_batches} batches, rank {d.other} yields {b.num_batches}"
+    if d.kind == "content":
+        return (
+            f"the same samples with different content: batch {d.step} digests "
+            f"{a.digests[d.step]:x} on rank {d.first}, {b.digests[d.step]:x} on rank {d.other}"  # type: ignore[index]
+        )
+    x, y = a.batches()[d.step], b.batches()[d.step]
+    return f"rank {d.first} sees {ids_text(few(x, 4))}, rank {d.other} sees {ids_text(few(y, 4))}"
+
+
+def _mesh_cause(reference: RunTrace, run: RunTrace, layout: Layout, found: Sequence[Divergence]) -> str:
+    """Name the pattern: steps only, content only, or which split of the ids."""
+    kinds = {d.kind for d in found}
+    if kinds == {"steps"}:
+        return REPLICA_STEPS
+    if kinds == {"content"}:
+        return PER_RANK_RANDOM
+    epoch = min(d.epoch for d in found if d.kind == "ids")
+    sets = [set(r.epochs[epoch].ids) for r in run.ranks if epoch < len(r.epochs)]
+    union = set().union(*sets)
+    disjoint = sum(len(s) for s in sets) == len(union)
+    ref = (
+        set(reference.ranks[0].epochs[epoch].ids)
+        if reference.ranks and reference.num_epochs > epoch
+        else union
+    )
+    if disjoint and ref and len(union & ref) >= 0.9 * len(ref):
+        return GLOBAL_RANK
+    if disjoint and ref and len(union) <= 0.75 * len(ref):
+        return SHARDED_TWICE_MESH
+    return REPLICA_IDS
