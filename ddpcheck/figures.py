@@ -62,8 +62,20 @@ class EpochFigure:
 
 
 @dataclass(frozen=True)
+class ReplicaGroup:
+    """One replica group of a mesh (the ranks sharing a data-parallel rank), for its picture: how many
+    steps its first epoch has, and where its replicas first differ (``epoch`` None: they never do)."""
+
+    where: str  # its data-parallel coordinates, "dp=1"
+    steps: int
+    epoch: int | None = None
+    step: int | None = None
+    kind: str = ""  # ids | content | steps
+
+
+@dataclass(frozen=True)
 class FigureData:
-    """Everything the pictures of one world size need; plain, picklable, a few kilobytes."""
+    """Everything the pictures of one layout need; plain, picklable, a few kilobytes."""
 
     world_size: int
     ranks: tuple[int, ...]  # ranks with a trace, in order
@@ -75,6 +87,9 @@ class FigureData:
     owners: tuple[tuple[int, ...], ...] = ()  # per epoch, per column: the rank, NO_RANK or SEVERAL
     changed: tuple[float | None, ...] = ()  # per epoch after the first: share of samples that moved rank
     note: str = ""  # why a picture is missing or partial
+    where: str = ""  # the layout, as titles name it: "world size 4", "mesh dp=2,tp=2"
+    rank_noun: str = "rank"  # "dp rank" on a mesh: strips are drawn per data-parallel rank
+    replicas: tuple[ReplicaGroup, ...] = ()  # a mesh's replica groups (empty on a plain world size)
 
     @property
     def binned(self) -> bool:

@@ -217,7 +217,7 @@ def record_rank(spec: LoaderSpec, options: RecordOptions) -> RankRecording:
         and hook is None
         and not options.load_data
         and not options.ids_from_data
-        and not options.digest
+        and not (options.digest and options.steps is not None)
         and sampler_only_is_exact(outer, loader)
     )
     if not by_sampler:
@@ -251,12 +251,17 @@ class Stream:
         self.by_sampler = by_sampler
         self.info = StreamInfo()
         self.passes = 0
+        self.head: list[int] | None = (
+            None  # content of the epoch's first batches, when ids come from the sampler
+        )
         self._iterator: Iterator[Batch] | None = None
 
     def _open(self, epoch: int) -> Iterator[Batch]:
         if self.options.set_epoch and epoch > 0:
             set_epoch_everywhere(self.outer, epoch)
         if self.by_sampler:
+            if self.options.digest:
+                self.head = head_digests(self.loader, CONTENT_STEPS)
             return ((ids, worker, None) for ids, worker in _sampler_batches(self.loader))
         digest = self.options.digest
         return (
@@ -320,8 +325,28 @@ class Stream:
             batch_sizes=sizes,
             len_loader=len_loader,
             worker_ids=[w for w in workers if w is not None] if known_workers else None,
-            digests=array("q", digests) if self.options.digest else None,
+            digests=array("q", self.head if self.by_sampler and self.head is not None else digests)
+            if self.options.digest
+            else None,
         )
+
+
+CONTENT_STEPS = 8  # batches per epoch whose content is digested where ids come from the sampler alone
+
+
+def head_digests(loader: Any, steps: int) -> list[int]:
+    """The content digests of the first ``steps`` batches the loader would yield now, from a copy of it
+    (same sampler state, dataset shared) iterated with every global random state put back afterwards:
+    the loader itself, and so the recorded stream, is left exactly as a training loop would find it.
+    Where ids come from the sampler, this is what a mesh's replicas compare of their content; loading
+    every batch of every epoch only to digest it would cost a full data pass. A loader that cannot be
+    copied has no such head: [] (replicas are then compared by ids)."""
+    with _restored_rng():
+        try:
+            twin = copy.deepcopy(loader, {id(loader.dataset): loader.dataset})
+            return [batch_digest(batch) for batch in islice(twin, steps)]
+        except Exception:
+            return []
 
 
 class _EndlessGuard:

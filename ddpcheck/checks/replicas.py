@@ -30,7 +30,7 @@ from ddpcheck.checks.verdict import Verdict, not_applicable, skipped
 from ddpcheck.checks.wording import few, ids_text
 from ddpcheck.layout import Layout
 from ddpcheck.messages import count_text
-from ddpcheck.trace import EpochTrace, RunTrace
+from ddpcheck.trace import EpochTrace, RankTrace, RunTrace
 
 GLOBAL_RANK = (
     "the sampler uses the global rank where the data-parallel rank belongs: ranks that should share a "
@@ -124,6 +124,8 @@ def check_replica_consistency(reference: RunTrace, run: RunTrace, layout: Layout
     by_rank = {r.rank: r for r in run.ranks}
     groups = layout.replica_groups()
     content = all(e.digests is not None for r in run.ranks for e in r.epochs)
+    heads = [len(e.digests) for r in run.ranks for e in r.epochs if e.digests is not None]
+    whole = content and all(len(e.digests or ()) == e.num_batches for r in run.ranks for e in r.epochs)
     found: list[Divergence] = []
     for dp, group in enumerate(groups):
         head = by_rank[group[0]]
@@ -137,6 +139,8 @@ def check_replica_consistency(reference: RunTrace, run: RunTrace, layout: Layout
                     break
     epochs = min((len(r.epochs) for r in run.ranks), default=0)
     compared = "ids and content" if content else "ids (content not recorded: batches were not loaded)"
+    if content and not whole:
+        compared = f"ids of every batch, content of the first {min(heads, default=0)} of each epoch"
     if content and layout.sequence_dims:
         compared += f" (content not across {', '.join(layout.sequence_dims)}, which slices every sequence)"
     data: dict[str, object] = {
@@ -144,6 +148,7 @@ def check_replica_consistency(reference: RunTrace, run: RunTrace, layout: Layout
         "replicas": layout.replicas,
         "content": content,
         "diverging_groups": len({d.dp_rank for d in found}),
+        "per_group": _per_group(layout, groups, by_rank, found),
     }
     if not found:
         return Verdict(
@@ -178,6 +183,33 @@ def check_replica_consistency(reference: RunTrace, run: RunTrace, layout: Layout
     )
 
 
+MAX_PICTURED_GROUPS = 64  # replica groups listed for the picture (the first ones)
+
+
+def _per_group(
+    layout: Layout, groups: list[list[int]], by_rank: dict[int, RankTrace], found: Sequence[Divergence]
+) -> list[dict[str, object]]:
+    """For the replica picture: per group its steps in epoch 0 and where its replicas first differ."""
+    first: dict[int, Divergence] = {}
+    for found_one in sorted(found, key=lambda d: (d.epoch, d.step)):
+        first.setdefault(found_one.dp_rank, found_one)
+    out: list[dict[str, object]] = []
+    for dp, group in enumerate(groups[:MAX_PICTURED_GROUPS]):
+        head = by_rank[group[0]]
+        d = first.get(dp)
+        out.append(
+            {
+                "where": layout.data_coords(group[0]),
+                "steps": head.epochs[0].num_batches if head.epochs else 0,
+                "epoch": d.epoch if d else None,
+                "step": d.step if d else None,
+                "kind": d.kind if d else "",
+                "ranks": [group[0], d.other] if d else list(group),
+            }
+        )
+    return out
+
+
 def _first_difference(a: EpochTrace, b: EpochTrace, *, content: bool = True) -> tuple[int, str] | None:
     """The first step where two replicas' epochs differ, and how; None when they agree. ``content``
     False compares ids and steps only (peers along a sequence-sharding dimension)."""
@@ -187,15 +219,21 @@ def _first_difference(a: EpochTrace, b: EpochTrace, *, content: bool = True) -> 
     same_ids = same_ints(a.ids, b.ids)
     if same_ids is None:
         same_ids = list(a.ids) == list(b.ids)
-    same_content = a.digests is None or b.digests is None or _same(a.digests, b.digests)
+    same_content = a.digests is None or b.digests is None
+    if not same_content:
+        n = min(len(a.digests), len(b.digests))  # type: ignore[arg-type]
+        same_content = _same(a.digests[:n], b.digests[:n])  # type: ignore[index]
     if same_ids and sizes_a == sizes_b and same_content:
         return None
     batches_a, batches_b = a.batches(), b.batches()
+    digested = min(len(a.digests), len(b.digests)) if a.digests is not None and b.digests is not None else 0
     for step, (x, y) in enumerate(zip(batches_a, batches_b, strict=False)):
         if list(x) != list(y):
             return step, "ids"
-        if a.digests is not None and b.digests is not None and a.digests[step] != b.digests[step]:
+        if step < digested and a.digests[step] != b.digests[step]:  # type: ignore[index]
             return step, "content"
+    if len(batches_a) == len(batches_b) and sizes_a == sizes_b:
+        return None  # the content that differs lies beyond the digested head (never both recorded)
     return min(len(batches_a), len(batches_b)), "steps"
 
 

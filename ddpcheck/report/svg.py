@@ -81,6 +81,10 @@ class Picture:
     svg: str
 
 
+def _where(data: FigureData) -> str:
+    return data.where or f"world size {data.world_size}"
+
+
 def pictures(data: FigureData, failed: frozenset[str] = frozenset()) -> list[Picture]:
     """The pictures this data supports, in report order (none when there is nothing to draw).
 
@@ -95,22 +99,21 @@ def _pictures(data: FigureData, failed: frozenset[str]) -> tuple[Picture, ...]:
     """Drawn once per layout, however many reports (HTML, Markdown, its .svg files) show them."""
     if not data.epochs:
         return ()
+    noun = data.rank_noun
     out = [
-        Picture(
-            "samples",
-            f"Which rank saw which sample (world size {data.world_size})",
-            samples_svg(data, failed),
-        ),
-        Picture("steps", f"Steps per rank (world size {data.world_size})", steps_svg(data, failed)),
+        Picture("samples", f"Which {noun} saw which sample ({_where(data)})", samples_svg(data, failed)),
+        Picture("steps", f"Steps per {noun} ({_where(data)})", steps_svg(data, failed)),
     ]
     if len(data.ranks) > 1 and data.owners:
         out.append(
             Picture(
                 "assignment",
-                f"Sample-to-rank assignment across epochs (world size {data.world_size})",
+                f"Sample-to-{noun} assignment across epochs ({_where(data)})",
                 assignment_svg(data, failed),
             )
         )
+    if data.replicas:
+        out.append(Picture("replicas", f"Replica groups step by step ({_where(data)})", replicas_svg(data)))
     return tuple(out)
 
 
@@ -218,11 +221,11 @@ def samples_svg(data: FigureData, failed: frozenset[str] = frozenset()) -> str:
         y += 10
         for i, rank in enumerate(data.ranks[: data.shown_ranks]):
             seen = figure.yielded[i] - figure.foreign[i]
-            tip = f"rank {rank}: yields {figure.yielded[i]:,} samples in epoch {figure.epoch}"
+            tip = f"{data.rank_noun} {rank}: yields {figure.yielded[i]:,} samples in epoch {figure.epoch}"
             if figure.foreign[i]:
                 tip += f" ({figure.foreign[i]:,} not in the single-process epoch)"
             extra = f' data-rank="{rank}" data-epoch="{figure.epoch}"'
-            body.append(_label(LEFT - 8, y + 11, f"rank {rank}", anchor="end"))
+            body.append(_label(LEFT - 8, y + 11, f"{data.rank_noun} {rank}", anchor="end"))
             body.append(_strip("strip", y, figure.rank_share[i], rank_color(rank), tip, extra))
             body.append(_label(LEFT + PLOT + 8, y + 11, f"{seen:,} samples", color=MUTED))
             y += STRIP + GAP
@@ -246,13 +249,13 @@ def samples_svg(data: FigureData, failed: frozenset[str] = frozenset()) -> str:
             body.append(_strip(css, y, shares, color, tip, f' data-epoch="{figure.epoch}"'))
             body.append(_label(LEFT + PLOT + 8, y + 11, f"{count:,}", color=shown, bold=count > 0 and alarm))
             y += STRIP + GAP
-        odd = [f"rank {r}: {n:,}" for r, n in zip(data.ranks, figure.foreign, strict=False) if n]
+        odd = [f"{data.rank_noun} {r}: {n:,}" for r, n in zip(data.ranks, figure.foreign, strict=False) if n]
         if odd:
             y += 12
             body.append(
                 _label(LEFT, y, "not in the single-process epoch: " + ", ".join(odd[:8]), color=MISSING)
             )
-    return _svg("samples", y + 14, f"Which rank saw which sample, world size {data.world_size}", body)
+    return _svg("samples", y + 14, f"Which {data.rank_noun} saw which sample, {_where(data)}", body)
 
 
 def steps_svg(data: FigureData, failed: frozenset[str] = frozenset()) -> str:
@@ -280,10 +283,10 @@ def steps_svg(data: FigureData, failed: frozenset[str] = frozenset()) -> str:
         for rank, steps, length in rows[:MAX_STEP_ROWS]:
             odd = EQUAL_STEPS in failed and (steps != common or (length is not None and length != steps))
             color = STEP_ODD if odd else STEP_OK
-            tip = f"rank {rank}: {steps:,} batches" + (
+            tip = f"{data.rank_noun} {rank}: {steps:,} batches" + (
                 f", len(loader) = {length:,}" if length is not None else ""
             )
-            body.append(_label(LEFT - 8, y + 11, f"rank {rank}", anchor="end"))
+            body.append(_label(LEFT - 8, y + 11, f"{data.rank_noun} {rank}", anchor="end"))
             body.append(
                 f'<g class="steps-bar" data-rank="{rank}" data-epoch="{figure.epoch}" data-steps="{steps}">'
                 f"<title>{_text(tip)}</title>"
@@ -310,7 +313,7 @@ def steps_svg(data: FigureData, failed: frozenset[str] = frozenset()) -> str:
                     color=MUTED,
                 )
             )
-    return _svg("steps", y + 14, f"Steps per rank, world size {data.world_size}", body)
+    return _svg("steps", y + 14, f"Steps per {data.rank_noun}, {_where(data)}", body)
 
 
 def assignment_svg(data: FigureData, failed: frozenset[str] = frozenset()) -> str:
@@ -346,13 +349,59 @@ def assignment_svg(data: FigureData, failed: frozenset[str] = frozenset()) -> st
         y += STRIP + GAP
     y += 14
     x = LEFT
-    legend = [(f"rank {r}", rank_color(r)) for r in data.ranks[: min(len(data.ranks), 10)]]
+    legend = [(f"{data.rank_noun} {r}", rank_color(r)) for r in data.ranks[: min(len(data.ranks), 10)]]
     legend += [("several ranks", SEVERAL_COLOR), ("no rank", MISSING)]
     for name, color in legend:
         body.append(f'<rect x="{x}" y="{y - 10}" width="10" height="10" fill="{color}"/>')
         body.append(_label(x + 14, y, name, color=MUTED))
         x += 24 + 7 * len(name)
-    return _svg("assignment", y + 12, f"Sample-to-rank assignment, world size {data.world_size}", body)
+    return _svg("assignment", y + 12, f"Sample-to-{data.rank_noun} assignment, {_where(data)}", body)
+
+
+AGREE = "#59a14f"
+
+
+def replicas_svg(data: FigureData) -> str:
+    """One bar per replica group over its first epoch's steps: green while its replicas receive the same
+    batches, red from the step where one first differs (and a note of how)."""
+    body: list[str] = []
+    y = 18
+    intro = "Each bar is one replica group (the ranks sharing a data-parallel rank), over epoch 0's steps."
+    body.append(_label(0, y, intro, color=MUTED))
+    y += 16
+    body.append(
+        _label(
+            0,
+            y,
+            "green: its replicas receive the same batches; red: from where they first differ.",
+            color=MUTED,
+        )
+    )
+    y += 14
+    most = max((g.steps for g in data.replicas), default=1) or 1
+    scale = PLOT / most
+    for group in data.replicas:
+        differs = group.epoch is not None
+        at = group.step if differs and group.epoch == 0 and group.step is not None else group.steps
+        body.append(_label(LEFT - 8, y + 11, group.where, anchor="end"))
+        flag = str(differs).lower()
+        body.append(
+            f'<g class="replica-group" data-where="{_attr(group.where)}" data-differs="{flag}">'
+            f'<rect x="{LEFT}" y="{y}" width="{PLOT}" height="{STRIP}" fill="{EMPTY}"/>'
+            f'<rect x="{LEFT}" y="{y}" width="{at * scale:.1f}" height="{STRIP}" fill="{AGREE}"/>'
+            + (
+                f'<rect x="{LEFT + at * scale:.1f}" y="{y}" width="{(group.steps - at) * scale:.1f}" '
+                f'height="{STRIP}" fill="{MISSING}"/>'
+                if differs
+                else ""
+            )
+            + "</g>"
+        )
+        where = f"e{group.epoch} " if group.epoch else ""
+        text = f"{where}step {group.step}: {group.kind}" if differs else "in step"
+        body.append(_label(LEFT + PLOT + 8, y + 11, text, color=MISSING if differs else MUTED, bold=differs))
+        y += STRIP + GAP
+    return _svg("replicas", y + 14, f"Replica groups, {_where(data)}", body)
 
 
 def _owner_row(y: float, epoch: int, owners: Sequence[int]) -> str:

@@ -95,8 +95,8 @@ def _plan_layout(options: CheckOptions, layout: Layout, beside: bool, single: La
     digest = layout.replicas > 1 and (options.load_data or not options.simulate)
     run = None if ws == 1 and options.set_epoch else Job(options, layout, digest=digest)
     rerun = None
-    if options.determinism and not (ws == 1 and beside):
-        rerun = Job(options, layout, _rerun_ranks(options, layout), digest=digest)
+    if options.determinism and not (ws == 1 and beside):  # judged on ids: no content to digest
+        rerun = Job(options, layout, _rerun_ranks(options, layout))
     return LayoutPlan(layout, window=window, run=run, rerun=rerun)
 
 

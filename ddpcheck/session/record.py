@@ -161,17 +161,18 @@ def simulate(spec: LoaderSpec, job: Job) -> RunTrace:
     return replace(trace, rank_sample=job.ranks, options={**trace.options, "shortcuts": group.shortcuts})
 
 
-def shortcut_note(trace: RunTrace) -> str:
-    """What the report says about a recognised sampler computed directly under --simulate."""
+def shortcut_note(trace: RunTrace, name: str) -> str:
+    """What the report says about a recognised sampler computed directly under --simulate (``name``:
+    the layout, as progress lines name it)."""
     done = trace.options.get("shortcuts") or {}
     if done.get("redone"):
         return (
-            f"world size {trace.world_size}: the direct computation of DistributedSampler differed from the "
+            f"{name}: the direct computation of DistributedSampler differed from the "
             f"real one ({done['redone']}); every simulated rank was run again through the real sampler"
         )
     if done.get("direct"):
         return (
-            f"world size {trace.world_size}: --simulate computed torch's DistributedSampler shares directly "
+            f"{name}: --simulate computed torch's DistributedSampler shares directly "
             f"for {done['direct']} rank-epochs, and ran the real DistributedSampler.__iter__ on "
             f"{done['verified']} of them: identical"
         )

@@ -13,9 +13,10 @@ from typing import Any
 
 from ddpcheck.checker.loaderfile import BadLoaderFile, LoaderSpec, defined_names, precheck
 from ddpcheck.checker.options import BadInput, CheckOptions, validate
+from ddpcheck.checks.ids import REPLICA_CONSISTENCY
 from ddpcheck.checks.replicas import data_parallel_view, judge_layout
 from ddpcheck.checks.verdict import Verdict, allow
-from ddpcheck.figures import FigureData, figure_data
+from ddpcheck.figures import FigureData, ReplicaGroup, figure_data
 from ddpcheck.launch.preload import frozen_heap, preload_imports
 from ddpcheck.layout import Layout
 from ddpcheck.messages import count_text
@@ -145,6 +146,7 @@ class _Session:
         judged = self._record_layout(plan, rerun)
         options = self.options
         verdicts = judge_layout(judged.reference, judged.run, judged.rerun, layout)
+        figures = with_replicas(judged.figures, layout, verdicts)
         failures = judged.run.failures + (judged.rerun.failures if judged.rerun else ())
         # --- checks with their own rank-side runs (ddpcheck.scenarios): metric, training, resume ---
         extra = Outcome()
@@ -159,7 +161,7 @@ class _Session:
             divergence=extra.divergence,
             resume=extra.resume,
             seconds=time.monotonic() - started,
-            figures=judged.figures,
+            figures=figures,
         )
         failed = sum(v.failed for v in result.verdicts)
         status = (
@@ -187,8 +189,7 @@ class _Session:
                 reference, run, by_data, note = redone
                 self.say(note)
                 notes.append(note)
-                digest = plan.run.digest if plan.run is not None else False
-                rerun_job = Job(by_data, plan.layout, digest=digest) if by_data.determinism else None
+                rerun_job = Job(by_data, plan.layout) if by_data.determinism else None
             if not (self.options.determinism and run.ok):
                 rerun, rerun_job = None, None  # a failed run is judged alone: its rerun would only repeat it
 
@@ -203,7 +204,8 @@ class _Session:
                 with recording(self.spec, [], rerun_job) as alone:
                     rerun, figures = alone.held_run(draw)
         # the run's note; the rerun's only when it had to be redone (its sample says nothing more)
-        note = shortcut_note(run) or (shortcut_note(rerun) if rerun is not None else "")
+        name = layout_name(plan.layout)
+        note = shortcut_note(run, name) or (shortcut_note(rerun, name) if rerun is not None else "")
         if note:
             notes.append(note)
         return _Judged(reference, run, rerun, figures, tuple(notes))
@@ -275,6 +277,20 @@ def _rank_local_indices(reference: RunTrace, run: RunTrace) -> bool:
     if facts.dataset_kind != "map" or facts.dataset_len is None:
         return False
     return any(r.facts.dataset_len not in (None, facts.dataset_len) for r in run.ranks)
+
+
+def with_replicas(figures: FigureData, layout: Layout, verdicts: Sequence[Verdict]) -> FigureData:
+    """The pictures' names for the layout, and on a mesh its replica groups (from replica_consistency)."""
+    if not layout.mesh:
+        return figures
+    replica = next((v for v in verdicts if v.check == REPLICA_CONSISTENCY), None)
+    listed = replica.data.get("per_group", []) if replica is not None else []
+    assert isinstance(listed, list)
+    groups = tuple(
+        ReplicaGroup(str(g["where"]), int(g["steps"]), g["epoch"], g["step"], str(g["kind"]))
+        for g in listed if isinstance(g, dict)
+    )  # fmt: skip
+    return replace(figures, where=f"mesh {layout.label}", rank_noun="dp rank", replicas=groups)
 
 
 def layout_name(layout: Layout) -> str:
