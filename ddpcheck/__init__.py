@@ -25,6 +25,8 @@ _EXPORTS = {
     "get_rank_safe": "ddpcheck.reference.dist",
     "is_main_process": "ddpcheck.reference.dist",
     "connect": "ddpcheck.reference.dist",
+    "data_parallel_rank": "ddpcheck.reference.dist",
+    "data_parallel_world_size": "ddpcheck.reference.dist",
     "disconnect": "ddpcheck.reference.dist",
     "wrap_model": "ddpcheck.reference.model",
     "unwrap_model": "ddpcheck.reference.model",
@@ -42,6 +44,8 @@ if TYPE_CHECKING:
     from ddpcheck.pytest_plugin import assert_ddp_safe
     from ddpcheck.reference.dist import (
         connect,
+        data_parallel_rank,
+        data_parallel_world_size,
         disconnect,
         get_rank_safe,
         get_world_size_safe,

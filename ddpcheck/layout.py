@@ -123,9 +123,28 @@ class Layout:
             groups[self.dp_rank(rank)].append(rank)
         return groups
 
+    def without_replicas(self) -> Layout:
+        """The same dimensions with every non-data one of size 1: the data-parallel world alone, where
+        rank and data-parallel rank coincide (metric and training equivalence run there)."""
+        dims = tuple((name, size if name in self.data_dims else 1) for name, size in self.dims)
+        return Layout(dims, self.data_dims, self.mesh, self.sequence_dims)
+
     def representatives(self) -> list[int]:
         """One rank per data-parallel rank (the first of its replicas), in data-parallel rank order."""
         return [group[0] for group in self.replica_groups()]
+
+
+def shaped_like(meshes: list[Layout], world_size: int) -> Layout:
+    """A plain world size shaped like ``meshes``: their dimension names, the first data dimension of
+    size ``world_size`` and every other one of size 1, so a factory that indexes its mesh by name
+    (``mesh["tp"]``) runs at plain world sizes and in the single-process reference too."""
+    if not meshes:
+        return Layout.plain(world_size)
+    names = list(dict.fromkeys(name for mesh in meshes for name in mesh.names))
+    data = tuple(dict.fromkeys(name for mesh in meshes for name in mesh.data_dims))
+    first = next(name for name in names if name in data)
+    dims = tuple((name, world_size if name == first else 1) for name in names)
+    return Layout(dims, data, mesh=False)
 
 
 def parse_mesh(

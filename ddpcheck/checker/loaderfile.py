@@ -30,7 +30,7 @@ from typing import Any
 from ddpcheck.launch.target import load_file
 from ddpcheck.messages import exception_text, one_line
 
-SUPPLIED_KWARGS = ("rank", "world_size", "batch_size")
+SUPPLIED_KWARGS = ("rank", "world_size", "dp_rank", "dp_world_size", "mesh", "batch_size")
 
 
 class BadLoaderFile(Exception):
@@ -126,7 +126,7 @@ def factory_kwargs(factory: Callable[..., Any], available: dict[str, Any]) -> di
                 )
             raise BadLoaderFile(
                 f"factory {getattr(factory, '__name__', '?')}() has a required parameter {name!r}; "
-                f"ddpcheck can pass only {', '.join(SUPPLIED_KWARGS)}"
+                f"ddpcheck can pass only {', '.join(SUPPLIED_KWARGS)} (and --factory-arg values)"
             )
     return chosen
 

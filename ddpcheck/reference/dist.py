@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -76,6 +76,46 @@ class ConnectionInfo:
 
 
 # --------------------------------------------------------------------------- SLURM node lists
+
+
+DATA_PREFIX = (
+    "dp"  # mesh dimensions that split the data: dp, dp_replicate, dp_shard (as torchtitan names them)
+)
+
+
+def _data_dims(mesh: Any, data_dims: Sequence[str] | None) -> list[tuple[int, str | None]]:
+    names = list(getattr(mesh, "mesh_dim_names", None) or ())
+    if not names:
+        if mesh.ndim != 1:
+            raise ValueError("a mesh of several dimensions needs mesh_dim_names to tell its data dimensions")
+        return [(0, None)]
+    chosen = [
+        (i, n) for i, n in enumerate(names) if (n in data_dims if data_dims else n.startswith(DATA_PREFIX))
+    ]
+    if not chosen:
+        raise ValueError(
+            f"mesh dimensions {names} include no data-parallel one (a name starting with dp, or data_dims=)"
+        )
+    return chosen
+
+
+def data_parallel_rank(mesh: Any, data_dims: Sequence[str] | None = None) -> int:
+    """This rank's data-parallel rank on a ``DeviceMesh``: its row-major coordinate over the data
+    dimensions (names starting with ``dp``, or ``data_dims``), as torchtitan flattens ``dp_replicate``
+    and ``dp_shard``. Ranks that differ only in tensor, context or pipeline coordinates share it: they
+    must load the same data."""
+    rank = 0
+    for i, name in _data_dims(mesh, data_dims):
+        rank = rank * int(mesh.size(i)) + int(mesh.get_local_rank(name if name is not None else 0))
+    return rank
+
+
+def data_parallel_world_size(mesh: Any, data_dims: Sequence[str] | None = None) -> int:
+    """How many data replicas a ``DeviceMesh`` has: the product of its data dimensions' sizes."""
+    size = 1
+    for i, _ in _data_dims(mesh, data_dims):
+        size *= int(mesh.size(i))
+    return size
 
 
 def _split_top_level(text: str) -> list[str]:
@@ -401,6 +441,8 @@ __all__ = [
     "ConnectionInfo",
     "LaunchEnv",
     "connect",
+    "data_parallel_rank",
+    "data_parallel_world_size",
     "detect_launch",
     "disconnect",
     "first_slurm_host",

@@ -17,7 +17,7 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Itera
 
 from ddpcheck.reference.dist import is_ddp
 from ddpcheck.reference.iterable import ShardedIterableDataset
-from ddpcheck.reference.sampler import DDPSamplerWrapper, _resolve_world
+from ddpcheck.reference.sampler import DDPSamplerWrapper, _resolve_world, mesh_world
 
 _L = TypeVar("_L", bound=DataLoader)
 
@@ -218,8 +218,12 @@ def patch_dataloader_to_ddp(
     shuffle_samples_between_gpus: bool = False,
     pad_data_to_num_gpus: bool = True,
     seed: int = 0,
+    mesh: Any = None,
 ) -> _L | DataLoader:
     """Rebuild ``loader`` so this rank iterates only its share; every other argument is kept.
+
+    On a device mesh pass ``mesh=``: the share is the data-parallel coordinate's (dimensions named
+    ``dp*``), so tensor/context/pipeline peers iterate the same batches.
 
     * sampler + ``batch_size``: the sampler is wrapped in ``DDPSamplerWrapper``, and the loader
       batches it as before;
@@ -247,6 +251,8 @@ def patch_dataloader_to_ddp(
     """
     if not isinstance(loader, DataLoader):
         raise TypeError(f"expected a torch.utils.data.DataLoader, got {type(loader).__name__}")
+    if mesh is not None:
+        num_replicas, rank = mesh_world(mesh, num_replicas, rank)
     from_group = num_replicas is None and rank is None
     if from_group and not is_ddp():
         warnings.warn(

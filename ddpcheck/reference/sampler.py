@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import BatchSampler, Sampler
 
-from ddpcheck.reference.dist import is_ddp
+from ddpcheck.reference.dist import data_parallel_rank, data_parallel_world_size, is_ddp
 
 _T = TypeVar("_T")
 _T_co = TypeVar("_T_co", covariant=True)
@@ -262,6 +262,15 @@ def _resolve_world(num_replicas: int | None, rank: int | None) -> tuple[int, int
     return num_replicas, rank
 
 
+def mesh_world(mesh: Any, num_replicas: int | None, rank: int | None) -> tuple[int | None, int | None]:
+    """``(num_replicas, rank)`` from a ``DeviceMesh``'s data-parallel dimensions, when one is given."""
+    if mesh is None:
+        return num_replicas, rank
+    if num_replicas is not None or rank is not None:
+        raise ValueError("pass mesh= or num_replicas=/rank=, not both: the mesh names the data-parallel rank")
+    return data_parallel_world_size(mesh), data_parallel_rank(mesh)
+
+
 def _group_has_peers() -> bool:
     """False under torch's ``fake`` backend (simulated ranks): there is no one to agree with."""
     import torch.distributed as dist
@@ -328,6 +337,12 @@ class DDPSamplerWrapper(Sampler[_T]):
     (no collective ever happens, with or without a group): the caller then guarantees that every
     rank's inner sampler yields the same order.
 
+    Device meshes (FSDP2/HSDP with tensor, context or pipeline parallelism): pass ``mesh=`` instead of
+    ``num_replicas``/``rank``. The data-parallel coordinate (the dimensions named ``dp*``, flattened
+    row-major as torchtitan does) is the rank and their product the replica count, so ranks that differ
+    only in a tensor/context/pipeline coordinate yield the same items, step by step. The agreement
+    check then runs over every rank of the default group, replicas included.
+
     Pitfall: with a process group, every rank must iterate together (as DDP training does); the
     first item of each epoch runs a collective. The object collectives use the default group; with
     NCCL set the CUDA device first, as DDP already requires.
@@ -356,6 +371,7 @@ class DDPSamplerWrapper(Sampler[_T]):
         rank: int | None = None,
         seed: int = 0,
         sync_order: SyncOrder = "auto",
+        mesh: Any = None,
     ) -> None:
         super().__init__()
         if not callable(getattr(sampler, "__len__", None)) or not callable(
@@ -369,7 +385,8 @@ class DDPSamplerWrapper(Sampler[_T]):
             raise ValueError(f"sync_order must be one of {_SYNC_ORDERS}, got {sync_order!r}")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-        from_group = num_replicas is None and rank is None
+        from_group = (num_replicas is None and rank is None) or mesh is not None
+        num_replicas, rank = mesh_world(mesh, num_replicas, rank)
         self._num_replicas, self._rank = _resolve_world(num_replicas, rank)
         if sync_order == "always" and not is_ddp():
             raise ValueError(
@@ -587,7 +604,7 @@ class DDPSamplerWrapper(Sampler[_T]):
 
     def _orders_agree(self, epoch: int, n: int, window: list[Any]) -> bool:
         """One ``all_gather_object`` of (epoch, n, digest); raises everywhere if epochs or lengths differ."""
-        gathered: list[Any] = [None] * self._num_replicas
+        gathered: list[Any] = [None] * dist.get_world_size()  # every rank: on a mesh, replicas too
         dist.all_gather_object(gathered, (epoch, n, fingerprint(window)))
         epochs = sorted({g[0] for g in gathered})
         if len(epochs) > 1:

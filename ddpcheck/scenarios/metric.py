@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ddpcheck.checker.loaderfile import LoaderSpec, optional_hook
+from ddpcheck.checker.options import mesh_layouts
 from ddpcheck.checker.recording import (
     RecordOptions,
     batches_with_ids,
@@ -51,6 +52,7 @@ from ddpcheck.checker.recording import (
 from ddpcheck.checks.ids import METRIC_EQUIVALENCE
 from ddpcheck.checks.verdict import skipped
 from ddpcheck.launch import TargetRef, report_progress, run_ranks
+from ddpcheck.layout import Layout, shaped_like
 from ddpcheck.scenarios.divergence import Evaluation, judge_metrics, metric_rows
 from ddpcheck.scenarios.protocol import DataRun, Outcome, rank_failures
 from ddpcheck.trace import RankFailure, compact_ids
@@ -71,6 +73,7 @@ class EvalOptions:
     patch: bool = False
     set_epoch: bool = True
     batch_size: int | None = None
+    layout: Layout | None = None  # None: the plain world size of the group
 
 
 # --------------------------------------------------------------------------- default hooks
@@ -264,7 +267,11 @@ def evaluate_rank(spec: LoaderSpec, options: EvalOptions) -> Evaluation | None:
     rank, world_size = group_position()
     report_progress("evaluation: building the loader")
     record = RecordOptions(
-        epochs=1, set_epoch=options.set_epoch, patch=options.patch, batch_size=options.batch_size
+        epochs=1,
+        set_epoch=options.set_epoch,
+        patch=options.patch,
+        batch_size=options.batch_size,
+        layout=options.layout,
     )
     loader, module = build_loader(spec, record, rank, world_size)
     forward = optional_hook(module, "forward")
@@ -306,6 +313,7 @@ class MetricEquivalence:
         self.timeout = options.timeout
         self.tolerance = options.metric_tolerance
         self.simulate = options.simulate
+        self.meshes = mesh_layouts(options)
         self._reference: Evaluation | None = None
         self._reference_failed = False
 
@@ -317,12 +325,12 @@ class MetricEquivalence:
         wanted = options.metrics if options.metrics is not None else bool(names & set(METRIC_HOOKS))
         return cls(spec, options) if wanted else None
 
-    def _evaluate(self, world_size: int) -> tuple[Evaluation | None, tuple[RankFailure, ...]]:
+    def _evaluate(self, layout: Layout) -> tuple[Evaluation | None, tuple[RankFailure, ...]]:
         group = run_ranks(
             TargetRef.of(evaluate_rank),
-            world_size,
+            layout.world_size,
             timeout=self.timeout,
-            kwargs={"spec": self.spec, "options": self.eval_options},
+            kwargs={"spec": self.spec, "options": replace(self.eval_options, layout=layout)},
         )
         failures = rank_failures(group, METRIC_EQUIVALENCE)
         value = group.outcomes[0].value if group.outcomes and group.outcomes[0].ok else None
@@ -332,12 +340,14 @@ class MetricEquivalence:
         return {}
 
     def world(self, ctx: DataRun) -> Outcome:
-        world_size = ctx.world_size
+        # on a mesh, at its data-parallel size: replicas gather nothing new (replica_consistency checks them)
+        layout = (ctx.layout or Layout.plain(ctx.world_size)).without_replicas()
+        world_size = layout.world_size
         if self.simulate:
             return Outcome(verdicts=(skipped(METRIC_EQUIVALENCE, SIMULATE_SKIP),))
         failures: tuple[RankFailure, ...] = ()
         if self._reference is None and not self._reference_failed:
-            self._reference, failures = self._evaluate(1)
+            self._reference, failures = self._evaluate(shaped_like(self.meshes, 1))
             self._reference_failed = self._reference is None
             if self._reference is None:
                 return Outcome(failures=failures)
@@ -347,7 +357,7 @@ class MetricEquivalence:
         if world_size == 1:
             run: Evaluation | None = self._reference
         else:
-            run, failures = self._evaluate(world_size)
+            run, failures = self._evaluate(layout)
         if run is None:
             return Outcome(failures=failures)
         rows = metric_rows(self._reference, run, self.tolerance)

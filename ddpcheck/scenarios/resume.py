@@ -610,7 +610,7 @@ class ResumeCheck:
         mechanism = ctx.run.ranks[0].facts.resumable
         kwargs = {
             "spec": self.spec,
-            "options": self.record,
+            "options": replace(self.record, layout=ctx.layout),  # every rank of a mesh restores
             "stops": stops,
             "epochs": epochs,
             "mechanism": mechanism,
@@ -621,7 +621,8 @@ class ResumeCheck:
             return Outcome(failures=failures)
         ranks = [o.value for o in group.outcomes if isinstance(o.value, RankResume)]
         verdict, rows = judge_resume(ws, ranks)
-        if ranks and ranks[0].mechanism and self.options.elastic:
+        plain = ctx.layout is None or not ctx.layout.mesh
+        if ranks and ranks[0].mechanism and self.options.elastic and plain:
             self.saved[ws] = (ranks, stops)
             self.pad_unit = max(ctx.run.ranks[0].facts.pad_unit, 1)
             self.mechanism = ranks[0].mechanism

@@ -34,11 +34,12 @@ import contextlib
 import random
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from ddpcheck.checker.loaderfile import LoaderSpec, factory_kwargs, get_factory, optional_hook
+from ddpcheck.checker.options import mesh_layouts
 from ddpcheck.checker.recording import (
     RecordOptions,
     batches_with_ids,
@@ -50,6 +51,7 @@ from ddpcheck.checker.recording import (
 from ddpcheck.checks.ids import TRAINING_EQUIVALENCE
 from ddpcheck.checks.verdict import Verdict, skipped
 from ddpcheck.launch import TargetRef, report_progress, run_ranks
+from ddpcheck.layout import Layout, shaped_like
 from ddpcheck.scenarios.protocol import DataRun, Outcome, rank_failures
 
 if TYPE_CHECKING:
@@ -78,6 +80,8 @@ class TrainOptions:
     accumulation: int = ACCUMULATION
     lr: float = LEARNING_RATE
     seed: int = SEED
+    layout: Layout | None = None  # the ranks' layout (None: a plain world size)
+    single: Layout | None = None  # the single process's (shaped like the meshes)
 
 
 @dataclass(frozen=True)
@@ -218,7 +222,11 @@ def train_rank(spec: LoaderSpec, options: TrainOptions) -> RankTraining:
     rank, world_size = group_position()
     seed_everything(options.seed)
     record = RecordOptions(
-        epochs=1, set_epoch=options.set_epoch, patch=options.patch, batch_size=options.batch_size
+        epochs=1,
+        set_epoch=options.set_epoch,
+        patch=options.patch,
+        batch_size=options.batch_size,
+        layout=options.layout,
     )
     loader, module = build_loader(spec, record, rank, world_size)
     make_model, loss_fn = optional_hook(module, "make_model"), optional_hook(module, "loss")
@@ -270,10 +278,16 @@ def reference_loader(spec: LoaderSpec, options: TrainOptions, batch_size: int) -
     from ddpcheck.reference.patch import extract_loader_parameters
 
     seed_everything(options.seed)
-    record = RecordOptions(epochs=1, set_epoch=options.set_epoch, patch=options.patch, batch_size=batch_size)
+    record = RecordOptions(
+        epochs=1,
+        set_epoch=options.set_epoch,
+        patch=options.patch,
+        batch_size=batch_size,
+        layout=options.single,
+    )
     loader, module = build_loader(spec, record, 0, 1)
-    offered = {"rank": 0, "world_size": 1, "batch_size": batch_size}
-    if "batch_size" in factory_kwargs(get_factory(module, spec), offered):
+    offered = {"rank": 0, "world_size": 1, "dp_rank": 0, "dp_world_size": 1, "mesh": None}
+    if "batch_size" in factory_kwargs(get_factory(module, spec), {**offered, "batch_size": batch_size}):
         return loader, module, ""
     if type(loader.batch_sampler) is BatchSampler and loader.batch_size is not None:
         params = extract_loader_parameters(loader)
@@ -454,6 +468,7 @@ class TrainingEquivalence:
             patch=options.patch,
             set_epoch=options.set_epoch,
             batch_size=options.batch_size,
+            single=shaped_like(mesh_layouts(options), 1),
         )
         self.timeout = options.timeout
         self.simulate = options.simulate
@@ -472,11 +487,13 @@ class TrainingEquivalence:
         return {}
 
     def world(self, ctx: DataRun) -> Outcome:
-        world_size = ctx.world_size
+        # on a mesh, at its data-parallel size: its replicas train one model shard, not more data
+        layout = (ctx.layout or Layout.plain(ctx.world_size)).without_replicas()
+        world_size = layout.world_size
         if self.simulate:
             return Outcome(verdicts=(skipped(TRAINING_EQUIVALENCE, SIMULATE_SKIP),))
         target = TargetRef.of(train_rank)
-        kwargs: dict[str, Any] = {"spec": self.spec, "options": self.options}
+        kwargs: dict[str, Any] = {"spec": self.spec, "options": replace(self.options, layout=layout)}
         group = run_ranks(target, world_size, timeout=self.timeout, kwargs=kwargs)
         failures = rank_failures(group, TRAINING_EQUIVALENCE)
         if not group.ok:

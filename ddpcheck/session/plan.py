@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ddpcheck.checker.options import CheckOptions, mesh_layouts
-from ddpcheck.layout import Layout
+from ddpcheck.layout import Layout, shaped_like
 from ddpcheck.session.record import Job, rerun_sample
 
 
@@ -62,23 +62,12 @@ def run_layouts(world_sizes: tuple[int, ...], meshes: list[Layout]) -> list[Layo
     """The world sizes (in order), then the meshes (as given). With meshes, a world size is the mesh of
     their dimension names whose first data dimension has that size and every other one size 1, so a
     factory that indexes its mesh by name (``mesh["tp"]``) runs at every world size too."""
-    return [*(_with_size(meshes, ws) for ws in world_sizes), *meshes]
+    return [*(shaped_like(meshes, ws) for ws in world_sizes), *meshes]
 
 
 def reference_layout(meshes: list[Layout]) -> Layout:
     """The single process, shaped like ``meshes`` (every dimension of size 1)."""
-    return _with_size(meshes, 1)
-
-
-def _with_size(meshes: list[Layout], world_size: int) -> Layout:
-    """A plain world size, shaped like ``meshes``: their names, the first data dimension ``world_size``."""
-    if not meshes:
-        return Layout.plain(world_size)
-    names = list(dict.fromkeys(name for mesh in meshes for name in mesh.names))
-    data = tuple(dict.fromkeys(name for mesh in meshes for name in mesh.data_dims))
-    first = next(name for name in names if name in data)
-    dims = tuple((name, world_size if name == first else 1) for name in names)
-    return Layout(dims, data, mesh=False)
+    return shaped_like(meshes, 1)
 
 
 def _plan_layout(options: CheckOptions, layout: Layout, beside: bool, single: Layout) -> LayoutPlan:

@@ -121,11 +121,10 @@ class _Session:
             result, notes = self._check_layout(layout, beside, scenarios)
             self.runs.append(result)
             self.notes.extend(n for n in notes if n not in self.notes)
-        for scenario in scenarios:  # what spans layouts (elastic resume)
+        for scenario in scenarios:  # what spans world sizes (elastic resume): plain layouts only
             for ws, outcome in scenario.finish().items():
                 self.runs[:] = [
-                    with_outcome(r, outcome, self.options.allow) if r.world_size == ws else r
-                    for r in self.runs
+                    with_outcome(r, outcome, self.options.allow) if _plain(r, ws) else r for r in self.runs
                 ]
 
     def _check_layout(
@@ -291,6 +290,10 @@ def with_replicas(figures: FigureData, layout: Layout, verdicts: Sequence[Verdic
         for g in listed if isinstance(g, dict)
     )  # fmt: skip
     return replace(figures, where=f"mesh {layout.label}", rank_noun="dp rank", replicas=groups)
+
+
+def _plain(run: WorldResult, world_size: int) -> bool:
+    return run.world_size == world_size and not (run.layout is not None and run.layout.mesh)
 
 
 def layout_name(layout: Layout) -> str:
