@@ -188,7 +188,7 @@ def _hint(returned: Any) -> str:
     return ""
 
 
-WRAPPER_ATTRIBUTES = ("base_dataloader", "_dataloader", "dataloader", "_loader", "loader")
+WRAPPER_ATTRIBUTES = ("base_dataloader", "_dataloader", "dataloader", "_loader", "loader", "dl")  # "dl": DeepSpeed
 
 
 def _wrapped_loader(obj: Any, depth: int = 3) -> Any:
