@@ -30,6 +30,7 @@ from ddpcheck.checks.ids import (
 )
 from ddpcheck.checks.replicas import (
     GLOBAL_RANK,
+    LAYOUT_MISMATCH,
     PER_RANK_RANDOM,
     REPLICA_STEPS,
     SHARDED_TWICE_MESH,
@@ -155,6 +156,21 @@ CASES = [
         module="accelerate",
     ),
     Case(
+        "megatron",
+        "megatron_parallel_state.py",
+        ("--mesh", DP2_TP2, "--no-determinism"),
+        module="megatron.core",
+    ),
+    Case(
+        "megatron-transposed",  # Megatron orders tp-cp-ep-dp-pp: a mesh declared tp outermost is not its
+        "megatron_parallel_state.py",
+        ("--mesh", "tp=2,dp=2", "--no-determinism"),
+        exit_code=1,
+        must_fail={"tp=2,dp=2": MISSING_IDS | {NO_OVERLAP, PADDING_BOUND}},
+        cause=LAYOUT_MISMATCH,
+        module="megatron.core",
+    ),
+    Case(
         "deepspeed-ulysses",  # sp peers hold their own sequence slices: same samples, other tensors
         "deepspeed_ulysses.py",
         ("--mesh", "dp=2,sp=2", "--no-determinism"),
@@ -164,7 +180,8 @@ CASES = [
 INSTALL = {
     "torchtitan": "pip install --no-deps -c constraints.txt torchtitan==0.3.0 spmd_types==0.2.3",
     "accelerate": "the 'integrations' extra",
-    "deepspeed": "pip install -c constraints.txt deepspeed==0.19.8 (the 'meshes' extra)",
+    "deepspeed": "the 'integrations' extra",
+    "megatron.core": "the 'integrations' extra",
 }
 
 

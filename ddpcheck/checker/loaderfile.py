@@ -188,7 +188,8 @@ def _hint(returned: Any) -> str:
     return ""
 
 
-WRAPPER_ATTRIBUTES = ("base_dataloader", "_dataloader", "dataloader", "_loader", "loader", "dl")  # "dl": DeepSpeed
+# where framework wrappers keep the DataLoader they iterate (dl: DeepSpeed's Ulysses adapter)
+WRAPPER_ATTRIBUTES = ("base_dataloader", "_dataloader", "dataloader", "_loader", "loader", "dl")
 
 
 def _wrapped_loader(obj: Any, depth: int = 3) -> Any:

@@ -44,6 +44,11 @@ PER_RANK_RANDOM = (
     "replicas draw from per-rank random state: the same samples arrive with different content "
     "(augmentation, noise or masks drawn in the loader from each rank's own generator)"
 )
+LAYOUT_MISMATCH = (
+    "the loader's replica groups are not the mesh's: ranks that differ in a data coordinate get the same "
+    "batches while the mesh's replicas get different ones (the framework lays ranks out in another order "
+    "than the declared mesh: Megatron always orders tp-cp-ep-dp-pp, whatever the mesh says)"
+)
 REPLICA_STEPS = "a replica runs a different number of batches: its group's next collective hangs"
 REPLICA_IDS = "replicas receive different samples: the loader's split depends on a non-data coordinate"
 MESH_FIXES = {
@@ -54,6 +59,8 @@ MESH_FIXES = {
     "them on one replica and broadcast",
     REPLICA_STEPS: "build every replica's loader from dp_rank and dp_world_size only, so they run in step",
     REPLICA_IDS: "build every replica's loader from dp_rank and dp_world_size only",
+    LAYOUT_MISMATCH: "declare the mesh in the order the framework builds its groups (or build the loader "
+    "from the declared mesh's dp_rank)",
 }
 # the data-parallel view's failures that a mesh diagnosis (global rank, sharded twice) explains
 _EXPLAINED_CHECKS = (COVERAGE, NO_OVERLAP, PADDING_BOUND, SINGLE_PROCESS_EQUIVALENCE)
@@ -160,7 +167,7 @@ def check_replica_consistency(reference: RunTrace, run: RunTrace, layout: Layout
         )
     first = min(found, key=lambda d: (d.epoch, d.step, d.dp_rank))
     cause = _mesh_cause(reference, run, layout, found)
-    data["mesh_cause"] = cause if cause in (GLOBAL_RANK, SHARDED_TWICE_MESH) else ""
+    data["mesh_cause"] = cause if cause in (GLOBAL_RANK, SHARDED_TWICE_MESH, LAYOUT_MISMATCH) else ""
     data["first"] = {"dp_rank": first.dp_rank, "epoch": first.epoch, "step": first.step, "kind": first.kind}
     one, two = by_rank[first.first].epochs[first.epoch], by_rank[first.other].epochs[first.epoch]
     detail = (
@@ -254,6 +261,21 @@ def _what(d: Divergence, a: EpochTrace, b: EpochTrace) -> str:
     return f"rank {d.first} sees {ids_text(few(x, 4))}, rank {d.other} sees {ids_text(few(y, 4))}"
 
 
+def _transposed(layout: Layout, run: RunTrace, epoch: int) -> bool:
+    """The ranks fall into groups of identical streams as large as the mesh's replica groups, but not
+    the same groups: the loader replicates along another dimension than the mesh declares."""
+    streams: dict[tuple[object, ...], list[int]] = {}
+    for r in run.ranks:
+        if epoch < len(r.epochs):
+            streams.setdefault(tuple(r.epochs[epoch].ids), []).append(r.rank)
+    groups = sorted(sorted(g) for g in streams.values())
+    return (
+        len(groups) == layout.dp_world_size
+        and all(len(g) == layout.replicas for g in groups)
+        and groups != sorted(layout.replica_groups())
+    )
+
+
 def _mesh_cause(reference: RunTrace, run: RunTrace, layout: Layout, found: Sequence[Divergence]) -> str:
     """Name the pattern: steps only, content only, or which split of the ids."""
     kinds = {d.kind for d in found}
@@ -262,6 +284,8 @@ def _mesh_cause(reference: RunTrace, run: RunTrace, layout: Layout, found: Seque
     if kinds == {"content"}:
         return PER_RANK_RANDOM
     epoch = min(d.epoch for d in found if d.kind == "ids")
+    if _transposed(layout, run, epoch):
+        return LAYOUT_MISMATCH
     sets = [set(r.epochs[epoch].ids) for r in run.ranks if epoch < len(r.epochs)]
     union = set().union(*sets)
     disjoint = sum(len(s) for s in sets) == len(union)
