@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import BatchSampler, DataLoader
 
-from ddpcheck.checker.recording import read_facts, record_indices, set_epoch_everywhere
+from ddpcheck.checker.recording import loop_set_epoch, read_facts, record_indices
 from ddpcheck.checks import run_checks
 from ddpcheck.trace import RankTrace, RunTrace
 
@@ -123,7 +123,7 @@ def record_simulated(
         facts = read_facts(loader)
         traces = []
         for epoch in range(epochs):
-            set_epoch_everywhere(loader, epoch)
+            loop_set_epoch(loader, epoch)
             traces.append(record_indices(loader, epoch))
         ranks.append(RankTrace(rank=rank, epochs=tuple(traces), facts=facts))
     return RunTrace(world_size=world_size, backend="simulated", ranks=tuple(ranks))

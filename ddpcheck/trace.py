@@ -134,6 +134,7 @@ class LoaderFacts:
     recorded: str = "sampler"  # "sampler": the (batch) sampler's index stream; "loader": real iteration
     steps: int | None = None  # windows of this many batches per rank instead of whole epochs
     resumable: str = ""  # where the data state lives, for the resume check ("" none; see checker.recording)
+    set_epoch_unreached: str = ""  # parts with a set_epoch the training loop's call never reached
 
 
 @dataclass(frozen=True)

@@ -119,6 +119,31 @@ CASES = [
         truth="partition every epoch, but the sampler generator is seeded from unseeded global RNG",
     ),
     Case(
+        "accelerate-batch-sampler-epoch",
+        "accelerate_batch_sampler_epoch.py",
+        "accelerate",
+        exit_code=1,
+        must_fail={2: frozenset({RESHUFFLE})},
+        truth="BatchSamplerShard wraps the user's batch sampler at W >= 2 and DataLoaderShard.set_epoch never "
+        "calls its set_epoch: truth.py's order_changes is true at W=1, false at W=2",
+    ),
+    Case(
+        "accelerate-batch-sampler-epoch-hook",
+        "accelerate_batch_sampler_epoch_hook.py",
+        "accelerate",
+        must_pass=frozenset({RESHUFFLE}),
+        truth="the same loader in a loop that also calls the wrapped batch sampler's set_epoch (the "
+        "set_epoch(loader, epoch) hook): it reshuffles at every world size",
+    ),
+    Case(
+        "lhotse-cutsets",
+        "../tokens/lhotse_buckets_synced.py",
+        "lhotse",
+        must_pass=frozenset({COVERAGE, NO_OVERLAP, EQUAL_STEPS, RESHUFFLE, RESUME}),
+        truth="DynamicBucketingSampler yields CutSets, not indices: each rank draws W batches of one seeded "
+        "stream and keeps its own; every cut once per epoch at W=1, 2 (identified by cut.id)",
+    ),
+    Case(
         "accelerate-double-shard",
         "accelerate_double_shard.py",
         "accelerate",

@@ -84,6 +84,22 @@ def plain_id(value: Any) -> Hashable:
     return canonical_id(value)
 
 
+OBJECT_ITEMS = "sampler items (their id attribute, else their content)"  # an id source
+
+
+def sampler_item_id(item: Any) -> Hashable:
+    """One item a sampler yielded, as an id: an index as itself; an object (lhotse's samplers yield
+    ``CutSet``s of cuts) by its ``id`` attribute when it has a plain one, else by its plain form."""
+    if type(item) is int:
+        return item
+    if hasattr(item, "item") and getattr(item, "ndim", 1) == 0:
+        return plain_id(item)
+    ident = getattr(item, "id", None)
+    if type(ident) in (int, str):
+        return ident  # type: ignore[no-any-return]
+    return plain_id(item)
+
+
 def _freeze(value: Any) -> Any:
     return tuple(_freeze(v) for v in value) if isinstance(value, list) else value
 

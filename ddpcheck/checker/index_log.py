@@ -79,7 +79,14 @@ def _drop_unlogged_initial_iterator(loader: Any) -> None:
 
 
 def _indices(item: Any) -> list[Hashable] | None:
-    return None if item is None else index_items(item)
+    if item is None:
+        return None
+    items = index_items(item)
+    if all(type(i) is int for i in items):
+        return items
+    from ddpcheck.checker.identity import sampler_item_id
+
+    return [sampler_item_id(i) for i in items]  # objects a sampler yields (lhotse's cuts), by their id
 
 
 def index_items(item: Any) -> list[Any]:

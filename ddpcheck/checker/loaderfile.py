@@ -131,6 +131,18 @@ def factory_kwargs(factory: Callable[..., Any], available: dict[str, Any]) -> di
     return chosen
 
 
+def call_by_name(hook: Callable[..., Any], available: dict[str, Any]) -> Any:
+    """Call a loader file's hook with the keywords it names among ``available`` (all of them when it
+    takes ``**kwargs``, or when its signature cannot be read)."""
+    try:
+        params = inspect.signature(hook).parameters
+    except (TypeError, ValueError):
+        return hook(**available)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return hook(**available)
+    return hook(**{k: v for k, v in available.items() if k in params})
+
+
 def call_factory(factory: Callable[..., Any], available: dict[str, Any]) -> Any:
     """Build the loader; anything the factory raises becomes :class:`BadLoaderFile`."""
     from torch.utils.data import DataLoader

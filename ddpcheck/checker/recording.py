@@ -8,6 +8,7 @@ data, no user objects.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import operator
 import sys
@@ -18,11 +19,12 @@ from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Any, cast
 
-from ddpcheck.checker.identity import batch_digest, make_id_extractor
+from ddpcheck.checker.identity import OBJECT_ITEMS, batch_digest, make_id_extractor, sampler_item_id
 from ddpcheck.checker.index_log import adopt, catch_all, index_items, log_of
 from ddpcheck.checker.loaderfile import (
     BadLoaderFile,
     LoaderSpec,
+    call_by_name,
     call_factory,
     factory_kwargs,
     get_factory,
@@ -209,8 +211,8 @@ def record_rank(spec: LoaderSpec, options: RecordOptions) -> RankRecording:
     outer, module = build_loader(spec, options, rank, world_size)
     loader = unwrap_loader(outer)
     hook = optional_hook(module, "sample_ids")
-    if options.set_epoch:
-        set_epoch_everywhere(outer, 0)
+    epoch_hook = optional_hook(module, SET_EPOCH_HOOK)
+    unreached = first_set_epoch(outer, epoch_hook) if options.set_epoch else ""
     facts = read_facts(loader)
     by_sampler = (
         facts.dataset_kind == "map"
@@ -227,8 +229,9 @@ def record_rank(spec: LoaderSpec, options: RecordOptions) -> RankRecording:
         recorded="sampler" if by_sampler else "loader",
         steps=options.steps,
         resumable=resume_mechanism(outer, optional_hook(module, RESUME_HOOK)),
+        set_epoch_unreached=unreached,
     )
-    stream = Stream(outer, loader, hook, facts, options, by_sampler)
+    stream = Stream(outer, loader, hook, facts, options, by_sampler, epoch_hook)
     epochs = [stream.record(epoch) for epoch in range(options.epochs)]
     return RankRecording(RankTrace(rank=rank, epochs=tuple(epochs), facts=facts), stream.info.source)
 
@@ -245,8 +248,10 @@ class Stream:
         facts: LoaderFacts,
         options: RecordOptions,
         by_sampler: bool,
+        epoch_hook: Callable[..., Any] | None = None,
     ) -> None:
         self.outer, self.loader, self.hook, self.facts = outer, loader, hook, facts
+        self.epoch_hook = epoch_hook
         self.options = options
         self.by_sampler = by_sampler
         self.info = StreamInfo()
@@ -258,11 +263,11 @@ class Stream:
 
     def _open(self, epoch: int) -> Iterator[Batch]:
         if self.options.set_epoch and epoch > 0:
-            set_epoch_everywhere(self.outer, epoch)
+            loop_set_epoch(self.outer, epoch, self.epoch_hook)
         if self.by_sampler:
             if self.options.digest:
                 self.head = head_digests(self.loader, CONTENT_STEPS)
-            return ((ids, worker, None) for ids, worker in _sampler_batches(self.loader))
+            return ((ids, worker, None) for ids, worker in _sampler_batches(self.loader, self.info))
         digest = self.options.digest
         return (
             (ids, worker, batch_digest(batch) if digest else None)
@@ -393,12 +398,16 @@ ENDLESS_FACTOR = 4
 ENDLESS_PROBE = 20_000
 
 
-def _sampler_batches(loader: Any) -> Iterator[tuple[list[Hashable], int | None]]:
+def _sampler_batches(
+    loader: Any, info: StreamInfo | None = None
+) -> Iterator[tuple[list[Hashable], int | None]]:
     """The (batch) sampler's items as index batches.
 
     torch's own samplers (exactly these classes, under torch's own ``BatchSampler``) yield plain
     ints by construction (``range``, ``tolist()``), so their batches become ``array('q')`` in one C
-    pass; anything else goes through :func:`_as_indices`, item by item.
+    pass; anything else goes through :func:`_as_indices`, item by item. A sampler of objects (lhotse's
+    ``CutSet``s) is identified by them (:func:`~ddpcheck.checker.identity.sampler_item_id`), and
+    ``info`` says so.
     """
     from array import array
 
@@ -417,7 +426,12 @@ def _sampler_batches(loader: Any) -> Iterator[tuple[list[Hashable], int | None]]
             yield cast("list[Hashable]", array("q", item)), None
         return
     for item in source:
-        yield cast("list[Hashable]", _as_indices(item)), None
+        try:
+            yield cast("list[Hashable]", _as_indices(item)), None
+        except TypeError:
+            if info is not None:
+                info.source = OBJECT_ITEMS
+            yield [sampler_item_id(i) for i in index_items(item)], None
 
 
 def _distinct(*objects: Any) -> list[Any]:
@@ -449,18 +463,68 @@ def _inner_sampler_of(batch_sampler: Any) -> Any:
     return getattr(wrapped[-1] if wrapped else batch_sampler, "sampler", None)
 
 
-def set_epoch_everywhere(outer: Any, epoch: int) -> None:
-    """What a correct training loop does: ``set_epoch`` on every part that has one.
+SET_EPOCH_HOOK = "set_epoch"  # loader file hook: set_epoch(loader, epoch), what the user's loop calls
 
-    ``outer`` may be a framework wrapper (Accelerate's loader has its own ``set_epoch``).
-    """
+
+def loop_set_epoch(outer: Any, epoch: int, hook: Callable[..., Any] | None = None) -> None:
+    """What a training loop calls before an epoch, no more: the loader file's ``set_epoch(loader,
+    epoch)`` hook when it defines one; else the loader's own ``set_epoch`` when it has one (a framework
+    loader such as Accelerate's decides what it forwards); else ``set_epoch`` on the loader's sampler,
+    its batch sampler and the sampler that one chunks (as Lightning and transformers' Trainer reach
+    them), and its dataset. Reaching deeper would hide a loader that never forwards the call."""
+    if hook is not None:
+        call_by_name(hook, {"loader": outer, "epoch": epoch})
+        return
+    setter = getattr(outer, "set_epoch", None)
+    if callable(setter):
+        setter(epoch)
+        return
     loader = unwrap_loader(outer)
-    dataset = getattr(loader, "dataset", None)
-    parts = _distinct(outer if outer is not loader else None, *_sampling_parts(loader), dataset)
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    parts = (
+        getattr(loader, "sampler", None),
+        batch_sampler,
+        getattr(batch_sampler, "sampler", None),
+        getattr(loader, "dataset", None),
+    )
+    for part in _distinct(*parts):
+        part_setter = getattr(part, "set_epoch", None)
+        if callable(part_setter):
+            part_setter(epoch)
+
+
+def first_set_epoch(outer: Any, hook: Callable[..., Any] | None = None) -> str:
+    """Epoch 0's :func:`loop_set_epoch`, watching every part of the loader that has a ``set_epoch``:
+    returns the ones the call never reached (``"MyBatchSampler"``; "" when it reached all). Such a part
+    keeps its first epoch's order whatever the loop does: the reshuffle check names it."""
+    loader = unwrap_loader(outer)
+    parts = [
+        p
+        for p in _distinct(*_sampling_parts(loader), getattr(loader, "dataset", None))
+        if p is not outer and callable(getattr(p, "set_epoch", None))
+    ]
+    reached: list[Any] = []
+    spied: list[Any] = []
     for part in parts:
-        setter = getattr(part, "set_epoch", None)
-        if callable(setter):
-            setter(epoch)
+        original = part.set_epoch
+
+        def spy(epoch: int, *args: Any, _part: Any = part, _original: Any = original, **kwargs: Any) -> Any:
+            reached.append(_part)
+            return _original(epoch, *args, **kwargs)
+
+        try:
+            object.__setattr__(part, "set_epoch", spy)  # shadows the method on this instance only
+            spied.append(part)
+        except (AttributeError, TypeError):  # __slots__: cannot be watched, so not blamed either
+            reached.append(part)
+    try:
+        loop_set_epoch(outer, 0, hook)
+    finally:
+        for part in spied:
+            with contextlib.suppress(AttributeError, TypeError):
+                object.__delattr__(part, "set_epoch")
+    missed = [type(p).__name__ for p in parts if not any(p is r for r in reached)]
+    return ", ".join(dict.fromkeys(missed))
 
 
 def _sampling_parts(loader: Any) -> list[Any]:

@@ -22,7 +22,7 @@ from ddpcheck.checks.diagnose import (
     WHOLE_EPOCH,
 )
 from ddpcheck.checks.equivalence import DEPENDS_ON_RANK
-from ddpcheck.checks.reshuffle import FROZEN_SHARDS, NO_SET_EPOCH
+from ddpcheck.checks.reshuffle import FROZEN_SHARDS, NO_SET_EPOCH, NOT_FORWARDED
 from ddpcheck.checks.reshuffle import REPEATS as ORDER_REPEATS
 from ddpcheck.checks.steps import UNEVEN, UNEVEN_BATCHES, UNEVEN_ITERABLE
 from ddpcheck.checks.verdict import Verdict
@@ -53,6 +53,11 @@ FIXES: tuple[tuple[str, str], ...] = (
     (LENGTH_BY_RANK, SAME_DATASET),
     (DEPENDS_ON_RANK, SAME_DATASET),
     (ORDER_REPEATS, "call sampler.set_epoch(epoch) before every epoch, and seed the generator once"),
+    (
+        NOT_FORWARDED.split("{")[0],
+        "call the wrapped part's set_epoch in the loop, or define set_epoch(loader, epoch) in the loader "
+        "file to say what your loop calls",
+    ),
     (NO_SET_EPOCH, "give the sampler set_epoch(epoch); draw each epoch's order from seed + epoch"),
     (FROZEN_SHARDS, "shuffle the whole epoch before splitting it (DistributedSampler(shuffle=True))"),
     (NONDETERMINISTIC, "seed every generator the loader draws from (sampler seed, DataLoader generator)"),

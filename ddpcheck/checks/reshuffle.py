@@ -25,6 +25,10 @@ STALE_EPOCH = (
     "is drawn, or build a fresh iterator each epoch"
 )
 FROZEN_SHARDS = "the sample-to-rank assignment never changes: each rank only reorders its own shard"
+NOT_FORWARDED = (
+    "the loader does not forward set_epoch to the {parts} it wraps: the training loop's set_epoch never "
+    "reaches it, so it repeats its first epoch's order"
+)
 
 
 def _log_falling(n: int, k: int) -> float:
@@ -115,6 +119,8 @@ def check_reshuffle(
                     if ctx.facts.has_set_epoch or ctx.facts.dataset_kind == "iterable"
                     else NO_SET_EPOCH
                 )
+                if run.set_epoch and ctx.facts.set_epoch_unreached:
+                    cause = NOT_FORWARDED.format(parts=ctx.facts.set_epoch_unreached)
                 if not run.set_epoch:
                     cause = f"{cause} (the loop did not call set_epoch, and the order depends on it)"
                 who = "every rank repeats" if len(repeated) == w else f"{ranks_text(repeated)} repeat"

@@ -41,13 +41,14 @@ from typing import TYPE_CHECKING, Any
 from ddpcheck.checker.loaderfile import LoaderSpec, optional_hook
 from ddpcheck.checker.options import mesh_layouts
 from ddpcheck.checker.recording import (
+    SET_EPOCH_HOOK,
     RecordOptions,
     batches_with_ids,
     build_loader,
     group_position,
     is_collated,
+    loop_set_epoch,
     read_facts,
-    set_epoch_everywhere,
 )
 from ddpcheck.checks.ids import METRIC_EQUIVALENCE
 from ddpcheck.checks.verdict import skipped
@@ -278,7 +279,7 @@ def evaluate_rank(spec: LoaderSpec, options: EvalOptions) -> Evaluation | None:
     metric = optional_hook(module, "metric") or default_metric
     facts = read_facts(loader)
     if options.set_epoch:
-        set_epoch_everywhere(loader, 0)
+        loop_set_epoch(loader, 0, optional_hook(module, SET_EPOCH_HOOK))
     local = collect_outputs(loader, forward, optional_hook(module, "sample_ids"), facts)
     if world_size > 1:
         local = _fill_empty(local, world_size)

@@ -16,14 +16,13 @@ The judges (:func:`judge_resume`, :func:`judge_elastic`) are pure.
 
 from __future__ import annotations
 
-import inspect
 import io
 from collections import Counter
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from ddpcheck.checker.loaderfile import LoaderSpec, optional_hook, unwrap_loader
+from ddpcheck.checker.loaderfile import LoaderSpec, call_by_name, optional_hook, unwrap_loader
 from ddpcheck.checker.recording import RESUME_HOOK as HOOK
 from ddpcheck.checker.recording import group_position, has_state
 from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
@@ -154,14 +153,7 @@ def _ids_of(iterable: Any, hook: Any, facts: Any, options: RecordOptions, log: A
 
 
 def _call_hook(hook: Any, loader: Any, epoch: int, step: int, samples_seen: int) -> Any:
-    available = {"loader": loader, "epoch": epoch, "step": step, "samples_seen": samples_seen}
-    try:
-        params = inspect.signature(hook).parameters
-    except (TypeError, ValueError):
-        return hook(**available)
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return hook(**available)
-    return hook(**{k: v for k, v in available.items() if k in params})
+    return call_by_name(hook, {"loader": loader, "epoch": epoch, "step": step, "samples_seen": samples_seen})
 
 
 def _restart(
@@ -186,12 +178,13 @@ def _finish(
     world_size: int,
 ) -> StopResult:
     from ddpcheck.checker.index_log import catch_all
-    from ddpcheck.checker.recording import set_epoch_everywhere
+    from ddpcheck.checker.recording import SET_EPOCH_HOOK, loop_set_epoch
 
     outer, module, hook, facts = _restart(spec, options, rank, world_size)
+    epoch_hook = optional_hook(module, SET_EPOCH_HOOK)
     note = ""
     if mechanism == "hook":
-        set_epoch_everywhere(outer, stop.epoch)
+        loop_set_epoch(outer, stop.epoch, epoch_hook)
         with catch_all() as log:  # the hook may build its own loader and start iterating it at once
             rest_iterable = _call_hook(
                 optional_hook(module, HOOK), outer, stop.epoch, stop.step, samples_seen
@@ -200,11 +193,11 @@ def _finish(
     else:
         saved, note = _load(state)
         _holder(outer, mechanism).load_state_dict(saved)
-        set_epoch_everywhere(outer, stop.epoch)
+        loop_set_epoch(outer, stop.epoch, epoch_hook)
         rest = _ids_of(outer, hook, facts, options)
     following = None
     if stop.next_epoch:
-        set_epoch_everywhere(outer, stop.epoch + 1)
+        loop_set_epoch(outer, stop.epoch + 1, epoch_hook)
         following = _ids_of(outer, hook, facts, options)
     return StopResult(stop, rest, following, error=note)
 
@@ -217,7 +210,7 @@ def resume_rank(
     ``mechanism`` is what the data run found (``LoaderFacts.resumable``): probing again here could
     start the loader's iterator before its first ``set_epoch``.
     """
-    from ddpcheck.checker.recording import build_loader, read_facts, set_epoch_everywhere
+    from ddpcheck.checker.recording import SET_EPOCH_HOOK, build_loader, loop_set_epoch, read_facts
 
     rank, world_size = group_position()
     report_progress("resume: building the loader")
@@ -228,8 +221,9 @@ def resume_rank(
     states: dict[Stop, bytes] = {}
     seen: dict[Stop, int] = {}
     uninterrupted = []
+    epoch_hook = optional_hook(module, SET_EPOCH_HOOK)
     for epoch in range(epochs):
-        set_epoch_everywhere(outer, epoch)
+        loop_set_epoch(outer, epoch, epoch_hook)
         batches = []
         for batch_ids in _stream(outer, hook, facts, options):
             batches.append(batch_ids)

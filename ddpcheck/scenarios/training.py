@@ -41,12 +41,13 @@ from typing import TYPE_CHECKING, Any
 from ddpcheck.checker.loaderfile import LoaderSpec, factory_kwargs, get_factory, optional_hook
 from ddpcheck.checker.options import mesh_layouts
 from ddpcheck.checker.recording import (
+    SET_EPOCH_HOOK,
     RecordOptions,
     batches_with_ids,
     build_loader,
     group_position,
+    loop_set_epoch,
     read_facts,
-    set_epoch_everywhere,
 )
 from ddpcheck.checks.ids import TRAINING_EQUIVALENCE
 from ddpcheck.checks.verdict import Verdict, skipped
@@ -240,7 +241,7 @@ def train_rank(spec: LoaderSpec, options: TrainOptions) -> RankTraining:
         return RankTraining(rank, skip=reason)
     assert make_model is not None and loss_fn is not None
     if options.set_epoch:
-        set_epoch_everywhere(loader, 0)
+        loop_set_epoch(loader, 0, optional_hook(module, SET_EPOCH_HOOK))
     wanted = options.steps * options.accumulation
     facts = read_facts(loader)
     stream = batches_with_ids(loader, optional_hook(module, "sample_ids"), facts)
@@ -319,7 +320,7 @@ def train_reference_rank(
         if why:
             return ReferenceTraining(skip=why)
         if options.set_epoch:
-            set_epoch_everywhere(loader, 0)
+            loop_set_epoch(loader, 0, optional_hook(module, SET_EPOCH_HOOK))
         hook = optional_hook(module, "sample_ids")
         stream = batches_with_ids(loader, hook, read_facts(loader))
         into.extend((batch, ids) for batch, ids, _ in islice(stream, count))

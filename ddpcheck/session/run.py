@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ddpcheck.checker.identity import OBJECT_ITEMS
 from ddpcheck.checker.loaderfile import BadLoaderFile, LoaderSpec, defined_names, precheck
 from ddpcheck.checker.options import BadInput, CheckOptions, validate
 from ddpcheck.checks.ids import REPLICA_CONSISTENCY
@@ -340,6 +341,11 @@ def reference_notes(reference: RunTrace, world_sizes: Sequence[int]) -> list[str
         notes.append(
             "samples are identified by a content hash (no sample_ids hook, no id/idx/index field): "
             "equal samples look duplicated"
+        )
+    if reference.id_source == OBJECT_ITEMS:
+        notes.append(
+            "the sampler yields objects, not indices (lhotse's CutSets): samples are identified by their id "
+            "attribute, else their content; a sample_ids(batch) hook says otherwise"
         )
     if reference.ok and reference.ranks and reference.ranks[0].epochs:
         n = len(reference.ranks[0].epochs[0].ids)
