@@ -508,8 +508,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _interrupted_before_results() -> int:
-    print("ddpcheck: interrupted before any result; no report written", file=sys.stderr)
+    print("ddpcheck: interrupted before the options were read; no report written", file=sys.stderr)
     return EXIT_INTERRUPTED
+
+
+def _nothing_checked(args: argparse.Namespace) -> CheckResult:
+    """The result of a run interrupted before its first layout finished: nothing was checked."""
+    from ddpcheck.result import CheckResult
+
+    note = "interrupted before the first world size or mesh was checked: nothing was checked"
+    return CheckResult(loader=args.loader, runs=(), epochs=args.epochs, notes=(note,), interrupted=True)
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -530,6 +538,9 @@ def _main(argv: Sequence[str] | None) -> int:
         return _error(str(exc))
     try:
         outcome = _run(args)
+    except KeyboardInterrupt:  # before any layout finished (torch's import, the reference): say so
+        hygiene.interrupts.publishing = True
+        return _publish(_nothing_checked(args), args, interrupted=True)
     except Exception as exc:  # a bug of ours or an unreadable input nobody foresaw: still one line
         detail = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
         hint = "" if args.verbose else " (run with -v for the traceback)"

@@ -339,6 +339,7 @@ class Fault:
     stack: str = ""  # substring of its traceback or dumped stack
     args: tuple[str, ...] = ("--world-sizes", "1,2")
     timeout: float = 10  # short where the fault is a hang: the test waits it out
+    stops: bool = False  # the reference failed: nothing after it may run
 
 
 FAULTS = {
@@ -349,9 +350,13 @@ FAULTS = {
         2, 0, "hang", "never reached the same collective", "all_reduce", timeout=5
     ),
     "infinite_iterable.py": Fault(
-        1, 0, "hang", "no result before the deadline", args=("--world-sizes", "1"), timeout=3
+        1, 0, "hang", "no result before the deadline", args=("--world-sizes", "1"), timeout=3, stops=True
     ),
     "killed_rank.py": Fault(2, 1, "killed", "SIGKILL"),
+    # no reference, nothing to judge: the run stops there, the killed reference reported as world size 1
+    "killed_reference.py": Fault(
+        1, 0, "killed", "SIGKILL", args=("--world-sizes", "1,2", "--load-data"), stops=True
+    ),
     # the helper inherits the rank's pipes: the kill is still seen at once, from the rank's own pid
     "killed_rank_with_helper.py": Fault(2, 1, "killed", "SIGKILL"),
     "stopped_rank.py": Fault(2, 1, "hang", "stopped", timeout=3),
@@ -388,7 +393,11 @@ def test_fault_exits_3_with_report(name: str, tmp_path: Path) -> None:
     assert fault.stack in first["stack"], first["stack"][-2000:]
     assert first["progress"], "the failed rank's last position is missing"
     checks = runs[fault.world_size]["checks"]
-    assert {c["status"] for c in checks.values()} == {"skip"}, "a broken run has no trace to judge"
+    if fault.stops:  # the reference's own failure: no check ran, no world size after it was started
+        assert list(runs) == [1] and checks == {}, list(runs)
+        assert any("could not be recorded" in note for note in report["notes"])
+    else:
+        assert {c["status"] for c in checks.values()} == {"skip"}, "a broken run has no trace to judge"
 
 
 def test_repeated_sampling_passes_with_words_that_stay_true() -> None:

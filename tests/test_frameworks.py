@@ -124,7 +124,7 @@ CASES = [
         "accelerate",
         exit_code=1,
         must_fail={2: frozenset({RESHUFFLE})},
-        truth="BatchSamplerShard wraps the user's batch sampler at W >= 2 and DataLoaderShard.set_epoch never "
+        truth="BatchSamplerShard wraps the user's batch sampler at W >= 2; DataLoaderShard.set_epoch never "
         "calls its set_epoch: truth.py's order_changes is true at W=1, false at W=2",
     ),
     Case(

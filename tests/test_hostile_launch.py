@@ -214,6 +214,35 @@ def test_the_command_lines_timeout_bounds_a_simulated_rank_that_spins(tmp_path: 
     assert not _tagged(tag)
 
 
+def test_a_reference_that_never_finishes_stops_the_run_at_once(tmp_path: Path) -> None:
+    """No world size can be judged without the reference: none is started after it hangs (each would
+    have cost its deadline again), and the report says why, with the stack."""
+    started = time.monotonic()
+    proc, tag = _cli(
+        "endless.py", "--simulate", "--world-sizes", "1,2,4", "--timeout", "2", tmp=tmp_path, timeout=90
+    )
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "ddpcheck.json").read_text())
+    assert [run["world_size"] for run in report["runs"]] == [1]
+    assert report["runs"][0]["failures"][0]["kind"] == "hang"
+    assert any("could not be recorded" in note for note in report["notes"])
+    assert elapsed < 2 + 10 + 20, f"the run went on after the reference hung: {elapsed:.0f} s"
+    assert not _tagged(tag)
+
+
+def test_a_simulated_factory_that_changes_directory_moves_no_other_rank(tmp_path: Path) -> None:
+    """Simulated ranks share one process: each starts in the directory a process of its own would."""
+    relative = os.path.relpath(HOSTILE / "chdir.py")
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpcheck", relative, "--simulate", "--world-sizes", "1,2,3",
+         "--report-dir", os.path.relpath(tmp_path / "out"), "--quiet"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "out" / "ddpcheck.json").exists()
+
+
 def test_a_non_daemon_thread_left_by_a_simulated_factory_does_not_hold_ddpcheck(tmp_path: Path) -> None:
     try:
         proc, _ = _cli("nondaemon_thread.py", "--simulate", "--world-sizes", "2", tmp=tmp_path, timeout=90)

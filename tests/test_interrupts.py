@@ -56,6 +56,27 @@ def test_interrupting_ddpcheck_stops_every_process_and_keeps_the_report(tmp_path
     assert "ddpcheck interrupted" in (tmp_path / "ddpcheck.md").read_text()
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_during_start_up_still_writes_reports_that_say_nothing_was_checked(
+    tmp_path: Path, signum: int
+) -> None:
+    """Half a second in, torch is still being imported (or the reference runs): the reports exist and
+    say interrupted, never passed."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddpcheck", str(SLOW), "--world-sizes", "1,2", "--load-data",
+         "--report-dir", str(tmp_path), "--format", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(0.5)
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    report = json.loads((tmp_path / "ddpcheck.json").read_text())
+    assert report["interrupted"] is True and report["runs"] == [] and report["exit_code"] == 130
+    assert any("nothing was checked" in note or "interrupted" in note for note in report["notes"])
+    assert "ddpcheck interrupted" in (tmp_path / "ddpcheck.md").read_text()
+
+
 def test_sigkill_of_ddpcheck_takes_its_ranks_and_workers_down(tmp_path: Path) -> None:
     proc, tag = _start(tmp_path)
     proc.kill()

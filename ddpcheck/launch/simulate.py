@@ -427,8 +427,10 @@ def _run_all(
     run_id = f"ddpcheck-sim-{os.getpid()}"
     known = known_samplers() if shortcuts else contextlib.nullcontext(None)
     with collectives_forbidden(), shared_permutations(), known as done:
+        cwd = os.getcwd()
         for rank in ranks:
             begin = _position(capture)
+            os.chdir(cwd)  # as a process of its own would: a rank's chdir must not move the next one
             os.environ.update(torchrun_env(rank, world_size, port, run_id, workdir))
             refresh_rank_state()
             rank_side.report_progress(f"simulated rank {rank}: starting")

@@ -148,6 +148,8 @@ def _wide_grid(view: ReportView, paint: Paint, width: int) -> str:
     for cells, row in zip(rows, view.rows, strict=True):
         cells.append(_printable(row.ranks))
     grid = _table(rows, [*headers, "ranks"], pad=False, maxcolwidths=[None] * len(headers) + [room])
+    if not view.legend:
+        return grid
     return grid + "\n\n" + textwrap.fill(f"columns: {view.legend}", width=width, subsequent_indent="  ")
 
 

@@ -113,6 +113,11 @@ class _Session:
         else:
             self.reference = record(self.spec, [plan.reference])[0]
         raise_if_bad_input(self.reference)
+        if self.reference.failures:  # nothing can be judged without it: stop here, its ranks reported
+            self.runs.append(reference_failed(self.reference, plan.reference.layout))
+            self.notes.append(NO_REFERENCE)
+            self.say(f"the single-process reference failed: {self.reference.failures[0].message}")
+            return
         sizes = tuple(p.layout.dp_world_size for p in plan.layouts)
         self.notes.extend(reference_notes(self.reference, sizes))
         scenarios = build_scenarios(self.spec, self.options, defined_names(self.spec.path))
@@ -291,6 +296,17 @@ def with_replicas(figures: FigureData, layout: Layout, verdicts: Sequence[Verdic
         for g in listed if isinstance(g, dict)
     )  # fmt: skip
     return replace(figures, where=f"mesh {layout.label}", rank_noun="dp rank", replicas=groups)
+
+
+NO_REFERENCE = (
+    "the single-process reference could not be recorded (its rank failed, see above): no world size or "
+    "mesh can be judged without it, so none was run"
+)
+
+
+def reference_failed(reference: RunTrace, layout: Layout) -> WorldResult:
+    """The result of a run whose reference failed: the reference's own rank failures, at world size 1."""
+    return WorldResult(1, reference.backend, failures=reference.failures, layout=layout)
 
 
 def _plain(run: WorldResult, world_size: int) -> bool:
