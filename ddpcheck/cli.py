@@ -252,7 +252,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--patch", action="store_true", help="shard a plain loader with patch_dataloader_to_ddp"
     )
-    parser.add_argument("--simulate", action="store_true", help="run ranks one after another in this process")
+    parser.add_argument(
+        "--simulate",
+        action="store_true",
+        help="simulate ranks on torch's fake backend, one after another in child processes (for world "
+        "sizes beyond this machine; the loader must need no collectives)",
+    )
     parser.add_argument("--load-data", action="store_true", help="iterate the real loader, workers and all")
     parser.add_argument(
         "--no-set-epoch", action="store_true", help="emulate a loop that never calls set_epoch"
@@ -402,8 +407,8 @@ def check_combination(args: argparse.Namespace) -> None:
         raise UsageError(f"--rank must be below --world-size ({args.world_size}), got {args.rank}")
     try:
         os.stat(args.loader)
-    except FileNotFoundError:
-        pass  # the checker says "loader file not found", as it always has
+    except FileNotFoundError:  # said before torch is imported (seconds), in the checker's own words
+        raise UsageError(f"loader file not found: {args.loader}") from None
     except OSError as exc:
         what = "path too long" if exc.errno == errno.ENAMETOOLONG else (exc.strerror or str(exc))
         raise UsageError(f"cannot use loader file {_short(args.loader)}: {what}") from None
@@ -587,6 +592,12 @@ def _run(args: argparse.Namespace) -> int | tuple[CheckResult, bool]:
     """Run the checker; an int is an exit code with nothing to publish."""
     from dataclasses import replace
 
+    from ddpcheck.checker.loaderfile import BadLoaderFile, LoaderSpec, precheck
+
+    try:  # what needs no execution is said before torch is imported (about a second)
+        precheck(LoaderSpec(args.loader, args.factory))
+    except BadLoaderFile as exc:
+        return _error(str(exc))
     with hygiene.gc_paused(freeze=_own_process):
         from ddpcheck.checker.options import BadInput
         from ddpcheck.progress import make_display

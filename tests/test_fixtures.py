@@ -313,7 +313,7 @@ def _assert_one_line_error(proc: subprocess.CompletedProcess[str], expected: str
 BAD_INPUTS = {
     "syntax_error.py": "line 7",
     "import_error.py": "No module named 'ddpcheck_fixture_module_that_does_not_exist'",
-    "no_factory.py": "--factory NAME",
+    "no_factory.py": "defines no factory named 'make_loader'; it defines build(): use --factory build",
     "required_param.py": "required parameter 'data_dir'",
     "factory_raises.py": "FileNotFoundError: /data/train.csv does not exist",
     "not_a_loader.py": "returned list, not a torch DataLoader or a loader",

@@ -27,10 +27,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ddpcheck.launch.target import load_file
 from ddpcheck.messages import exception_text, one_line
 
 SUPPLIED_KWARGS = ("rank", "world_size", "dp_rank", "dp_world_size", "mesh", "batch_size")
+# the optional hooks a loader file may define beside its factory (never offered as a factory)
+HOOKS = (
+    "sample_ids", "set_epoch", "forward", "metric", "make_model", "loss", "resume_loader", "save_state",
+    "load_state", "batch_work", "token_ids",
+)  # fmt: skip
 
 
 class BadLoaderFile(Exception):
@@ -74,6 +78,23 @@ def precheck(spec: LoaderSpec) -> None:
         ) from None
     if not spec.factory.isidentifier():
         raise BadLoaderFile(f"factory name must be a Python identifier, got {spec.factory!r}")
+    tree = ast.parse(source)
+    names: set[str] = set()
+    _collect_names(tree.body, names)
+    if spec.factory not in names and not names & {"*", "__getattr__"}:  # certain without running it
+        functions = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        raise BadLoaderFile(no_factory(path.name, spec.factory, functions))
+
+
+def no_factory(file: str, factory: str, functions: Iterable[str]) -> str:
+    """``loader.py defines no factory named 'make_loader'; it defines build(): use --factory build``."""
+    offered = [f for f in dict.fromkeys(functions) if not f.startswith("_") and f not in HOOKS]
+    text = f"{file} defines no factory named {factory!r}"
+    if len(offered) == 1:
+        return f"{text}; it defines {offered[0]}(): use --factory {offered[0]}"
+    if offered:
+        return f"{text}; it defines {', '.join(f + '()' for f in offered[:8])}: use --factory NAME"
+    return f"{text} (use --factory NAME)"
 
 
 def load_module(spec: LoaderSpec, *, fresh: bool = False) -> ModuleType:
@@ -87,6 +108,8 @@ def load_module(spec: LoaderSpec, *, fresh: bool = False) -> ModuleType:
         sys.modules.pop(name, None)
     if name in sys.modules:  # simulated ranks share one process: run module code once
         return sys.modules[name]
+    from ddpcheck.launch.target import load_file  # here: the command prechecks a file before torch loads
+
     try:
         return load_file(path, name)
     except SyntaxError as exc:
@@ -98,9 +121,12 @@ def load_module(spec: LoaderSpec, *, fresh: bool = False) -> ModuleType:
 def get_factory(module: ModuleType, spec: LoaderSpec) -> Callable[..., Any]:
     factory = getattr(module, spec.factory, None)
     if factory is None:
-        raise BadLoaderFile(
-            f"{Path(spec.path).name} defines no factory named {spec.factory!r} (use --factory NAME)"
-        )
+        functions = [
+            name
+            for name, value in vars(module).items()
+            if inspect.isfunction(value) and value.__module__ == module.__name__
+        ]
+        raise BadLoaderFile(no_factory(Path(spec.path).name, spec.factory, functions))
     if not callable(factory):
         raise BadLoaderFile(f"{spec.factory!r} in {Path(spec.path).name} is not callable")
     return factory  # type: ignore[no-any-return]

@@ -129,9 +129,13 @@ class _Session:
             self.notes.extend(n for n in notes if n not in self.notes)
         for scenario in scenarios:  # what spans world sizes (elastic resume): plain layouts only
             for ws, outcome in scenario.finish().items():
-                self.runs[:] = [
-                    with_outcome(r, outcome, self.options.allow) if _plain(r, ws) else r for r in self.runs
-                ]
+                for i, run in enumerate(self.runs):
+                    if _plain(run, ws):
+                        self.runs[i] = with_outcome(run, outcome, self.options.allow)
+                        if run.ok and not self.runs[i].ok:  # said "ok so far" before: say what changed
+                            self.say(
+                                f"{layout_name(run.layout or Layout.plain(ws))}: {status_text(self.runs[i])}"
+                            )
 
     def _check_layout(
         self, plan: LayoutPlan, rerun: RunTrace | None, scenarios: Sequence[Scenario]
@@ -168,12 +172,9 @@ class _Session:
             seconds=time.monotonic() - started,
             figures=figures,
         )
-        failed = sum(v.failed for v in result.verdicts)
-        status = (
-            "ok"
-            if result.ok
-            else f"{count_text(failed, 'checks')} failed, {count_text(len(result.failures), 'rank failures')}"
-        )
+        status = status_text(result)
+        if result.ok and self.options.elastic and self.options.resume and not layout.mesh:
+            status = "ok so far (elastic resume is checked once every world size has run)"
         self.say(f"{name}: {status} ({result.seconds:.2f}s)")
         return result, judged.notes
 
@@ -307,6 +308,19 @@ NO_REFERENCE = (
 def reference_failed(reference: RunTrace, layout: Layout) -> WorldResult:
     """The result of a run whose reference failed: the reference's own rank failures, at world size 1."""
     return WorldResult(1, reference.backend, failures=reference.failures, layout=layout)
+
+
+def status_text(result: WorldResult) -> str:
+    """``ok``, or ``2 checks failed (coverage, no_overlap), 1 rank failure``: a progress line's verdict."""
+    if result.ok:
+        return "ok"
+    failed = [v.check for v in result.verdicts if v.failed]
+    parts = []
+    if failed:
+        parts.append(f"{count_text(len(failed), 'checks')} failed ({', '.join(failed)})")
+    if result.failures:
+        parts.append(count_text(len(result.failures), "rank failures"))
+    return ", ".join(parts)
 
 
 def _plain(run: WorldResult, world_size: int) -> bool:
