@@ -597,7 +597,7 @@ def _run(args: argparse.Namespace) -> int | tuple[CheckResult, bool]:
     try:  # what needs no execution is said before torch is imported (about a second)
         precheck(LoaderSpec(args.loader, args.factory))
     except BadLoaderFile as exc:
-        return _error(str(exc))
+        return _error(str(exc), exc, args.verbose)
     with hygiene.gc_paused(freeze=_own_process):
         from ddpcheck.checker.options import BadInput
         from ddpcheck.progress import make_display
