@@ -77,6 +77,16 @@ def _mesh(text: str) -> str:
     return layout.spec
 
 
+def _worker_counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(dict.fromkeys(int(part) for part in text.split(",") if part.strip()))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers of workers such as 0,2, got {text!r}") from None
+    if not counts or any(n < 0 or n > 512 for n in counts):
+        raise argparse.ArgumentTypeError(f"numbers of workers must be from 0 to 512, got {text!r}")
+    return counts
+
+
 def _names(text: str) -> tuple[str, ...]:
     names = tuple(part.strip() for part in text.split(",") if part.strip())
     if not names or not all(name.isidentifier() for name in names):
@@ -294,7 +304,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--elastic",
         action="store_true",
-        help="also restore state saved at one world size at every other requested world size",
+        help="also restore what one layout saved in every other requested world size and mesh",
+    )
+    parser.add_argument(
+        "--resume-workers",
+        type=_worker_counts,
+        default=(),
+        metavar="N[,N]",
+        help="also restore states into loaders rebuilt with these numbers of DataLoader workers (the "
+        "factory takes num_workers)",
     )
     # --- metric and training equivalence (ddpcheck.scenarios.metric, ddpcheck.scenarios.training) ---
     hooks = parser.add_argument_group(
@@ -578,6 +596,7 @@ def _options(args: argparse.Namespace) -> Any:
         elif hasattr(args, field.name):
             values[field.name] = getattr(args, field.name)
     values["allow"] = tuple(args.allow)
+    values["resume_workers"] = tuple(args.resume_workers)
     values["meshes"] = tuple(args.meshes)
     values["data_dims"] = tuple(args.data_dims)
     values["sequence_dims"] = None if args.sequence_dims is None else tuple(args.sequence_dims)

@@ -238,6 +238,32 @@ def test_a_resume_for_another_epoch_is_dropped() -> None:
     assert list(fresh) == [1, 3, 5, 7, 9, 11] and fresh.epoch == 3
 
 
+@pytest.mark.parametrize("kind", ["random", "batch-random", "sequential"])
+@pytest.mark.parametrize("world", [1, 3])
+def test_a_state_saved_at_an_epochs_end_restores_into_either_next_epoch_reading(kind: str, world: int) -> None:
+    """Saved after the epoch's last item: a loop that finishes the stopped epoch (nothing left) and a
+    job that starts the next epoch at once (Lightning, HF Trainer) both get the uninterrupted next
+    epoch. A RandomSampler's generator is restored to the finished epoch's start, so the second reading
+    needs the finished epoch drawn once more (it gave epoch 0's order again before)."""
+    for rank in range(world):
+        sampler = wrapper(kind, 20, world, rank, 7, seed=3)
+        sampler.set_epoch(0)
+        list(sampler)
+        state = through_torch(sampler.state_dict())
+        sampler.set_epoch(1)
+        expected = [as_key(i) for i in sampler]
+        finishing = wrapper(kind, 20, world, rank, FRESH_SEED, seed=3)
+        finishing.load_state_dict(state)
+        finishing.set_epoch(0)
+        assert list(finishing) == []
+        finishing.set_epoch(1)
+        assert [as_key(i) for i in finishing] == expected
+        starting = wrapper(kind, 20, world, rank, FRESH_SEED, seed=3)
+        starting.load_state_dict(state)
+        starting.set_epoch(1)
+        assert [as_key(i) for i in starting] == expected
+
+
 def test_bad_states_say_what_is_wrong() -> None:
     sampler = wrapper("random", 20, 2, 0, 0)
     good = sampler.state_dict()

@@ -334,7 +334,9 @@ def _known() -> CheckResult:
                 failures=(failure,),
                 divergence=(MetricRow("acc", 0.5, math.inf, 0.5, duplicated=1, cause="padding"),),
                 seconds=1.5,
-                resume=(ResumeRow(2, 2, 0, 3, "fail", 4, 0, 3, "state_dict lost the position"),),
+                resume=(
+                    ResumeRow(2, 2, 0, 3, "fail", 4, 0, 3, "state_dict lost the position", outcome="failed", before=6, after=10),
+                ),
             ),
             WorldResult(4, "gloo", skipped="only 2 CPUs"),
         ),
@@ -346,7 +348,7 @@ def _known() -> CheckResult:
 
 
 KNOWN_JSON = {
-    "schema": 2,
+    "schema": 3,
     "ok": False,
     "exit_code": 3,
     "interrupted": False,
@@ -442,9 +444,13 @@ KNOWN_JSON = {
                 {
                     "world_size_from": 2,
                     "world_size_to": 2,
+                    "change": "2 -> 2",
+                    "outcome": "failed",
                     "epoch": 0,
                     "step": 3,
                     "status": "fail",
+                    "before": 6,
+                    "after": 10,
                     "skipped": 4,
                     "repeated": 0,
                     "first_divergence": 3,
@@ -478,7 +484,7 @@ def _strict_loads(text: str) -> object:
 
 
 def test_json_matches_documented_schema_exactly() -> None:
-    assert SCHEMA_VERSION == 2
+    assert SCHEMA_VERSION == 3
     assert to_json_dict(_known()) == KNOWN_JSON
     assert _strict_loads(render_json(_known())) == KNOWN_JSON
     assert list(KNOWN_JSON["runs"][0]["checks"]) == ["coverage", "no_overlap"]  # type: ignore[index]

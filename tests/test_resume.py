@@ -12,6 +12,10 @@ from ddpcheck.checker.options import CheckOptions
 from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
 from ddpcheck.result import CheckResult
 from ddpcheck.scenarios.resume import (
+    BOUNDARY_EMPTY,
+    BOUNDARY_REPLAY,
+    GLOBAL_RANK_STATE,
+    RANK0_STATE,
     RankResume,
     Stop,
     StopResult,
@@ -45,12 +49,22 @@ def test_wrapper_state_resumes_exactly_and_elastically() -> None:
     assert _status(result, ELASTIC_RESUME) == {1: "pass", 2: "pass", 3: "pass"}
     rows = [row for r in result.runs for row in r.resume]
     stops = {(row.epoch, row.step) for row in rows if row.world_size_from == row.world_size_to == 2}
-    assert {e for e, _ in stops} == {0, 1} and len(stops) == 6  # first, middle, last step of 2 epochs
+    assert {e for e, _ in stops} == {0, 1} and len(stops) == 4  # first, middle, last of epoch 0; 1's middle
     pairs = {
         (row.world_size_from, row.world_size_to) for row in rows if row.world_size_from != row.world_size_to
     }
     assert pairs == {(a, b) for a in (1, 2, 3) for b in (1, 2, 3) if a != b}  # both directions
     assert result.exit_code == 0
+
+
+def test_per_rank_states_lose_nothing_when_shrinking_and_repeat_when_growing() -> None:
+    result = _check("bug_wrapper_per_rank_growing.py", (1, 2, 3), elastic=True)
+    assert _status(result, RESUME) == {1: "pass", 2: "pass", 3: "pass"}
+    assert _status(result, ELASTIC_RESUME) == {1: "pass", 2: "fail", 3: "fail"}
+    into_one = [row for row in result.runs[0].resume if row.world_size_from > 1]
+    assert into_one and {row.outcome for row in into_one} == {"resharded"}
+    grown = [row for r in result.runs[1:] for row in r.resume if row.world_size_from < row.world_size_to]
+    assert any(row.outcome == "failed" and row.repeated for row in grown)
 
 
 def test_step_count_hook_is_right_at_the_same_world_size_and_not_elastic() -> None:
@@ -140,12 +154,16 @@ def test_torchdata_stateful_loader_with_workers_resumes() -> None:
 # --- the pure parts ---------------------------------------------------------------------------
 
 
-def test_stop_points_are_first_middle_last_of_two_epochs() -> None:
+def test_stop_points_are_first_middle_last_of_epoch_0_and_a_later_middle() -> None:
     stops = stop_points([5, 5], epochs=2, elastic=True)
-    assert [(s.epoch, s.step) for s in stops] == [(0, 1), (0, 3), (0, 5), (1, 1), (1, 3), (1, 5)]
-    assert [s for s in stops if s.next_epoch] == [s for s in stops if s.elastic]
-    assert [(s.epoch, s.step) for s in stops if s.elastic] == [(0, 3), (1, 3)]
-    assert [(s.epoch, s.step) for s in stop_points([1], epochs=1, elastic=False)] == [(0, 1)]
+    assert [(s.epoch, s.step) for s in stops] == [(0, 1), (0, 3), (0, 5), (1, 3)]
+    assert [(s.epoch, s.step) for s in stops if s.next_epoch] == [(0, 3)]
+    assert [(s.epoch, s.step) for s in stops if s.boundary] == [(0, 5)]  # read both ways trainers restore it
+    assert all(s.elastic for s in stops)  # every one also restored in other topologies
+    assert not any(s.elastic for s in stop_points([5, 5], epochs=2, elastic=False))
+    assert [(s.epoch, s.step, s.boundary) for s in stop_points([1], epochs=1, elastic=False)] == [
+        (0, 1, True)
+    ]
 
 
 def _rank(rank: int, epochs: list[list[list[int]]], resumed: list[StopResult]) -> RankResume:
@@ -173,6 +191,38 @@ def test_judge_resume_passes_the_exact_rest_and_counts_the_damage() -> None:
     assert verdict.failed and "changes the next epoch" in verdict.detail
 
 
+def test_judge_resume_reads_an_epochs_end_both_ways_trainers_restore_it() -> None:
+    epochs = [[[0, 1], [2, 3]], [[3, 0], [2, 1]]]
+    stop = Stop(0, 2, boundary=True)
+    # a job that starts the next epoch at once gets epoch 1: exact (the other reading was not needed)
+    starting = StopResult(stop, next_pass=((3, 0), (2, 1)), read_rest=False)
+    verdict, rows = judge_resume(1, [_rank(0, epochs, [starting])])
+    assert verdict.status == "pass" and rows[0].note == "via sampler" and rows[0].after == 4
+    # only a loop that finishes the stopped epoch (empty) first gets epoch 1: exact, and the note says so
+    finishing = StopResult(stop, rest=(), next_epoch=((3, 0), (2, 1)), next_pass=())
+    verdict, rows = judge_resume(1, [_rank(0, epochs, [finishing])])
+    assert verdict.status == "pass" and "finishes the stopped epoch" in rows[0].note
+    # neither: the finished epoch again (a state that does not say the epoch is over)
+    replayed = StopResult(stop, rest=((0, 1), (2, 3)), next_pass=((0, 1), (2, 3)))
+    verdict, rows = judge_resume(1, [_rank(0, epochs, [replayed])])
+    assert verdict.failed and verdict.cause == BOUNDARY_REPLAY and verdict.fix
+    # neither: nothing at all in the next epoch
+    empty = StopResult(stop, rest=(), next_epoch=(), next_pass=())
+    verdict, rows = judge_resume(1, [_rank(0, epochs, [empty])])
+    assert verdict.failed and verdict.cause == BOUNDARY_EMPTY and rows[0].skipped == 4
+
+
+def test_judge_resume_names_one_state_restored_on_every_rank() -> None:
+    stop = Stop(0, 1)
+    ranks = [
+        _rank(0, [[[0, 2], [4, 6]]], [StopResult(stop, rest=((4, 6),))]),
+        _rank(1, [[[1, 3], [5, 7]]], [StopResult(stop, rest=((4, 6),))]),  # rank 0's remainder
+    ]
+    verdict, rows = judge_resume(2, ranks)
+    assert verdict.failed and verdict.cause == RANK0_STATE and verdict.fix
+    assert (rows[0].skipped, rows[0].repeated) == (2, 2)
+
+
 def test_judge_elastic_counts_lost_and_repeated_against_padding() -> None:
     old = [
         _rank(0, [[[0, 1], [2, 3]]], []),
@@ -188,8 +238,10 @@ def test_judge_elastic_counts_lost_and_repeated_against_padding() -> None:
     repeats = judge_elastic(old, 1, stop, [((0, 2, 3), (6, 7))], pad_room=0)
     assert repeats.status == "fail" and repeats.repeated == 1
     assert judge_elastic(old, 1, stop, [((0, 2, 3), (6, 7))], pad_room=1).status == "pass"
-    crashed = judge_elastic(old, 1, stop, ["StopIteration: "], pad_room=0)
-    assert crashed.status == "fail" and "restoring raised StopIteration" in crashed.note
+    refused = judge_elastic(old, 1, stop, ["StopIteration: "], pad_room=0)  # loud: an answer, not a failure
+    assert refused.outcome == "refused" and refused.status == "pass"
+    assert "refused: restoring raised StopIteration" in refused.note
+    assert (exact.outcome, lossy.outcome) == ("resharded", "failed")
 
 
 def test_judge_resume_takes_out_of_order_batches_as_a_multiset() -> None:
@@ -221,3 +273,31 @@ def test_failure_text_is_one_readable_line() -> None:
     )
     assert failure_text(ValueError("x" * 1000)).endswith("(712 more characters)")
     assert "\n" not in failure_text(ValueError("a\nb"))
+
+
+def _mesh_check(name: str) -> CheckResult:
+    pytest.importorskip("torchdata", reason="torchdata comes with the 'integrations' extra")
+    meshes = ("dp=2,tp=2", "dp=2")
+    options = CheckOptions(
+        world_sizes=(), meshes=meshes, epochs=2, timeout=120, determinism=False, elastic=True
+    )
+    return check_loader(str(RESUME_FIXTURES / name), options)
+
+
+def test_a_state_keyed_by_dp_rank_restores_across_meshes() -> None:
+    result = _mesh_check("mesh_state_by_dp_rank.py")
+    assert not any(r.failures for r in result.runs)
+    by_label = {r.label: {v.check: v.status for v in r.verdicts} for r in result.runs}
+    assert by_label["dp=2,tp=2"][RESUME] == by_label["dp=2"][RESUME] == "pass"
+    assert by_label["dp=2,tp=2"][ELASTIC_RESUME] == by_label["dp=2"][ELASTIC_RESUME] == "pass"
+    changes = {row.topology for r in result.runs for row in r.resume}
+    assert {"dp=2,tp=2 -> dp=2,tp=2", "dp=2 -> dp=2,tp=2", "dp=2,tp=2 -> dp=2"} <= changes
+
+
+def test_a_state_keyed_by_global_rank_on_a_mesh_is_named() -> None:
+    result = _mesh_check("bug_mesh_state_by_global_rank.py")
+    run = next(r for r in result.runs if r.label == "dp=2,tp=2")
+    verdict = next(v for v in run.verdicts if v.check == ELASTIC_RESUME)
+    assert verdict.status == "fail" and verdict.cause == GLOBAL_RANK_STATE and verdict.fix
+    row = next(r for r in run.resume if r.topology == "dp=2 -> dp=2,tp=2" and (r.epoch, r.step) == (0, 1))
+    assert row.outcome == "failed" and (row.skipped, row.repeated) == (0, 4)

@@ -46,7 +46,8 @@ class CheckOptions:
     factory_args: tuple[tuple[str, Any], ...] = ()  # --factory-arg KEY=VALUE, passed to the factory
     preload: bool = True  # import the file's third-party modules once, before ranks are forked
     resume: bool = True  # the mid-epoch resume check, where the loader has a state mechanism
-    elastic: bool = False  # also restore at other world sizes
+    elastic: bool = False  # also restore at other world sizes and meshes
+    resume_workers: tuple[int, ...] = ()  # also restore into loaders rebuilt with these numbers of workers
     # --- device meshes: each spec a layout beside the world sizes (ddpcheck.layout) ---
     meshes: tuple[str, ...] = ()  # "dp=2,tp=2", dimensions outermost first
     data_dims: tuple[str, ...] = ()  # the dimensions that split the data; () = the names starting with dp
@@ -96,6 +97,11 @@ def validate(options: CheckOptions) -> None:
     steps = options.train_steps
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
         raise BadInput(f"train steps must be a non-negative integer (0 turns it off), got {steps!r}")
+    workers = options.resume_workers
+    if not isinstance(workers, tuple) or any(
+        isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in workers
+    ):
+        raise BadInput(f"resume workers must be numbers of DataLoader workers (0 or more), got {workers!r}")
     window = options.steps
     if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
         raise BadInput(f"steps must be a positive integer, got {window!r}")

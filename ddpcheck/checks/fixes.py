@@ -31,9 +31,6 @@ from ddpcheck.checks.workers import WORKERS
 SAME_DATASET = "build the same dataset on every rank and let the sampler pick each rank's share"
 EVEN_STEPS = "give every rank the same number of batches: pad the shards or drop the remainder"
 CHECK_SPLIT = "check the sampler's num_replicas/rank arithmetic, or use DistributedSampler"
-SAME_DATASET = "build the same dataset on every rank and let the sampler pick each rank's share"
-EVEN_STEPS = "give every rank the same number of batches: pad the shards or drop the remainder"
-CHECK_SPLIT = "check the sampler's num_replicas/rank arithmetic, or use DistributedSampler"
 SHARD_WITH_DISTRIBUTED_SAMPLER = (
     "give each rank its share with DistributedSampler(dataset, num_replicas=world_size, rank=rank) "
     "(or ddpcheck.patch_dataloader_to_ddp(loader))"

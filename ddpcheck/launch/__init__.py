@@ -11,7 +11,7 @@ from ddpcheck.launch.group import (
     run_ranks,
     started_groups,
 )
-from ddpcheck.launch.rank import report_progress
+from ddpcheck.launch.rank import report_progress, shared_tmp
 from ddpcheck.launch.target import TargetRef
 
 __all__ = [
@@ -25,5 +25,6 @@ __all__ = [
     "report_progress",
     "run_groups",
     "run_ranks",
+    "shared_tmp",
     "started_groups",
 ]

@@ -14,6 +14,7 @@ import ctypes
 import faulthandler
 import os
 import re
+import shutil
 import signal
 import sys
 import sysconfig
@@ -21,7 +22,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -106,12 +107,39 @@ def force_loopback() -> None:
     os.environ["TP_SOCKET_IFNAME"] = lo
 
 
+RUN_TMPDIR_ENV = "DDPCHECK_RUN_TMPDIR"
+
+
+@contextlib.contextmanager
+def shared_tmp() -> Iterator[str]:
+    """One temp directory for every group started inside: what a loader writes under the temp directory
+    (litdata's optimized chunks, a cache keyed by path) is there again in the next topology, as it
+    would be for a job restarted on the same machine. Removed on the way out, by its janitor if this
+    process is killed."""
+    from ddpcheck.launch.procs import Janitor
+
+    if os.environ.get(RUN_TMPDIR_ENV):  # nested (a pytest run inside a check): the outer one owns it
+        yield os.environ[RUN_TMPDIR_ENV]
+        return
+    path = tempfile.mkdtemp(prefix="ddpcheck-run-")
+    janitor = Janitor(path)
+    os.environ[RUN_TMPDIR_ENV] = path
+    try:
+        yield path
+    finally:
+        os.environ.pop(RUN_TMPDIR_ENV, None)
+        janitor.close()  # before rmtree: it must not find the directory half removed
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def private_tmp(workdir: str) -> None:
-    """Temp files of user code (multiprocessing's ``pymp-*`` dirs, ...) go under ddpcheck's workdir,
-    which the parent removes on every way out; a rank ends with ``os._exit`` and cleans nothing itself."""
+    """Temp files of user code (multiprocessing's ``pymp-*`` dirs, ...) go under the run's shared temp
+    directory (:func:`shared_tmp`), else ddpcheck's workdir, which the parent removes on every way out;
+    a rank ends with ``os._exit`` and cleans nothing itself."""
     import multiprocessing.process
 
-    path = workdir  # not a subdirectory: AF_UNIX socket paths under it (multiprocessing's) must stay short
+    # not a subdirectory: AF_UNIX socket paths under it (multiprocessing's) must stay short
+    path = os.environ.get(RUN_TMPDIR_ENV) or workdir
     os.environ["TMPDIR"] = path
     tempfile.tempdir = path  # the cached value from the parent would win over TMPDIR
     multiprocessing.process.current_process()._config.pop("tempdir", None)  # type: ignore[attr-defined]

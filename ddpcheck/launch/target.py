@@ -58,7 +58,13 @@ def load_module(name: str, path: str | None = None) -> ModuleType:
 
 
 def load_file(path: Path, name: str | None = None) -> ModuleType:
-    """Execute a Python file as a module (registered in ``sys.modules`` so pickling by name works)."""
+    """Execute a Python file as a module (registered in ``sys.modules`` so pickling by name works).
+
+    Its directory goes first on ``sys.path``, as ``python FILE`` puts it: a loader file imports the
+    modules beside it (``from mydata import build``)."""
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     mod_name = name or f"ddpcheck_user_{path.stem}_{abs(hash(str(path.resolve()))) % 10**8}"
     spec = importlib.util.spec_from_file_location(mod_name, path)
     if spec is None or spec.loader is None:

@@ -443,14 +443,21 @@ class DDPSamplerWrapper(Sampler[_T]):
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration epoch ``epoch`` and forward it to the inner sampler.
 
-        A resume loaded by ``load_state_dict`` survives only when ``epoch`` is the saved epoch.
+        A resume loaded by ``load_state_dict`` survives only when ``epoch`` is the saved epoch; after
+        a state saved at an epoch's end, ``set_epoch(saved + 1)`` starts the next epoch as the
+        uninterrupted run would have.
         """
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
         self._epoch = epoch
         self._epoch_pending = True
-        if self._resume is not None and self._resume.epoch != epoch:
+        resume = self._resume
+        if resume is not None and resume.epoch != epoch:
             self._resume = None
+            if epoch == resume.epoch + 1 and self._finished(resume):
+                # Restored at an epoch's end, the job starts the next epoch: the inner's generator
+                # (restored to the finished epoch's start) draws that epoch once, as the run did.
+                self._draw_inner()
         _forward_set_epoch(self._sampler, epoch)
 
     def __len__(self) -> int:
@@ -554,6 +561,14 @@ class DDPSamplerWrapper(Sampler[_T]):
         else:
             cursor = _Cursor(self._epoch, n, state["consumed"], 0, state["generator"])
         self._resume = cursor
+
+    def _finished(self, cursor: _Cursor) -> bool:
+        return per_rank_count(cursor.length - cursor.start, self._num_replicas, self._pad) <= cursor.yielded
+
+    def _draw_inner(self) -> None:
+        if _inner_generator(self._sampler) is not None:
+            for _ in self._sampler:
+                pass
 
     def _restore_generator(self, encoded: str) -> None:
         generator = _inner_generator(self._sampler)

@@ -281,7 +281,8 @@ def _resume(view: ReportView) -> list[str]:
             cells = resume_cells(stop)
             css = {"n/a": "na"}.get(stop.status, stop.status)
             tds = [f"<td>{_e(c)}</td>" for c in cells]
-            tds[3] = f'<td class="status {_e(css)}">{_e(STATUS_WORD.get(stop.status, stop.status))}</td>'
+            word = stop.outcome or STATUS_WORD.get(stop.status, stop.status)
+            tds[3] = f'<td class="status {_e(css)}">{_e(word)}</td>'
             tds.append(f"<td>{_e(stop.note or NOT_RUN)}</td>")
             lines.append(f"<tr>{''.join(tds)}</tr>")
         head = "".join(f"<th>{h}</th>" for h in RESUME_HEADERS)

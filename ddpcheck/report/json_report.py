@@ -1,9 +1,9 @@
 """The machine-readable report: a CheckResult as versioned, always-valid JSON.
 
-Schema (``SCHEMA_VERSION = 2``); every key is always present::
+Schema (``SCHEMA_VERSION = 3``); every key is always present::
 
     {
-      "schema": 1,
+      "schema": 3,
       "ok": bool,                    # CheckResult.ok
       "exit_code": int,              # 0 ok, 1 a check failed, 2 bad input, 3 a rank failed, 130 interrupted
       "interrupted": bool,           # Ctrl-C or SIGTERM: world sizes after the last run were not checked
@@ -42,8 +42,12 @@ Schema (``SCHEMA_VERSION = 2``); every key is always present::
         "divergence": [{"metric": str, "reference": float, "naive": float, "corrected": float,
                         "naive_diff": float, "corrected_diff": float, "duplicated": int,
                         "dropped": int, "order_only": bool, "cause": str}],
-        "resume": [{"world_size_from": int, "world_size_to": int, "epoch": int, "step": int,
-                    "status": str, "skipped": int, "repeated": int,
+        "resume": [{"world_size_from": int, "world_size_to": int,
+                    "change": str,       # "2 -> 3", "workers 2 -> 0", "dp=2,tp=2 -> dp=4"
+                    "outcome": str,      # "exact" | "resharded" | "refused" | "failed" (else the status)
+                    "epoch": int, "step": int, "status": str,
+                    "before": int, "after": int,   # samples trained before the stop / after the restore
+                    "skipped": int, "repeated": int,
                     "first_divergence": int | null, "note": str}]
       }]
     }
@@ -70,7 +74,7 @@ from ddpcheck.report.view import Cause, ReportView, Row, as_view
 from ddpcheck.result import CheckResult, MetricRow, ResumeRow
 from ddpcheck.trace import RankFailure
 
-SCHEMA_VERSION = 2  # 2: layouts (label, mesh), padding, and each cause's fix
+SCHEMA_VERSION = 3  # 2: layouts (label, mesh), padding, each cause's fix; 3: resume topology/outcome
 _MAX_DEPTH = 32  # deeper (or cyclic) structures end in their repr instead of a RecursionError
 
 
@@ -189,9 +193,13 @@ def _resume(row: ResumeRow) -> dict[str, Any]:
     return {
         "world_size_from": row.world_size_from,
         "world_size_to": row.world_size_to,
+        "change": row.topology,
+        "outcome": row.outcome or row.status,
         "epoch": row.epoch,
         "step": row.step,
         "status": row.status,
+        "before": row.before,
+        "after": row.after,
         "skipped": row.skipped,
         "repeated": row.repeated,
         "first_divergence": row.first_divergence,

@@ -252,7 +252,7 @@ def _resume(view: ReportView, width: int) -> str:
         room = max(width - visible_width(_table(cells, RESUME_HEADERS[:-1])) - 2, _MIN_WRAP)
         for line, stop in zip(cells, row.run.resume, strict=True):
             line.append(stop.note or NOT_RUN)
-        table = _table(cells, RESUME_HEADERS, maxcolwidths=[None] * 7 + [room])
+        table = _table(cells, RESUME_HEADERS, maxcolwidths=[None] * (len(RESUME_HEADERS) - 1) + [room])
         blocks.append(f"{row.label}:\n{table}")
     return _section("Resume", "\n\n".join(blocks).splitlines())
 

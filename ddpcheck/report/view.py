@@ -29,7 +29,10 @@ MAX_LISTED = 12  # ranks / epochs / examples shown before "(+N more)"
 MAX_EXAMPLE_CHARS = 60
 STACK_LINES = 20
 CAUSE_KINDS = ("fail", "rank", "allowed")
-RESUME_HEADERS = ("ranks", "epoch", "stop at step", "status", "lost", "repeated", "first divergence", "note")
+RESUME_HEADERS = (
+    "topology", "epoch", "stop at step", "outcome", "before", "after", "lost", "repeated",
+    "first divergence", "note",
+)  # fmt: skip
 
 
 # ------------------------------------------------------------------ the view
@@ -416,10 +419,11 @@ def divergence_cause(row: object) -> str:
 
 
 def resume_cells(row: ResumeRow) -> list[str]:
-    """One stop point as table cells (shared by the terminal and Markdown tables)."""
-    moved = f"{row.world_size_from} -> {row.world_size_to}"
+    """One restore as table cells (shared by the terminal, Markdown and HTML tables)."""
     first = NOT_RUN if row.first_divergence is None else str(row.first_divergence)
-    return [moved, str(row.epoch), str(row.step), row.status, str(row.skipped), str(row.repeated), first]
+    outcome = row.outcome or row.status
+    counts = [str(n) for n in (row.before, row.after, row.skipped, row.repeated)]
+    return [row.topology, str(row.epoch), str(row.step), outcome, *counts, first]
 
 
 def skip_reasons(result: CheckResult, status: str = "skip") -> list[Reason]:

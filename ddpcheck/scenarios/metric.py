@@ -337,7 +337,7 @@ class MetricEquivalence:
         value = group.outcomes[0].value if group.outcomes and group.outcomes[0].ok else None
         return (value if isinstance(value, Evaluation) else None), failures
 
-    def finish(self) -> dict[int, Outcome]:
+    def finish(self) -> dict[str, Outcome]:
         return {}
 
     def world(self, ctx: DataRun) -> Outcome:

@@ -57,8 +57,8 @@ class Scenario(Protocol):
 
     def world(self, ctx: DataRun) -> Outcome: ...
 
-    def finish(self) -> dict[int, Outcome]:
-        """Outcomes that need every world size (world size -> what to add to it); usually empty."""
+    def finish(self) -> dict[str, Outcome]:
+        """Outcomes that need every layout (a layout's label -> what to add to it); usually empty."""
         ...
 
 

@@ -1,34 +1,50 @@
 """resume and elastic_resume: stop mid-epoch, restart as a restarted job would, compare the streams.
 
+Saving and loading are what trainers do. By default every rank saves its own data state (the loader's
+``state_dict``, else its batch sampler's or sampler's) and after a restart rank r loads old rank r's,
+when there is one. A loader file says otherwise with ``save_state(loader, rank, world_size)`` (what that
+rank writes; ``None`` when it writes nothing, as a rank-0-only saver) and ``load_state(loader, states,
+rank, world_size)`` (every old rank's value, ``None`` where one saved nothing); trainers that skip
+batches instead say so with ``resume_loader(loader, epoch, step, samples_seen)``. States go through
+``torch.save``/``torch.load`` as a checkpoint would.
+
 Rank side (:func:`resume_rank`): build the loader, run the correct loop uninterrupted and save the
-data state at each stop point on the way (``torch.save`` to bytes, as a checkpoint would). Then, per
-stop point, re-run the loader file's module code, rebuild the loader with fresh global RNG state,
-restore (``torch.load``), finish the epoch and, for some stops, run the next one. How the state is
-saved, in this order: the loader's ``state_dict``/``load_state_dict`` (torchdata's
-``StatefulDataLoader``), its batch sampler's or sampler's, or the file's
-``resume_loader(loader, epoch, step, samples_seen)`` hook. Everything that comes back is plain data.
+state at each stop point; then per stop point re-run the loader file's module code, rebuild the loader
+with fresh global RNG, restore, finish the epoch (and, for some stops, run the next). With
+``--resume-workers`` the same restores are made into loaders rebuilt with other numbers of DataLoader
+workers, in the same process. :func:`restore_rank` restores, in a group of another layout (another
+world size or mesh), what every old rank saved, every restore of that layout in one group.
 
-Elastic (:func:`elastic_rank`): every rank of a group of another size loads what old rank 0 saved
-(or gets the old counters through the hook) and finishes the epoch.
-
-The judges (:func:`judge_resume`, :func:`judge_elastic`) are pure.
+A restore is **exact** (same topology: the stream continues exactly), **resharded** (another topology:
+across the old ranks' batches before the stop and the new ranks' after it the epoch is covered once,
+repeats only from the new layout's padding), **refused** (the restore raised: an honest answer) or
+**failed** (samples silently lost or repeated, named with its mechanism). The judges are pure.
 """
 
 from __future__ import annotations
 
 import io
 from collections import Counter
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from ddpcheck.checker.loaderfile import LoaderSpec, call_by_name, optional_hook, unwrap_loader
+from ddpcheck.checker.loaderfile import (
+    LoaderSpec,
+    call_by_name,
+    get_factory,
+    optional_hook,
+    unwrap_loader,
+)
+from ddpcheck.checker.options import mesh_layouts
 from ddpcheck.checker.recording import RESUME_HOOK as HOOK
 from ddpcheck.checker.recording import group_position, has_state
 from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
 from ddpcheck.checks.verdict import Verdict, failed, not_applicable, passed, skipped
-from ddpcheck.launch import GroupResult, TargetRef, report_progress, run_ranks
+from ddpcheck.launch import GroupCall, GroupResult, TargetRef, report_progress, run_groups, run_ranks
 from ddpcheck.launch.rank import worker_headline
+from ddpcheck.layout import Layout
 from ddpcheck.messages import count_text, exception_text, one_line
 from ddpcheck.result import ResumeRow
 from ddpcheck.scenarios.protocol import DataRun, Outcome, rank_failures
@@ -37,12 +53,15 @@ if TYPE_CHECKING:
     from ddpcheck.checker.options import CheckOptions
     from ddpcheck.checker.recording import RecordOptions
 
+SAVE_HOOK = "save_state"
+LOAD_HOOK = "load_state"
 HOW_TO_ENABLE = (
     "the loader has no state to resume from: give the loader, its sampler or its batch sampler "
     "state_dict()/load_state_dict() (torchdata's StatefulDataLoader, ddpcheck's DDPSamplerWrapper), or "
     f"define {HOOK}(loader, epoch, step, samples_seen) in the loader file"
 )
 Batches = tuple[tuple[Hashable, ...], ...]
+State = bytes | None  # what one rank saved (torch.save'd), None when it saved nothing
 
 
 # ----------------------------------------------------------------------------- plain data
@@ -50,41 +69,57 @@ Batches = tuple[tuple[Hashable, ...], ...]
 
 @dataclass(frozen=True)
 class Stop:
-    """Stop after ``step`` batches (1-based count of finished batches) of ``epoch``."""
+    """Stop after ``step`` batches (1-based count of finished batches) of ``epoch``.
+
+    A stop after the epoch's last step (``boundary``) is read the two ways trainers restore it: a loop
+    that finishes the stopped epoch (nothing left) and goes on, or one that starts the next epoch at once
+    (Lightning, HF Trainer); a loader is right when it is exact under either.
+    """
 
     epoch: int
     step: int
     next_epoch: bool = False  # also run epoch + 1 after the restore
-    elastic: bool = False  # also restore at the other world sizes (--elastic)
+    elastic: bool = False  # also restore in other topologies (--elastic, --resume-workers)
+    boundary: bool = False  # the epoch's last step: the restored job's next pass is epoch + 1
 
 
 @dataclass(frozen=True)
 class StopResult:
+    """One restore: the rest of the stopped epoch and the next epoch after it; at a boundary also
+    ``next_pass``, the first pass of a job that starts the next epoch at once (None: not needed)."""
+
     stop: Stop
     rest: Batches = ()
     next_epoch: Batches | None = None
     error: str = ""
+    next_pass: Batches | None = None
+    read_rest: bool = True  # False: the boundary's next pass was exact, the other reading was not run
 
 
 @dataclass(frozen=True)
 class RankResume:
-    """One rank's uninterrupted stream (per epoch, per batch) and its resumed pieces."""
+    """One rank's uninterrupted stream (per epoch, per batch), its resumed pieces and what it saved."""
 
     rank: int
-    mechanism: str  # "loader" | "batch_sampler" | "sampler" | "batch_sampler.sampler" | "hook" | ""
+    mechanism: str  # "loader" | "batch_sampler" | "sampler" | "batch_sampler.sampler" | "hook" | "hooks" | ""
     uninterrupted: tuple[Batches, ...] = ()
     resumed: tuple[StopResult, ...] = ()
-    states: tuple[tuple[Stop, bytes], ...] = ()  # rank 0, elastic stops only
+    states: tuple[tuple[Stop, State], ...] = ()  # this rank's states at the topology stops
     workers: int = 0  # DataLoader worker processes (they fetch ahead of the loop)
     in_order: bool = True  # False: DataLoader(in_order=False) with workers, batches may come in any order
+    # restores into loaders with N workers: (N, per topology stop the rest, or the error it raised)
+    other_workers: tuple[tuple[int, tuple[StopResult | str, ...]], ...] = ()
+    workers_settable: bool = True  # the factory takes num_workers
 
 
 @dataclass(frozen=True)
 class Restore:
-    """What an elastic rank starts from: old rank 0's saved state, or the old counters for the hook."""
+    """What a rank of another layout starts from: every old rank's saved state (or, for the hook, the
+    old counters), stopped at ``stop`` in layout ``old``."""
 
+    old: str  # the old layout's label
     stop: Stop
-    state: bytes = b""
+    states: tuple[State, ...] = ()
     samples_seen: int = 0
 
 
@@ -152,60 +187,180 @@ def _ids_of(iterable: Any, hook: Any, facts: Any, options: RecordOptions, log: A
     return tuple(tuple(ids or ()) for ids, _ in entries)
 
 
-def _call_hook(hook: Any, loader: Any, epoch: int, step: int, samples_seen: int) -> Any:
-    return call_by_name(hook, {"loader": loader, "epoch": epoch, "step": step, "samples_seen": samples_seen})
-
-
 def _restart(
-    spec: LoaderSpec, options: RecordOptions, rank: int, world_size: int
+    spec: LoaderSpec, options: RecordOptions, rank: int, world_size: int, workers: int | None = None
 ) -> tuple[Any, Any, Any, Any]:
     from ddpcheck.checker.recording import build_loader, read_facts
     from ddpcheck.launch.rank import fresh_random_state
 
     fresh_random_state()
+    if workers is not None:  # the factory takes num_workers (checked before): rebuild with N of them
+        options = replace(options, factory_args=(*options.factory_args, ("num_workers", workers)))
     outer, module = build_loader(spec, options, rank, world_size, fresh=True)
     return outer, module, optional_hook(module, "sample_ids"), read_facts(unwrap_loader(outer))
 
 
-def _finish(
+def _hook_args(options: RecordOptions, rank: int, world_size: int) -> dict[str, Any]:
+    """What the save_state/load_state hooks may name: the rank, world size and data-parallel position."""
+    layout = options.layout or Layout.plain(world_size)
+    return {
+        "rank": rank,
+        "world_size": world_size,
+        "dp_rank": layout.dp_rank(rank),
+        "dp_world_size": layout.dp_world_size,
+    }
+
+
+def _saved_state(outer: Any, module: Any, mechanism: str, args: dict[str, Any]) -> State:
+    """What this rank writes to its checkpoint: the file's ``save_state`` hook, else its state holder's."""
+    save = optional_hook(module, SAVE_HOOK)
+    if save is not None:
+        value = call_by_name(save, {"loader": outer, **args})
+        return None if value is None else _save(value)
+    return _save(_holder(outer, mechanism).state_dict())
+
+
+def _finish(*args: Any, **kwargs: Any) -> StopResult:
+    """:func:`_finish_once`; a restore that raises stops the DataLoader workers it started first: left
+    to the loader's own shutdown, each would be joined for 5 s (torch's status interval) per refusal."""
+    import multiprocessing
+
+    before = {child.pid for child in multiprocessing.active_children()}
+    try:
+        return _finish_once(*args, **kwargs)
+    except BaseException:
+        for child in multiprocessing.active_children():
+            if child.pid not in before:
+                child.terminate()
+        raise
+
+
+def _finish_once(
     spec: LoaderSpec,
     options: RecordOptions,
     mechanism: str,
     stop: Stop,
-    state: bytes,
+    states: Sequence[State],
     samples_seen: int,
     rank: int,
     world_size: int,
+    workers: int | None = None,
+    *,
+    start_next: bool = False,
+    following: bool = True,
 ) -> StopResult:
+    """Rebuild the loader as a restarted process would, restore, finish the epoch (and the next when
+    ``stop.next_epoch`` or a boundary and ``following``); ``start_next``: only the next epoch's first
+    pass, as a trainer restored at an epoch's end runs it."""
     from ddpcheck.checker.index_log import catch_all
     from ddpcheck.checker.recording import SET_EPOCH_HOOK, loop_set_epoch
 
-    outer, module, hook, facts = _restart(spec, options, rank, world_size)
+    outer, module, hook, facts = _restart(spec, options, rank, world_size, workers)
     epoch_hook = optional_hook(module, SET_EPOCH_HOOK)
+    load = optional_hook(module, LOAD_HOOK)
     note = ""
+    epoch, step, seen = (stop.epoch + 1, 0, 0) if start_next else (stop.epoch, stop.step, samples_seen)
     if mechanism == "hook":
-        loop_set_epoch(outer, stop.epoch, epoch_hook)
+        loop_set_epoch(outer, epoch, epoch_hook)
         with catch_all() as log:  # the hook may build its own loader and start iterating it at once
-            rest_iterable = _call_hook(
-                optional_hook(module, HOOK), outer, stop.epoch, stop.step, samples_seen
-            )
+            rest_iterable = _call_hook(optional_hook(module, HOOK), outer, epoch, step, seen)
             rest = _ids_of(rest_iterable, hook, facts, options, log)
     else:
-        saved, note = _load(state)
-        _holder(outer, mechanism).load_state_dict(saved)
-        loop_set_epoch(outer, stop.epoch, epoch_hook)
+        if load is not None:
+            values = []
+            for data in states:
+                value, why = _load(data) if data is not None else (None, "")
+                values.append(value)
+                note = note or why
+            args = {"loader": outer, "states": values, **_hook_args(options, rank, world_size)}
+            call_by_name(load, args)
+        else:  # rank r loads old rank r's state; a rank with no old counterpart starts without one
+            own = states[rank] if rank < len(states) else None
+            if own is not None:
+                saved, note = _load(own)
+                _holder(outer, mechanism).load_state_dict(saved)
+        loop_set_epoch(outer, epoch, epoch_hook)
         rest = _ids_of(outer, hook, facts, options)
-    following = None
-    if stop.next_epoch:
+    after = None
+    finished = not (stop.boundary and rest)  # a boundary with a rest left fails that reading already
+    if not start_next and (stop.next_epoch or (stop.boundary and following and finished)):
         loop_set_epoch(outer, stop.epoch + 1, epoch_hook)
-        following = _ids_of(outer, hook, facts, options)
-    return StopResult(stop, rest, following, error=note)
+        after = _ids_of(outer, hook, facts, options)
+    return StopResult(stop, rest, after, error=note)
+
+
+def _restore(
+    finish: Callable[..., StopResult], stop: Stop, expected_next: Batches | None, in_order: bool = True
+) -> StopResult:
+    """``finish`` (a bound :func:`_finish`) the way the loop resumes. At a boundary, first as a job that
+    starts the next epoch at once (``next_pass``), then, unless that was exact against
+    ``expected_next`` (None: not known here, a restore in another topology is judged across ranks), as
+    a loop that finishes the stopped epoch first (``rest``, ``next_epoch``)."""
+    if not stop.boundary:
+        return finish()
+    starting = finish(start_next=True)
+    if expected_next is not None and _first_difference(expected_next, starting.rest, in_order) is None:
+        return StopResult(stop, error=starting.error, next_pass=starting.rest, read_rest=False)
+    return replace(finish(following=expected_next is not None), next_pass=starting.rest)
+
+
+def _call_hook(hook: Any, loader: Any, epoch: int, step: int, samples_seen: int) -> Any:
+    return call_by_name(hook, {"loader": loader, "epoch": epoch, "step": step, "samples_seen": samples_seen})
+
+
+def _workers_of(outer: Any, spec: LoaderSpec, module: Any) -> int:
+    """The loader's worker count: its ``num_workers``, else the factory's default for it (a torchdata
+    ``nodes`` pipeline keeps its workers inside)."""
+    import inspect
+
+    count = getattr(unwrap_loader(outer), "num_workers", None)
+    if count is None:
+        try:
+            param = inspect.signature(get_factory(module, spec)).parameters.get("num_workers")
+        except (TypeError, ValueError, AttributeError):
+            param = None
+        count = param.default if param is not None else 0
+    if isinstance(count, bool) or not isinstance(count, int):
+        return 0
+    return count
+
+
+def _takes_workers(spec: LoaderSpec, module: Any) -> bool:
+    """The factory names ``num_workers`` (or takes ``**kwargs``): its loader can be rebuilt with N."""
+    import inspect
+
+    try:
+        params = inspect.signature(get_factory(module, spec)).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
+    named = params.get("num_workers")
+    if named is not None:
+        return named.kind is not inspect.Parameter.POSITIONAL_ONLY
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def _gather_states(states: dict[Stop, State], stops: Sequence[Stop]) -> dict[Stop, tuple[State, ...]]:
+    """Every rank's state at every stop, for a ``load_state`` hook that reads them all."""
+    import torch.distributed as dist
+
+    mine = [states.get(stop) for stop in stops]
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return {stop: (state,) for stop, state in zip(stops, mine, strict=True)}
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    return {stop: tuple(g[i] for g in gathered) for i, stop in enumerate(stops)}
 
 
 def resume_rank(
-    spec: LoaderSpec, options: RecordOptions, stops: tuple[Stop, ...], epochs: int, mechanism: str
+    spec: LoaderSpec,
+    options: RecordOptions,
+    stops: tuple[Stop, ...],
+    epochs: int,
+    mechanism: str,
+    other_workers: tuple[int, ...] = (),
 ) -> RankResume:
-    """In a rank: the uninterrupted stream with states saved at ``stops``, then each stop resumed.
+    """In a rank: the uninterrupted stream with states saved at ``stops``, then each stop resumed (and,
+    for the topology stops, resumed into loaders with each of ``other_workers`` workers).
 
     ``mechanism`` is what the data run found (``LoaderFacts.resumable``): probing again here could
     start the loader's iterator before its first ``set_epoch``.
@@ -217,11 +372,11 @@ def resume_rank(
     outer, module = build_loader(spec, options, rank, world_size)
     hook = optional_hook(module, "sample_ids")
     facts = read_facts(unwrap_loader(outer))
+    epoch_hook = optional_hook(module, SET_EPOCH_HOOK)
     wanted = {(s.epoch, s.step): s for s in stops}
-    states: dict[Stop, bytes] = {}
+    states: dict[Stop, State] = {}
     seen: dict[Stop, int] = {}
     uninterrupted = []
-    epoch_hook = optional_hook(module, SET_EPOCH_HOOK)
     for epoch in range(epochs):
         loop_set_epoch(outer, epoch, epoch_hook)
         batches = []
@@ -232,27 +387,66 @@ def resume_rank(
                 seen[stop] = len(batches)
                 if mechanism != "hook":
                     try:
-                        states[stop] = _save(_holder(outer, mechanism).state_dict())
+                        args = _hook_args(options, rank, world_size)
+                        states[stop] = _saved_state(outer, module, mechanism, args)
                     except Exception as exc:  # the loader's resume is broken: a verdict, not a crash
                         failure = f"saving the state failed: {failure_text(exc)}"
                         broken = StopResult(stop, error=f"restoring failed: {failure}")
                         return RankResume(rank, mechanism, (), (broken,))
         uninterrupted.append(tuple(batches))
+    reached = [stop for stop in stops if stop in seen]
+    everyone = _gather_states(states, reached) if mechanism != "hook" else {}
     resumed = []
-    for stop in stops:
-        if stop not in seen:
-            continue
+    for stop in reached:
         report_progress(f"resume: restoring at epoch {stop.epoch}, step {stop.step}")
         samples = sum(len(b) for b in uninterrupted[stop.epoch][: stop.step]) * world_size
+        finish = partial(
+            _finish, spec, options, mechanism, stop, everyone.get(stop, ()), samples, rank, world_size
+        )
+        following = stop.epoch + 1
+        expected = uninterrupted[following] if following < len(uninterrupted) else ()
         try:
-            result = _finish(spec, options, mechanism, stop, states.get(stop, b""), samples, rank, world_size)
+            result = _restore(finish, stop, expected, facts.in_order)
         except Exception as exc:
             result = StopResult(stop, error=f"restoring failed: {failure_text(exc)}")
         resumed.append(result)
-    keep = tuple((s, b) for s, b in states.items() if s.elastic) if rank == 0 else ()
-    workers = int(getattr(unwrap_loader(outer), "num_workers", 0) or 0)
+    settable = _takes_workers(spec, module)
+    by_workers = []
+    for workers in other_workers if settable else ():
+        rests: list[StopResult | str] = []
+        for stop in (s for s in reached if s.elastic):
+            report_progress(
+                f"resume: restoring at epoch {stop.epoch}, step {stop.step} with {workers} workers"
+            )
+            samples = sum(len(b) for b in uninterrupted[stop.epoch][: stop.step]) * world_size
+            finish = partial(
+                _finish,
+                spec,
+                options,
+                mechanism,
+                replace(stop, next_epoch=False),
+                everyone.get(stop, ()),
+                samples,
+                rank,
+                world_size,
+                workers,
+            )
+            try:
+                rests.append(_restore(finish, stop, None))
+            except Exception as exc:
+                rests.append(failure_text(exc))
+        by_workers.append((workers, tuple(rests)))
+    keep = tuple((s, states.get(s)) for s in reached if s.elastic)
     return RankResume(
-        rank, mechanism, tuple(uninterrupted), tuple(resumed), keep, workers=workers, in_order=facts.in_order
+        rank,
+        mechanism,
+        tuple(uninterrupted),
+        tuple(resumed),
+        keep,
+        workers=_workers_of(outer, spec, module),
+        in_order=facts.in_order,
+        other_workers=tuple(by_workers),
+        workers_settable=settable,
     )
 
 
@@ -264,27 +458,25 @@ def _stream(outer: Any, hook: Any, facts: Any, options: RecordOptions) -> Iterab
         yield tuple(ids)
 
 
-def elastic_rank(spec: LoaderSpec, options: RecordOptions, restore: Restore, mechanism: str) -> Batches | str:
-    """In a rank of the new group: restore what the old group saved and finish the epoch.
-
-    A restore that raises is an answer (the loader is not elastic), returned as its one-line message.
-    """
+def restore_rank(
+    spec: LoaderSpec, options: RecordOptions, restores: tuple[Restore, ...], mechanism: str
+) -> tuple[StopResult | str, ...]:
+    """In a rank of a group of another layout: every restore in turn, each from what the old ranks
+    saved; the rest of the epoch each yields. A restore that raises is an answer (the loader refuses),
+    returned as its one-line message."""
     rank, world_size = group_position()
-    stop = restore.stop
-    try:
-        result = _finish(
-            spec,
-            options,
-            mechanism,
-            replace(stop, next_epoch=False),  # the old ranks' next epoch says nothing here
-            restore.state,
-            restore.samples_seen,
-            rank,
-            world_size,
+    out: list[StopResult | str] = []
+    for restore in restores:
+        stop = replace(restore.stop, next_epoch=False)  # the old ranks' next epoch says nothing here
+        report_progress(f"restore from {restore.old}: epoch {stop.epoch}, step {stop.step}")
+        finish = partial(
+            _finish, spec, options, mechanism, stop, restore.states, restore.samples_seen, rank, world_size
         )
-    except Exception as exc:
-        return failure_text(exc)
-    return result.rest
+        try:
+            out.append(_restore(finish, stop, None))
+        except Exception as exc:
+            out.append(failure_text(exc))
+    return tuple(out)
 
 
 # ----------------------------------------------------------------------------- pure judges
@@ -315,10 +507,23 @@ class _StopJudgement:
     cause: str = ""
     ranks: list[int] = field(default_factory=list)
     error: str = ""
+    before: int = 0
+    after: int = 0
+    finish_first: bool = False  # exact only for a loop that finishes the stopped epoch before the next
 
     @property
     def ok(self) -> bool:
         return not (self.ranks or self.error)
+
+    def note(self, mechanism: str) -> str:
+        if self.error or not self.ok:
+            return self.error or self.cause
+        if not self.finish_first:
+            return f"via {mechanism}"
+        return (
+            f"via {mechanism}, for a loop that finishes the stopped epoch (empty) before the next; a job "
+            "that starts the next epoch at once (Lightning, HF Trainer) gets another stream"
+        )
 
 
 def failure_text(exc: BaseException) -> str:
@@ -333,8 +538,47 @@ def failure_text(exc: BaseException) -> str:
     return one_line(worker_headline(text) or f"{type(exc).__name__}: {text}".strip().rstrip(":"), 300)
 
 
+def _finishes_first(rank: RankResume, result: StopResult) -> bool:
+    """A boundary restore is exact for a loop that finishes the stopped epoch (nothing left) first."""
+    following = result.stop.epoch + 1
+    return (
+        not result.rest
+        and result.next_epoch is not None
+        and following < len(rank.uninterrupted)
+        and _first_difference(rank.uninterrupted[following], result.next_epoch, rank.in_order) is None
+    )
+
+
+def _expected_rest(rank: RankResume, stop: Stop) -> Batches:
+    """What the restored loader's next pass must yield: the rest of the epoch, or after the epoch's last
+    step the whole next epoch."""
+    if stop.boundary:
+        following = stop.epoch + 1
+        return rank.uninterrupted[following] if following < len(rank.uninterrupted) else ()
+    return rank.uninterrupted[stop.epoch][stop.step :]
+
+
+BOUNDARY_REPLAY = (
+    "stopped after the epoch's last step, the restored loader runs that finished epoch again instead of "
+    "the next one: the saved state does not mark the epoch finished (a loader that fetches a batch "
+    "ahead saves before its last batch is handed out), so a job restored at an epoch's end trains an "
+    "epoch twice"
+)
+BOUNDARY_EMPTY = (
+    "stopped after the epoch's last step, the restored loader yields nothing in the next epoch: the "
+    "'finished' state is applied to the next pass, so a job restored at an epoch's end skips an epoch"
+)
+
+
 def _cause(rank: RankResume, stop: Stop, got: Batches) -> str:
     flat = _flat(got)
+    if stop.boundary:
+        finished = rank.uninterrupted[stop.epoch]
+        if not flat and _expected_rest(rank, stop):
+            return BOUNDARY_EMPTY
+        if flat == _flat(finished):
+            return BOUNDARY_REPLAY
+        stop = Stop(stop.epoch + 1, 0)  # otherwise judged as a restore at the next epoch's start
     expected = rank.uninterrupted[stop.epoch][stop.step :]
     ahead = len(expected) - len(got)
     if rank.workers and rank.mechanism != "loader" and ahead > 0 and list(got) == list(expected[ahead:]):
@@ -342,19 +586,6 @@ def _cause(rank: RankResume, stop: Stop, got: Batches) -> str:
             f"the {rank.mechanism}'s state runs ahead of training: DataLoader workers had fetched {ahead} "
             "more batches when it was saved; save the state through the loader (torchdata's "
             "StatefulDataLoader) or use num_workers=0"
-        )
-    whole = _flat(rank.uninterrupted[stop.epoch])
-    if not expected and flat and Counter(flat) == Counter(whole):
-        return (
-            "stopped after the epoch's last step, the saved state marks the epoch as finished, so a job "
-            "restored into that epoch runs all of it again (a loader that fetches a batch ahead ends its "
-            "inner iterator before the last batch is handed out)"
-        )
-    if not expected and flat:
-        return (
-            "stopped after the epoch's last step, the restored loader yields another whole epoch: a "
-            "state saved at an epoch's end restarts the pass (a loader that restarts when it runs out), "
-            "so a job restored there trains an extra epoch"
         )
     for epoch, batches in enumerate(rank.uninterrupted):
         if epoch != stop.epoch and flat and flat == _flat(batches[stop.step :]):
@@ -383,7 +614,7 @@ def _cause(rank: RankResume, stop: Stop, got: Batches) -> str:
         off = shifted - stop.step
         return (
             f"the restored loader resumes at step {shifted + 1} instead of step {stop.step + 1}: it skips "
-            f"{abs(off)} {'batch' if abs(off) == 1 else 'batches'} too {'many' if off > 0 else 'few'} "
+            f"{count_text(abs(off), 'batches')} too {'many' if off > 0 else 'few'} "
             "(counting samples as batches, or an off-by-one in the step)"
         )
     if Counter(flat) == Counter(_flat(expected_epoch[stop.step :])):
@@ -402,8 +633,11 @@ def _cause(rank: RankResume, stop: Stop, got: Batches) -> str:
     return "the resumed stream differs from the uninterrupted one"
 
 
-def judge_resume(world_size: int, ranks: Sequence[RankResume]) -> tuple[Verdict, tuple[ResumeRow, ...]]:
-    """Before + after the stop equals the uninterrupted stream on every rank; the next epoch is unchanged."""
+def judge_resume(
+    world_size: int, ranks: Sequence[RankResume], mesh: str = ""
+) -> tuple[Verdict, tuple[ResumeRow, ...]]:
+    """Before + after the stop equals the uninterrupted stream on every rank; the next epoch is unchanged.
+    ``mesh``: the layout's label when it is a device mesh (the rows' topology names it)."""
     if not ranks or not ranks[0].mechanism:
         return not_applicable(RESUME, HOW_TO_ENABLE), ()
     mechanism = ranks[0].mechanism
@@ -414,25 +648,45 @@ def judge_resume(world_size: int, ranks: Sequence[RankResume]) -> tuple[Verdict,
             if result.error.startswith("restoring failed"):
                 j.error = j.error or f"rank {rank.rank}: {result.error}"
                 continue
-            expected = rank.uninterrupted[result.stop.epoch][result.stop.step :]
-            got = result.rest
+            stop = result.stop
+            j.before += len(_flat(rank.uninterrupted[stop.epoch][: stop.step]))
+            start = stop.step  # where ``expected`` starts in its epoch
+            next_changed = False
+            if stop.boundary and result.next_pass is not None:
+                # a job that starts the next epoch at once (Lightning, HF Trainer) ...
+                expected, got, start = _expected_rest(rank, stop), result.next_pass, 0
+                differs = _first_difference(expected, got, rank.in_order)
+                if differs is not None and result.read_rest and _finishes_first(rank, result):
+                    j.finish_first = True  # ... or one that finishes the stopped epoch first
+                    expected = got = result.next_epoch or ()
+                    differs = None
+            else:
+                expected = rank.uninterrupted[stop.epoch][stop.step :]
+                got = result.rest
+                differs = _first_difference(expected, got, rank.in_order)
+                if result.next_epoch is not None and stop.epoch + 1 < len(rank.uninterrupted):
+                    following = rank.uninterrupted[stop.epoch + 1]
+                    next_changed = _first_difference(following, result.next_epoch, rank.in_order) is not None
+            j.after += len(_flat(got))
             missing = Counter(_flat(expected)) - Counter(_flat(got))
             extra = Counter(_flat(got)) - Counter(_flat(expected))
-            differs = _first_difference(expected, got, rank.in_order)
-            next_changed = False
-            if result.next_epoch is not None and result.stop.epoch + 1 < len(rank.uninterrupted):
-                following = rank.uninterrupted[result.stop.epoch + 1]
-                next_changed = _first_difference(following, result.next_epoch, rank.in_order) is not None
             if differs is not None or next_changed:
                 j.ranks.append(rank.rank)
                 j.skipped += sum(missing.values())
                 j.repeated += sum(extra.values())
                 if differs is not None:
-                    step = result.stop.step + differs + 1
+                    step = start + differs + 1
                     j.first_divergence = step if j.first_divergence is None else min(j.first_divergence, step)
                     j.cause = j.cause or _cause(rank, result.stop, got)
                 else:
                     j.cause = j.cause or "the epoch after the restored one differs from the uninterrupted run"
+    for (
+        stop,
+        j,
+    ) in judgements.items():  # every rank trained one rank's remainder: one state restored everywhere
+        rests = [r.rest for rank in ranks for r in rank.resumed if r.stop == stop and not r.error]
+        if not j.ok and len(rests) > 1 and rests[0] and all(r == rests[0] for r in rests):
+            j.cause = RANK0_STATE
     rows = tuple(
         ResumeRow(
             world_size,
@@ -443,7 +697,11 @@ def judge_resume(world_size: int, ranks: Sequence[RankResume]) -> tuple[Verdict,
             skipped=j.skipped,
             repeated=j.repeated,
             first_divergence=j.first_divergence,
-            note=j.error or (j.cause if not j.ok else f"via {mechanism}"),
+            note=j.note(mechanism),
+            change=f"{mesh} -> {mesh}" if mesh else "",
+            outcome="exact" if j.ok else "failed",
+            before=j.before,
+            after=j.after,
         )
         for j in sorted(judgements.values(), key=lambda j: (j.stop.epoch, j.stop.step))
     )
@@ -475,44 +733,125 @@ def judge_resume(world_size: int, ranks: Sequence[RankResume]) -> tuple[Verdict,
         f"{count_text(first.repeated, 'samples')} repeated"
         + (f" ({len(bad)} of {len(judgements)} stop points fail)" if len(bad) > 1 else "")
     )
-    return (
-        failed(RESUME, detail, cause=first.cause, ranks=tuple(first.ranks), epochs=(first.stop.epoch,)),
-        rows,
-    )
+    verdict = failed(RESUME, detail, cause=first.cause, ranks=tuple(first.ranks), epochs=(first.stop.epoch,))
+    return replace(verdict, fix=TOPOLOGY_FIXES.get(first.cause, "")), rows
 
 
-def judge_elastic(
-    old: Sequence[RankResume], new_world_size: int, stop: Stop, rests: Sequence[Batches | str], pad_room: int
+@dataclass(frozen=True)
+class Topology:
+    """Where a restore happens: a layout and its DataLoader workers (None: the loader's own)."""
+
+    layout: Layout
+    workers: int | None = None
+
+    @property
+    def label(self) -> str:
+        return self.layout.label
+
+
+def change_text(old: Topology, new: Topology, old_workers: int) -> str:
+    if new.workers is not None and old.layout == new.layout:
+        return f"workers {old_workers} -> {new.workers}"
+    return f"{old.label} -> {new.label}"
+
+
+def judge_restore(
+    old_layout: Layout,
+    old: Sequence[RankResume],
+    new: Topology,
+    stop: Stop,
+    rests: Sequence[StopResult | Batches | str],
+    pad_room: int,
+    *,
+    change: str,
 ) -> ResumeRow:
-    """Old ranks' batches before the stop + new ranks' rest: nothing lost, nothing repeated beyond padding."""
+    """A restore into another topology: old data-parallel ranks' batches before the stop + the new ones'
+    after it cover the epoch once (repeats within ``pad_room``); replicas of the new layout restore the
+    same rest. ``rests`` per new rank (a str: that rank's restore raised). At a boundary the next pass
+    of a job that starts the next epoch at once is the other reading: it must cover that epoch once."""
+    row = ResumeRow(
+        old_layout.world_size, new.layout.world_size, stop.epoch, stop.step, "pass", change=change
+    )
     errors = [r for r in rests if isinstance(r, str)]
     if errors:
-        note = (
-            f"not elastic: {len(old)} -> {new_world_size} at epoch {stop.epoch} step {stop.step}: "
-            f"restoring raised {errors[0]}"
-        )
-        return ResumeRow(len(old), new_world_size, stop.epoch, stop.step, "fail", note=note)
-    before = _flat(b for r in old for b in r.uninterrupted[stop.epoch][: stop.step])
-    epoch_items = set(_flat(b for r in old for b in r.uninterrupted[stop.epoch]))
-    after = _flat(b for rest in rests if not isinstance(rest, str) for b in rest)
-    counts = Counter(before + after)
-    lost = len(epoch_items - set(counts))
-    repeated = sum(c - 1 for c in counts.values() if c > 1)
-    ok = lost == 0 and repeated <= pad_room
+        note = f"refused: restoring raised {errors[0]}"
+        return replace(row, outcome="refused", note=note)
+    results = [
+        r if isinstance(r, StopResult) else StopResult(stop, r) for r in rests if not isinstance(r, str)
+    ]
+    by_rank = {r.rank: r for r in old}
+    old_firsts = [by_rank[r] for r in old_layout.representatives() if r in by_rank]
+    before = _flat(b for r in old_firsts for b in r.uninterrupted[stop.epoch][: stop.step])
+    epoch_items = set(_flat(b for r in old_firsts for b in r.uninterrupted[stop.epoch]))
+    row = replace(row, before=len(before))
+    passes = [r.next_pass for r in results]
+    if not stop.boundary or any(p is None for p in passes):
+        return _covers(row, old_layout, new, before, [r.rest for r in results], epoch_items, pad_room)
+    starting = _covers(row, old_layout, new, [], passes, epoch_items, pad_room)  # type: ignore[arg-type]
+    if starting.outcome != "failed" or not all(r.read_rest for r in results):
+        return starting
+    finishing = _covers(row, old_layout, new, before, [r.rest for r in results], epoch_items, pad_room)
+    if finishing.outcome == "failed":
+        return starting
+    damage = _damage(starting.skipped, starting.repeated, pad_room) or "differs"
+    note = (
+        f"{finishing.note} if the loop finishes the stopped epoch first; starting the next at once {damage}"
+    )
+    return replace(finishing, note=note)
+
+
+def _damage(lost: int, repeated: int, pad_room: int) -> str:
     words = []
     if lost:
         words.append(f"loses {count_text(lost, 'samples')}")
     if repeated > pad_room:
         words.append(f"repeats {count_text(repeated, 'samples')}")
-    note = (
-        "nothing lost, " + (f"{repeated} padding copies" if repeated else "nothing repeated")
-        if ok
-        else f"not elastic: {len(old)} -> {new_world_size} at epoch {stop.epoch} step {stop.step} "
-        + " and ".join(words)
-    )
-    return ResumeRow(
-        len(old), new_world_size, stop.epoch, stop.step, "pass" if ok else "fail", lost, repeated, None, note
-    )
+    return " and ".join(words)
+
+
+def _covers(
+    row: ResumeRow,
+    old_layout: Layout,
+    new: Topology,
+    before: list[Hashable],
+    rests: Sequence[Batches],
+    epoch_items: set[Hashable],
+    pad_room: int,
+) -> ResumeRow:
+    """``before`` + the new data-parallel ranks' ``rests`` cover ``epoch_items`` once; replicas agree."""
+    layout, stop = new.layout, Stop(row.epoch, row.step)
+    after = _flat(b for rank in layout.representatives() if rank < len(rests) for b in rests[rank])
+    diverging = [
+        rank
+        for group in layout.replica_groups()
+        for rank in group[1:]
+        if rank < len(rests) and rests[rank] != rests[group[0]]
+    ]
+    counts = Counter(before + after)
+    lost = len(epoch_items - set(counts))
+    repeated = sum(c - 1 for c in counts.values() if c > 1)
+    row = replace(row, skipped=lost, repeated=repeated, after=len(after))
+    if diverging:
+        note = f"replicas restored different rests (rank {diverging[0]} differs from its group's first rank)"
+        return replace(row, status="fail", outcome="failed", note=note)
+    if lost == 0 and repeated <= pad_room:
+        same = old_layout == layout and new.workers is None
+        note = "nothing lost, " + (f"{repeated} padding copies" if repeated else "nothing repeated")
+        return replace(row, outcome="exact" if same else "resharded", note=note)
+    where = f"at epoch {stop.epoch} step {stop.step}"
+    if not before and stop.step:
+        where = f"after epoch {stop.epoch}'s last step, epoch {stop.epoch + 1}"
+    note = f"not elastic: {row.topology} {where} {_damage(lost, repeated, pad_room)}"
+    return replace(row, status="fail", outcome="failed", note=note)
+
+
+def judge_elastic(
+    old: Sequence[RankResume], new_world_size: int, stop: Stop, rests: Sequence[Batches | str], pad_room: int
+) -> ResumeRow:
+    """:func:`judge_restore` between two plain world sizes."""
+    old_layout, new = Layout.plain(len(old)), Topology(Layout.plain(new_world_size))
+    change = f"{len(old)} -> {new_world_size}"
+    return judge_restore(old_layout, old, new, stop, rests, pad_room, change=change)
 
 
 NOT_ELASTIC = {
@@ -520,73 +859,189 @@ NOT_ELASTIC = {
     "position must come from samples_seen over the global order (not elastic)",
 }
 NOT_ELASTIC_STATE = (
-    "the saved data state is per rank: restored at another world size it does not continue the same "
-    "global order (not elastic)"
+    "restored at another world size, the saved data state does not continue the same global order: "
+    "not elastic"
 )
+RANK0_STATE = (
+    "every rank restored the same state (only rank 0 saves, or every rank loads rank 0's file): the "
+    "ranks restart from one rank's position and shard, so samples are trained twice or never"
+)
+GLOBAL_RANK_STATE = (
+    "the state is keyed by the global rank, but the data is sharded by the data-parallel rank: a rank "
+    "of the new mesh loads the state of an old rank that held another shard (load the state of the old "
+    "rank with the same data-parallel rank, with a load_state hook)"
+)
+WORKER_OFFSETS = (
+    "restored with another number of DataLoader workers, the state's per-worker positions do not carry "
+    "over: samples of the old workers' shards are lost or repeated"
+)
+ROUNDED_TO_BATCHES = (
+    "the restore reshards at whole-batch granularity: the saved position is rounded to the new layout's "
+    "global batch (litdata's elastic resume rounds down, then drops a ragged tail), so a stop off such a "
+    "boundary repeats or loses fewer samples than one global batch"
+)
+TOPOLOGY_FIXES = {  # and the resume causes that have one
+    BOUNDARY_REPLAY: "save the loader's state after its iterator is exhausted (torchdata's "
+    "StatefulDataLoader marks the epoch finished then), or start the next epoch without loading a state "
+    "saved at an epoch's end",
+    BOUNDARY_EMPTY: "start the next epoch from a fresh iterator (call iter() once more), or save the state "
+    "after the epoch's loop has ended",
+    ROUNDED_TO_BATCHES: "checkpoint where the samples seen are a multiple of the new layout's global batch "
+    "(data-parallel size x workers x batch size), or accept the few repeats with --allow elastic_resume",
+    RANK0_STATE: "save every rank's state and load old rank r's into new rank r (the default), or write "
+    "a load_state hook that reads every old rank's",
+    GLOBAL_RANK_STATE: "key the saved state by the data-parallel rank (a load_state hook that picks the old "
+    "rank with the same dp_rank)",
+    WORKER_OFFSETS: "restore with the saved number of workers, or keep per-worker offsets that reshard "
+    "(litdata does)",
+    NOT_ELASTIC_STATE: "save a position in the global order (samples_seen) instead of a per-rank one, or "
+    "restart elastic jobs at an epoch's start",
+}
+
+
+def topology_verdict(rows: Sequence[ResumeRow], cause: str) -> Verdict:
+    """elastic_resume from the restores into one topology: any silent loss or repetition fails it;
+    exact, resharded and refused restores are honest answers."""
+    bad = [r for r in rows if r.outcome == "failed"]
+    changes = ", ".join(dict.fromkeys(r.topology for r in rows))
+    if not rows:
+        return skipped(ELASTIC_RESUME, "no state to restore in another topology")
+    refused = [r for r in rows if r.outcome == "refused"]
+    if not bad:
+        kinds = Counter(r.outcome for r in rows)
+        said = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+        detail = f"restored in other topologies ({changes}): {said}; nothing silently lost or repeated"
+        if refused:
+            detail += f" (refused: {refused[0].note.removeprefix('refused: ')})"
+        return passed(ELASTIC_RESUME, detail)
+    verdict = failed(
+        ELASTIC_RESUME,
+        bad[0].note + (f" ({len(bad)} of {len(rows)} restores fail)" if len(bad) > 1 else ""),
+        cause=cause,
+        epochs=(bad[0].epoch,),
+    )
+    return replace(verdict, fix=TOPOLOGY_FIXES.get(cause, ""))
 
 
 def elastic_verdict(rows: Sequence[ResumeRow], mechanism: str = "") -> Verdict:
-    bad = [r for r in rows if r.status == "fail"]
-    pairs = sorted({(r.world_size_from, r.world_size_to) for r in rows})
-    if not rows:
-        return skipped(ELASTIC_RESUME, "no state to restore at another world size")
-    text = ", ".join(f"{a}->{b}" for a, b in pairs)
-    if not bad:
-        return passed(
-            ELASTIC_RESUME, f"restored at other world sizes ({text}): nothing lost, nothing repeated"
-        )
-    return failed(
-        ELASTIC_RESUME,
-        bad[0].note + (f" ({len(bad)} of {len(rows)} restores fail)" if len(bad) > 1 else ""),
-        cause=NOT_ELASTIC.get(mechanism, NOT_ELASTIC_STATE),
-        epochs=(bad[0].epoch,),
-    )
+    """elastic_resume between plain world sizes (the cause by how the state is kept)."""
+    return topology_verdict(rows, NOT_ELASTIC.get(mechanism, NOT_ELASTIC_STATE))
+
+
+def within_global_batch(row: ResumeRow, new: Topology, old: Sequence[RankResume]) -> bool:
+    """A global position (every old rank saved the same state) restored with lost and repeated both
+    fewer than one global batch of the new topology: litdata's rounding, not a per-rank state."""
+    saved = {
+        state for r in old for stop, state in r.states if (stop.epoch, stop.step) == (row.epoch, row.step)
+    }
+    if len(old) < 2 or len(saved) != 1 or None in saved:  # one old rank: nothing tells a global state
+        return False
+    sizes = [len(b) for r in old[:1] for epoch in r.uninterrupted[:1] for b in epoch[:1]]
+    workers = new.workers if new.workers is not None else (old[0].workers if old else 0)
+    stride = new.layout.dp_world_size * max(1, workers) * (sizes[0] if sizes else 1)
+    return max(row.skipped, row.repeated) < stride
+
+
+def _judged_pass(result: StopResult | Batches) -> Batches:
+    """What a restore yielded: at a boundary the next epoch's pass (the rest of the stopped one is empty)."""
+    if not isinstance(result, StopResult):
+        return result
+    return result.next_pass if result.stop.boundary and result.next_pass is not None else result.rest
+
+
+def restore_cause(
+    old_layout: Layout,
+    new: Topology,
+    old: Sequence[RankResume],
+    rests: Sequence[StopResult | Batches | str],
+    mechanism: str,
+    row: ResumeRow | None = None,
+) -> str:
+    """The mechanism behind a failed restore into ``new``: rank 0's state everywhere, a state keyed by
+    the global rank on a mesh, positions rounded to whole batches, workers' offsets lost, or a per-rank
+    state that is not elastic."""
+    if mechanism == "hook":
+        return NOT_ELASTIC["hook"]
+    rounded = row is not None and within_global_batch(row, new, old)
+    if new.workers is not None and old_layout == new.layout:
+        return ROUNDED_TO_BATCHES if rounded else WORKER_OFFSETS
+    states = [dict(r.states) for r in old]
+    for stop in states[0] if states else {}:
+        saved = [s.get(stop) for s in states]
+        if len(saved) > 1 and sum(x is not None for x in saved) == 1:
+            return RANK0_STATE
+    clean = [_judged_pass(r) for r in rests if not isinstance(r, str)]
+    if len(clean) > 1 and len(set(clean)) == 1 and clean[0] and new.layout.dp_world_size > 1:
+        return RANK0_STATE
+    if (old_layout.mesh or new.layout.mesh) and (old_layout.replicas > 1 or new.layout.replicas > 1):
+        return GLOBAL_RANK_STATE
+    return ROUNDED_TO_BATCHES if rounded else NOT_ELASTIC_STATE
 
 
 # ----------------------------------------------------------------------------- parent side
 
 
 def stop_points(run_batches: Sequence[int], epochs: int, elastic: bool) -> tuple[Stop, ...]:
-    """First, middle and last step of epoch 0 and of a later epoch; the middle ones also run the next
-    epoch (and are the elastic ones). ``run_batches``: each epoch's batch count (smallest rank)."""
+    """The first, a middle and the last step of epoch 0, and the middle of a later epoch (its order
+    must be restored too). Epoch 0's middle also runs the next epoch; its last step is a boundary.
+    Topology restores (``elastic``) start from every one of them. ``run_batches``: each epoch's batch
+    count (smallest rank)."""
     stops = []
-    for epoch in sorted({0, min(1, epochs - 1)}):
-        n = run_batches[epoch] if epoch < len(run_batches) else 0
-        if n < 1:
-            continue
+    n = run_batches[0] if run_batches else 0
+    if n >= 1:
         middle = (n + 1) // 2
         for step in sorted({1, middle, n}):
-            is_middle = step == middle
-            stops.append(Stop(epoch, step, next_epoch=is_middle, elastic=elastic and is_middle))
+            stops.append(Stop(0, step, next_epoch=step == middle, elastic=elastic, boundary=step == n))
+    later = run_batches[1] if epochs > 1 and len(run_batches) > 1 else 0
+    if later >= 1:
+        stops.append(Stop(1, (later + 1) // 2, elastic=elastic))
     return tuple(stops)
 
 
+@dataclass
+class _Saved:
+    """What one layout's resume group left for restores in other topologies."""
+
+    layout: Layout
+    ranks: list[RankResume]
+    stops: tuple[Stop, ...]
+    pad_unit: int
+
+
 class ResumeCheck:
-    """Parent side of ``resume`` (every world size) and ``elastic_resume`` (``--elastic``, at the end)."""
+    """Parent side of ``resume`` (every layout) and ``elastic_resume`` (other world sizes, meshes and
+    worker counts: ``--elastic`` and ``--resume-workers``)."""
 
     def __init__(self, spec: LoaderSpec, options: CheckOptions) -> None:
         self.spec = spec
         self.options = options
         self.record = options.record_options()
-        self.saved: dict[int, tuple[list[RankResume], tuple[Stop, ...]]] = {}
-        self.pad_unit = 1  # samples one unit of padding holds (a whole batch where batches are padded)
+        self.saved: dict[str, _Saved] = {}
+        self.layouts: dict[str, Layout] = {}
         self.mechanism = ""  # where the data state lives: the elastic failure's cause depends on it
+        self.meshes = mesh_layouts(options)
+        self.by_workers: dict[str, Outcome] = {}  # restores with other worker counts, kept for finish()
 
     @classmethod
     def maybe(cls, spec: LoaderSpec, options: CheckOptions, names: frozenset[str]) -> ResumeCheck | None:
         return cls(spec, options) if options.resume else None
 
-    def _launch(self, target: Any, world_size: int, kwargs: dict[str, Any]) -> GroupResult:
+    @property
+    def topology_stops(self) -> bool:
+        return self.options.elastic or bool(self.options.resume_workers)
+
+    def _launch(self, target: Any, layout: Layout, kwargs: dict[str, Any]) -> GroupResult:
         return run_ranks(
             TargetRef.of(target),
-            world_size,
+            layout.world_size,
             backend=self.options.backend,
             timeout=self.options.timeout,
-            kwargs=kwargs,
+            kwargs={**kwargs, "options": replace(self.record, layout=layout)},
         )
 
     def world(self, ctx: DataRun) -> Outcome:
-        ws = ctx.world_size
+        layout = ctx.layout or Layout.plain(ctx.world_size)
+        self.layouts[layout.label] = layout
         if not ctx.run.ranks:
             return Outcome()
         if not ctx.run.ranks[0].facts.resumable:  # read off the loader in the data run: nothing to launch
@@ -599,69 +1054,145 @@ class ResumeCheck:
             min(len(r.epochs[e].batch_sizes) for r in ctx.run.ranks)
             for e in range(len(ctx.run.ranks[0].epochs))
         ]
-        stops = stop_points(counts, self.options.epochs, self.options.elastic)
-        epochs = max((s.epoch for s in stops), default=0) + 2
+        stops = stop_points(counts, self.options.epochs, self.topology_stops)
+        epochs = 2  # the stops' epochs and the one after epoch 0 (its middle and its boundary run it)
         mechanism = ctx.run.ranks[0].facts.resumable
         kwargs = {
             "spec": self.spec,
-            "options": replace(self.record, layout=ctx.layout),  # every rank of a mesh restores
             "stops": stops,
             "epochs": epochs,
             "mechanism": mechanism,
+            "other_workers": self.options.resume_workers,
         }
-        group = self._launch(resume_rank, ws, kwargs)
+        group = self._launch(resume_rank, layout, kwargs)  # every rank of a mesh restores
         failures = rank_failures(group, RESUME)
         if failures:
             return Outcome(failures=failures)
         ranks = [o.value for o in group.outcomes if isinstance(o.value, RankResume)]
-        verdict, rows = judge_resume(ws, ranks)
-        plain = ctx.layout is None or not ctx.layout.mesh
-        if ranks and ranks[0].mechanism and self.options.elastic and plain:
-            self.saved[ws] = (ranks, stops)
-            self.pad_unit = max(ctx.run.ranks[0].facts.pad_unit, 1)
+        verdict, rows = judge_resume(layout.world_size, ranks, layout.label if layout.mesh else "")
+        outcome = Outcome(verdicts=(verdict,), resume=rows)
+        if ranks and ranks[0].mechanism:
             self.mechanism = ranks[0].mechanism
-        return Outcome(verdicts=(verdict,), resume=rows)
+            unit = max(ctx.run.ranks[0].facts.pad_unit, 1)
+            self.saved[layout.label] = _Saved(layout, ranks, stops, unit)
+            if self.options.resume_workers:
+                workers = self._worker_outcome(layout, ranks, unit)
+                if self.options.elastic and workers.resume:  # one elastic_resume with the other layouts'
+                    self.by_workers[layout.label] = workers
+                else:
+                    outcome += workers
+        return outcome
 
-    def finish(self) -> dict[int, Outcome]:
-        if not self.options.elastic or len(self.saved) < 1:
+    def _worker_outcome(self, layout: Layout, ranks: list[RankResume], unit: int) -> Outcome:
+        """Restores into loaders with other numbers of workers, made in the resume group itself."""
+        if not ranks[0].workers_settable:
+            name = self.spec.factory
+            why = f"{name}() takes no num_workers: name it so its loader can be rebuilt with other counts"
+            return Outcome(verdicts=(not_applicable(ELASTIC_RESUME, why),))
+        rows: list[ResumeRow] = []
+        cause = ""
+        saved = _Saved(layout, ranks, (), unit)
+        topology_stops = [s for s, _ in ranks[0].states]
+        for position, (workers, _) in enumerate(ranks[0].other_workers):
+            new = Topology(layout, workers)
+            change = change_text(Topology(layout), new, ranks[0].workers)
+            for k, stop in enumerate(topology_stops):
+                rests = [r.other_workers[position][1][k] for r in ranks]
+                room = _pad_room(_firsts(saved), stop) + layout.dp_world_size * unit - 1
+                rows.append(judge_restore(layout, ranks, new, stop, rests, room, change=change))
+                if rows[-1].outcome == "failed" and not cause:
+                    cause = restore_cause(layout, new, ranks, rests, self.mechanism, rows[-1])
+        return Outcome(verdicts=(topology_verdict(rows, cause or WORKER_OFFSETS),), resume=tuple(rows))
+
+    def finish(self) -> dict[str, Outcome]:
+        """Restores into other layouts (``--elastic``): for each layout one group restores, one after
+        another, what every other layout saved; groups of layouts that fit the cores run side by side."""
+        if not self.options.elastic or not self.saved:
             return {}
-        out: dict[int, list[ResumeRow]] = {}
-        failures: dict[int, tuple[Any, ...]] = {}
-        sizes = sorted(set(self.options.world_sizes))
-        for old_ws, (ranks, stops) in sorted(self.saved.items()):
-            states = dict(ranks[0].states)
-            mechanism = ranks[0].mechanism
-            for stop in (s for s in stops if s.elastic):
-                for new_ws in sizes:
-                    if new_ws == old_ws:
-                        continue
-                    seen = sum(len(b) for r in ranks for b in r.uninterrupted[stop.epoch][: stop.step])
-                    restore = Restore(stop, states.get(stop, b""), seen)
-                    group = self._launch(
-                        elastic_rank,
-                        new_ws,
-                        {
-                            "spec": self.spec,
-                            "options": self.record,
-                            "restore": restore,
-                            "mechanism": mechanism,
-                        },
+        targets = list(self.layouts.values())
+        plans: list[tuple[Layout, list[tuple[_Saved, Stop, Restore]]]] = []
+        for new in targets:
+            restores = []
+            for saved in self.saved.values():
+                if saved.layout == new:
+                    continue
+                for stop in (s for s in saved.stops if s.elastic):
+                    states = tuple(dict(r.states).get(stop) for r in saved.ranks)
+                    seen = sum(
+                        len(b) for r in _firsts(saved) for b in r.uninterrupted[stop.epoch][: stop.step]
                     )
-                    bad = rank_failures(group, ELASTIC_RESUME)
-                    if bad:
-                        failures[new_ws] = failures.get(new_ws, ()) + bad
-                        continue
-                    rests = [o.value for o in group.outcomes]
-                    # the new layout pads the rest of the epoch out to whole units on every new rank:
-                    # at most new_ws - 1 units of copies (a sample, or a batch where batches are padded)
-                    pad_room = _pad_room(ranks, stop) + new_ws * self.pad_unit - 1
-                    out.setdefault(new_ws, []).append(judge_elastic(ranks, new_ws, stop, rests, pad_room))
-        result = {}
-        for ws in set(out) | set(failures):
-            rows = tuple(out.get(ws, ()))
-            verdicts = (elastic_verdict(rows, self.mechanism),) if rows else ()
-            result[ws] = Outcome(verdicts=verdicts, resume=rows, failures=failures.get(ws, ()))
-        return result
+                    restores.append((saved, stop, Restore(saved.layout.label, stop, states, seen)))
+            if restores:
+                plans.append((new, restores))
+        calls = [
+            GroupCall(
+                TargetRef.of(restore_rank),
+                new.world_size,
+                backend=self.options.backend,
+                timeout=self.options.timeout,
+                kwargs={
+                    "spec": self.spec,
+                    "options": replace(self.record, layout=new),
+                    "restores": tuple(r for _, _, r in restores),
+                    "mechanism": self.mechanism,
+                },
+            )
+            for new, restores in plans
+        ]
+        groups = _side_by_side(calls)
+        out: dict[str, Outcome] = {}
+        for (new, restores), group in zip(plans, groups, strict=True):
+            bad = rank_failures(group, ELASTIC_RESUME)
+            if bad:
+                out[new.label] = Outcome(failures=bad) + self.by_workers.pop(new.label, Outcome())
+                continue
+            per_rank = [o.value for o in group.outcomes]
+            rows = []
+            causes = []
+            for k, (saved, stop, _) in enumerate(restores):
+                rests = [values[k] for values in per_rank]
+                room = _pad_room(_firsts(saved), stop) + new.dp_world_size * saved.pad_unit - 1
+                change = f"{saved.layout.label} -> {new.label}"
+                row = judge_restore(
+                    saved.layout, saved.ranks, Topology(new), stop, rests, room, change=change
+                )
+                rows.append(row)
+                if row.outcome == "failed":
+                    causes.append(
+                        restore_cause(saved.layout, Topology(new), saved.ranks, rests, self.mechanism, row)
+                    )
+            cause = causes[0] if causes else NOT_ELASTIC.get(self.mechanism, NOT_ELASTIC_STATE)
+            workers = self.by_workers.pop(new.label, None)
+            if workers is not None:
+                first = workers.verdicts[0]
+                cause = first.cause if first.status == "fail" else cause
+                rows = [*workers.resume, *rows]
+            out[new.label] = Outcome(verdicts=(topology_verdict(rows, cause),), resume=tuple(rows))
+        for label, workers in self.by_workers.items():  # a layout no other layout's state was restored in
+            out[label] = workers
+        return out
+
+
+def _side_by_side(calls: list[GroupCall]) -> list[GroupResult]:
+    """Independent groups together where their ranks fit the cores, else one after another."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    out: list[GroupResult] = []
+    batch: list[GroupCall] = []
+    for call in calls:
+        if batch and sum(c.world_size for c in batch) + call.world_size > max(cores, 1):
+            out += run_groups(batch)
+            batch = []
+        batch.append(call)
+    if batch:
+        out += run_groups(batch)
+    return out
+
+
+def _firsts(saved: _Saved) -> list[RankResume]:
+    by_rank = {r.rank: r for r in saved.ranks}
+    return [by_rank[r] for r in saved.layout.representatives() if r in by_rank]
 
 
 def _pad_room(ranks: Sequence[RankResume], stop: Stop) -> int:

@@ -484,7 +484,7 @@ class TrainingEquivalence:
         wanted = options.train_steps > 0 and set(TRAIN_HOOKS) <= names
         return cls(spec, options) if wanted else None
 
-    def finish(self) -> dict[int, Outcome]:
+    def finish(self) -> dict[str, Outcome]:
         return {}
 
     def world(self, ctx: DataRun) -> Outcome:

@@ -18,6 +18,7 @@ from ddpcheck.checks.ids import REPLICA_CONSISTENCY
 from ddpcheck.checks.replicas import data_parallel_view, judge_layout
 from ddpcheck.checks.verdict import Verdict, allow
 from ddpcheck.figures import FigureData, ReplicaGroup, figure_data
+from ddpcheck.launch import shared_tmp
 from ddpcheck.launch.preload import frozen_heap, preload_imports
 from ddpcheck.layout import Layout
 from ddpcheck.messages import count_text
@@ -52,7 +53,7 @@ def check_loader(
         raise BadInput(str(exc)) from None
     session = _Session(spec, options, progress or (lambda _msg: None))
     try:
-        with frozen_heap():  # what is loaded now stays out of the preload's collections
+        with shared_tmp(), frozen_heap():  # what is loaded now stays out of the preload's collections
             session.preload()
             with frozen_heap():  # and what it imported, from the first fork on
                 session.carry_out(plan_run(options))
@@ -127,15 +128,14 @@ class _Session:
             result, notes = self._check_layout(layout, beside, scenarios)
             self.runs.append(result)
             self.notes.extend(n for n in notes if n not in self.notes)
-        for scenario in scenarios:  # what spans world sizes (elastic resume): plain layouts only
-            for ws, outcome in scenario.finish().items():
+        for scenario in scenarios:  # what spans layouts (restores in another topology)
+            for label, outcome in scenario.finish().items():
                 for i, run in enumerate(self.runs):
-                    if _plain(run, ws):
+                    if run.label == label:
                         self.runs[i] = with_outcome(run, outcome, self.options.allow)
                         if run.ok and not self.runs[i].ok:  # said "ok so far" before: say what changed
-                            self.say(
-                                f"{layout_name(run.layout or Layout.plain(ws))}: {status_text(self.runs[i])}"
-                            )
+                            self.say(f"{layout_name(run.layout or Layout.plain(run.world_size))}: "
+                                     f"{status_text(self.runs[i])}")  # fmt: skip
 
     def _check_layout(
         self, plan: LayoutPlan, rerun: RunTrace | None, scenarios: Sequence[Scenario]
@@ -173,8 +173,8 @@ class _Session:
             figures=figures,
         )
         status = status_text(result)
-        if result.ok and self.options.elastic and self.options.resume and not layout.mesh:
-            status = "ok so far (elastic resume is checked once every world size has run)"
+        if result.ok and self.options.elastic and self.options.resume:
+            status = "ok so far (elastic resume is checked once every layout has run)"
         self.say(f"{name}: {status} ({result.seconds:.2f}s)")
         return result, judged.notes
 
@@ -321,10 +321,6 @@ def status_text(result: WorldResult) -> str:
     if result.failures:
         parts.append(count_text(len(result.failures), "rank failures"))
     return ", ".join(parts)
-
-
-def _plain(run: WorldResult, world_size: int) -> bool:
-    return run.world_size == world_size and not (run.layout is not None and run.layout.mesh)
 
 
 def layout_name(layout: Layout) -> str:
