@@ -67,5 +67,6 @@ def main() -> None:
         print(f"  --no-resume:    {b:6.2f} s   ({', '.join(f'{s:.2f}' for s in without)})")
         print(f"  ratio:          {a / b:6.2f}x  (resume adds {a - b:.2f} s)")
 
+
 if __name__ == "__main__":
     main()

@@ -213,7 +213,9 @@ CASES = [
         "torchdata_nodes.py",
         "torchdata.nodes",
         world_sizes=(1, 2, 3),
-        must_pass=frozenset({COVERAGE, NO_OVERLAP, PADDING_BOUND, EQUAL_STEPS, RESHUFFLE, DETERMINISM, RESUME}),
+        must_pass=frozenset(
+            {COVERAGE, NO_OVERLAP, PADDING_BOUND, EQUAL_STEPS, RESHUFFLE, DETERMINISM, RESUME}
+        ),
         truth="nodes.Loader (no DataLoader underneath) over a DistributedSampler: a partition, reshuffled "
         "by SamplerWrapper; a state saved after an epoch's last batch restores into the next epoch, which "
         "is right for a job that starts the next epoch at once (a loop that finishes the stopped one "

@@ -240,7 +240,9 @@ def test_a_resume_for_another_epoch_is_dropped() -> None:
 
 @pytest.mark.parametrize("kind", ["random", "batch-random", "sequential"])
 @pytest.mark.parametrize("world", [1, 3])
-def test_a_state_saved_at_an_epochs_end_restores_into_either_next_epoch_reading(kind: str, world: int) -> None:
+def test_a_state_saved_at_an_epochs_end_restores_into_either_next_epoch_reading(
+    kind: str, world: int
+) -> None:
     """Saved after the epoch's last item: a loop that finishes the stopped epoch (nothing left) and a
     job that starts the next epoch at once (Lightning, HF Trainer) both get the uninterrupted next
     epoch. A RandomSampler's generator is restored to the finished epoch's start, so the second reading
