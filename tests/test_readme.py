@@ -64,3 +64,21 @@ def test_project_urls_point_into_one_repository() -> None:
     assert {"Homepage", "Documentation", "Repository", "Changelog", "Issues"} <= set(urls)
     assert all(url.startswith(base) for url in urls.values()), urls
     assert (ROOT / urls["Changelog"].removeprefix(f"{base}/blob/main/")).is_file()
+
+
+def _help_of(option: str) -> str:
+    """The help text of one option, as ``ddpcheck --help`` prints it, on one line."""
+    env = {**os.environ, "COLUMNS": "10000"}
+    done = subprocess.run(
+        [sys.executable, "-m", "ddpcheck", "--help"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    found = re.search(rf"^\s+{re.escape(option)}\s+(\S.*)$", done.stdout, re.M)
+    assert found, f"--help has no line for {option}"
+    return found.group(1).strip()
+
+
+def test_the_readme_describes_simulate_as_the_help_does() -> None:
+    """The README's --simulate bullet starts from the help text, word for word (line breaks aside)."""
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert _help_of("--simulate") in readme
