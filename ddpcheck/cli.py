@@ -77,6 +77,16 @@ def _mesh(text: str) -> str:
     return layout.spec
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.2, got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"a fraction must be at least 0 and below 1, got {text!r}")
+    return value
+
+
 def _worker_counts(text: str) -> tuple[int, ...]:
     try:
         counts = tuple(dict.fromkeys(int(part) for part in text.split(",") if part.strip()))
@@ -314,6 +324,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="also restore states into loaders rebuilt with these numbers of DataLoader workers (the "
         "factory takes num_workers)",
     )
+    # --- work balance and packing (ddpcheck.checker.work, ddpcheck.checks.work) ---
+    work = parser.add_argument_group(
+        "work balance and packing",
+        "measured when batches carry tokens (input_ids, attention_mask, position_ids) or the file defines "
+        "batch_work(batch); the real loader is then iterated",
+    )
+    work.add_argument(
+        "--work-cost",
+        choices=("tokens", "attention"),
+        default="tokens",
+        help="a batch's work: its real tokens, or the sum of its documents' squared lengths",
+    )
+    work.add_argument(
+        "--max-idle",
+        type=_fraction,
+        default=None,
+        metavar="FRACTION",
+        help="fail work_balance when ranks would wait more than this share of their steps (e.g. 0.2)",
+    )
+    work.add_argument("--no-work", action="store_true", help="measure no work (work_balance and packing n/a)")
     # --- metric and training equivalence (ddpcheck.scenarios.metric, ddpcheck.scenarios.training) ---
     hooks = parser.add_argument_group(
         "metric and training equivalence",
@@ -580,6 +610,7 @@ NEGATED = {
     "determinism": "no_determinism",
     "resume": "no_resume",
     "preload": "no_preload",
+    "work": "no_work",
 }
 
 

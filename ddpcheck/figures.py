@@ -90,6 +90,12 @@ class FigureData:
     where: str = ""  # the layout, as titles name it: "world size 4", "mesh dp=2,tp=2"
     rank_noun: str = "rank"  # "dp rank" on a mesh: strips are drawn per data-parallel rank
     replicas: tuple[ReplicaGroup, ...] = ()  # a mesh's replica groups (empty on a plain world size)
+    # work per shown rank over epoch 0's steps (steps summed into at most max_bins columns), its source,
+    # how many steps each column holds, and each rank's epoch total (empty: work was not measured)
+    work: tuple[tuple[float, ...], ...] = ()
+    work_source: str = ""
+    work_per_column: int = 1
+    work_totals: tuple[float, ...] = ()
 
     @property
     def binned(self) -> bool:
@@ -131,6 +137,7 @@ def figure_data(reference: RunTrace, run: RunTrace, max_bins: int = 2000) -> Fig
         figures.append(figure)
         owners0.append(owner if e == 0 else _to_axis(owner, axis, axis0))
     columns = _columns(axis0.n, max_bins)
+    work, per_column, totals = _work(ranks[:shown], max_bins)
     return FigureData(
         world_size=run.world_size,
         ranks=base.ranks,
@@ -142,7 +149,27 @@ def figure_data(reference: RunTrace, run: RunTrace, max_bins: int = 2000) -> Fig
         owners=tuple(tuple((o if columns is None else o[columns]).tolist()) for o in owners0),
         changed=tuple(_changed(a, b) for a, b in itertools.pairwise(owners0)),
         note="; ".join(notes),
+        work=work,
+        work_source=ranks[0].facts.work if work else "",
+        work_per_column=per_column,
+        work_totals=totals,
     )
+
+
+def _work(
+    ranks: Sequence[RankTrace], max_bins: int
+) -> tuple[tuple[tuple[float, ...], ...], int, tuple[float, ...]]:
+    """Each rank's work per step of epoch 0, summed into at most ``max_bins`` columns."""
+    epochs = [r.epochs[0] if r.epochs else None for r in ranks]
+    if not epochs or any(e is None or e.work is None for e in epochs):
+        return (), 1, ()
+    per_step = [[float(sum(units)) for units in (e.work or ())] for e in epochs if e is not None]
+    steps = max((len(w) for w in per_step), default=0)
+    per_column = max(1, math.ceil(steps / max_bins)) if steps else 1
+    columns = tuple(
+        tuple(float(sum(w[c : c + per_column])) for c in range(0, steps, per_column)) for w in per_step
+    )
+    return columns, per_column, tuple(float(sum(w)) for w in per_step)
 
 
 def _with_note(data: FigureData, note: str) -> FigureData:

@@ -135,6 +135,31 @@ class LoaderFacts:
     steps: int | None = None  # windows of this many batches per rank instead of whole epochs
     resumable: str = ""  # where the data state lives, for the resume check ("" none; see checker.recording)
     set_epoch_unreached: str = ""  # parts with a set_epoch the training loop's call never reached
+    work: str = ""  # what a batch's work was measured from ("" not measured; see checker.work)
+
+
+@dataclass
+class PackingTally:
+    """One rank's packed batches of one epoch, summed (``ddpcheck.checker.work`` counts them)."""
+
+    batches: int = 0
+    segments: int = 0
+    sources: tuple[str, ...] = ()  # boundary metadata seen: cu_seqlens, seq_idx, document_ids, ...
+    disagree: int = 0  # batches whose metadata sources name different boundaries
+    no_reset: int = 0  # metadata boundaries (not row starts) whose position is not 0
+    reset_inside: int = 0  # positions that restart at 0 inside one metadata segment
+    jumps: int = 0  # positions that neither continue (+1) nor restart (0) inside a segment
+    mixed: int = 0  # segments holding tokens of several documents (token_ids)
+    cut_continued: int = 0  # segments continuing a document cut earlier, positions continued: declared
+    cut_restarted: int = 0  # continuations whose positions restart at 0: the cut is not declared
+    first_batch: int | None = None  # the epoch's first batch with a problem
+    runs: list[tuple[Any, int, int]] | None = None  # (document, first offset, length) per segment
+
+    @property
+    def problems(self) -> int:
+        return (
+            self.disagree + self.no_reset + self.reset_inside + self.jumps + self.mixed + self.cut_restarted
+        )
 
 
 @dataclass(frozen=True)
@@ -147,6 +172,9 @@ class EpochTrace:
     len_loader: int | None
     worker_ids: Sequence[int] | None = None  # per batch, the DataLoader worker that produced it
     digests: Sequence[int] | None = None  # per batch, a digest of its whole content (replica checks)
+    work: Sequence[tuple[float, ...]] | None = None  # per batch, each document's work (None: not measured)
+    supervised: Sequence[int] | None = None  # per batch, tokens with a label (None: no labels)
+    packing: PackingTally | None = None  # the epoch's packed batches (None: no position_ids)
 
     @property
     def num_batches(self) -> int:

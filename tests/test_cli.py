@@ -66,7 +66,7 @@ def test_json_on_stdout_matches_the_report_file_and_junit_is_written(tmp_path: P
     assert (tmp_path / "ddpcheck.md").read_text().startswith("#")
     suite = ET.parse(junit).getroot()
     cases = suite.findall(".//testcase")
-    assert len(cases) == 2 * 11  # the nine data checks, replica consistency and resume, per world size
+    assert len(cases) == 2 * 13  # the eleven data checks, replica consistency and resume, per world size
     assert not suite.findall(".//failure")
     skipped = [c.get("name") or "" for c in cases if c.find("skipped") is not None]
     assert any("resume" in name for name in skipped), skipped  # n/a (no state to resume) is <skipped>

@@ -76,6 +76,7 @@ CASES = [
     _case("good_iterable_sharded.py"),
     _case("good_eval_no_shuffle.py"),
     _case("good_drop_last.py"),
+    _case("good_pad_then_drop_last.py"),  # padding moves an index the single process dropped: no stranger
     _case("good_explicit_batch_sampler.py"),  # the same, with BatchSampler(..., drop_last=True) by hand
     _case("good_repeat_augmentation.py"),  # the reference repeats each sample 3 times, by design
     _case("good_multi_epochs_loader.py"),  # one iterator kept across epochs, started in __init__
@@ -519,3 +520,15 @@ def make_loader(rank, world_size):
     )
     with pytest.raises(BadInput, match=r"cannot be told apart .*sample_ids"):
         check_loader(str(path), CheckOptions(world_sizes=(1, 2), epochs=1))
+
+
+def test_padding_into_a_dropped_batch_is_no_stranger_but_ids_beyond_the_dataset_are() -> None:
+    """DistributedSampler's padding moves an index the single process dropped with its partial batch into
+    a full batch (good_pad_then_drop_last.py passes, above); the same drop_last rule must not hide a
+    dataset that grows on some ranks: at world size 2 rank 1 yields its local sample 97."""
+    options = CheckOptions(world_sizes=(1, 2), epochs=2, timeout=60.0, factory="make_drop_last_loader")
+    result = check_loader(str(FIXTURES / "bug_rank_dependent_length.py"), options)
+    ws2 = next(r for r in result.runs if r.world_size == 2)
+    verdict = next(v for v in ws2.verdicts if v.check == SINGLE_PROCESS_EQUIVALENCE)
+    assert verdict.status == "fail" and "the dataset depends on the rank" in verdict.cause
+    assert 97 in verdict.examples

@@ -18,8 +18,10 @@ from ddpcheck.checks.ids import (
     DATA_CHECKS,
     METRIC_EQUIVALENCE,
     NO_OVERLAP,
+    PACKING,
     SHORT_LABELS,
     TRAINING_EQUIVALENCE,
+    WORK_BALANCE,
 )
 from ddpcheck.checks.verdict import Verdict, allow, not_applicable, passed, skipped
 from ddpcheck.report import (
@@ -67,9 +69,13 @@ COVERAGE = Verdict(
 CRASH = RankFailure(1, "error", "ZeroDivisionError: division by zero", STACK, "epoch 0, batch 4")
 
 
+TOKENLESS = {WORK_BALANCE: "no tokens", PACKING: "no position_ids"}  # n/a, as for a loader without tokens
+
+
 def _world(n: int, *special: Verdict, **kwargs: object) -> WorldResult:
     by_check = {v.check: v for v in special}
-    verdicts = tuple(by_check.get(check, passed(check)) for check in DATA_CHECKS)
+    default = {c: not_applicable(c, why) for c, why in TOKENLESS.items()}
+    verdicts = tuple(by_check.get(check, default.get(check, passed(check))) for check in DATA_CHECKS)
     return WorldResult(n, "gloo", verdicts, **kwargs)  # type: ignore[arg-type]
 
 
@@ -140,13 +146,14 @@ def _parse_table(text: str, first_header: str) -> tuple[list[str], list[list[str
 def test_table_all_pass_grid_and_summary() -> None:
     text = render_table(_all_pass())
     headers, rows = _parse_table(text, "ws")
-    assert headers == ["ws", *(SHORT_LABELS[c] for c in DATA_CHECKS), "ranks"]
-    assert rows == [[ws, *["PASS"] * len(DATA_CHECKS), "ok"] for ws in ("1", "2")]
+    shown = [c for c in DATA_CHECKS if c not in TOKENLESS]  # n/a everywhere: left out of the grid
+    assert headers == ["ws", *(SHORT_LABELS[c] for c in shown), "ranks"]
+    assert rows == [[ws, *["PASS"] * len(shown), "ok"] for ws in ("1", "2")]
     assert "Details" not in text.splitlines()
     assert text.splitlines()[0] == "ddpcheck: loaders/ok.py  (ids: index, epochs: 2, backend: gloo)"
     assert (
         text.splitlines()[-1]
-        == "ddpcheck: 18 passed, 0 failed, 0 skipped across world sizes 1,2 -> OK (exit 0)"
+        == "ddpcheck: 18 passed, 0 failed, 4 n/a, 0 skipped across world sizes 1,2 -> OK (exit 0)"
     )
 
 
@@ -164,7 +171,7 @@ def test_table_mixed_cells_per_world_size() -> None:
         "rank 1 crashed",
         "skipped: needs 8 processes; this machine allows 4",
     ]
-    assert max(len(line) for line in text.splitlines()) <= 100
+    assert max(len(line) for line in text.splitlines()[:-1]) <= 100  # the summary line is never cut
 
 
 def test_table_causes_come_first_and_details_refer_to_them() -> None:
@@ -204,11 +211,12 @@ def test_table_details_carry_the_evidence() -> None:
 def test_table_summary_counts_and_exit_codes() -> None:
     text = render_table(_mixed())
     assert text.splitlines()[-1] == (
-        "ddpcheck: 24 passed, 2 failed, 2 skipped, 1 rank failure across world sizes 1,2,4,8 -> FAIL (exit 3)"
+        "ddpcheck: 24 passed, 2 failed, 6 n/a, 2 skipped, 1 rank failure across world sizes 1,2,4,8 "
+        "-> FAIL (exit 3)"
     )
     only_checks = CheckResult("l.py", (_world(2, OVERLAP),))
     assert render_table(only_checks).splitlines()[-1] == (
-        "ddpcheck: 8 passed, 1 failed, 0 skipped across world size 2 -> FAIL (exit 1)"
+        "ddpcheck: 8 passed, 1 failed, 2 n/a, 0 skipped across world size 2 -> FAIL (exit 1)"
     )
     nothing = render_table(CheckResult("l.py", ()))
     assert "(no world sizes were run)" in nothing
@@ -267,7 +275,8 @@ def test_table_wide_layout_when_it_fits_and_tall_otherwise() -> None:
     # a narrow terminal turns the grid: one row per check
     narrow = render_table(many, width=60)
     tall_rows = _parse_table(narrow, "check")[1]
-    assert [row[0] for row in tall_rows] == [*DATA_CHECKS, METRIC_EQUIVALENCE, TRAINING_EQUIVALENCE, "ranks"]
+    shown = [c for c in DATA_CHECKS if c not in TOKENLESS]
+    assert [row[0] for row in tall_rows] == [*shown, METRIC_EQUIVALENCE, TRAINING_EQUIVALENCE, "ranks"]
 
 
 def test_table_color_and_backend_labels() -> None:
@@ -408,6 +417,7 @@ KNOWN_JSON = {
             "skipped": "",
             "seconds": 1.5,
             "padding": "",
+            "idle": "",
             "checks": {
                 "coverage": {
                     "status": "pass",
@@ -480,6 +490,7 @@ KNOWN_JSON = {
             "skipped": "only 2 CPUs",
             "seconds": 0.0,
             "padding": "",
+            "idle": "",
             "checks": {},
             "failures": [],
             "divergence": [],
@@ -524,6 +535,7 @@ def test_json_round_trips_the_mixed_result() -> None:
             "label",
             "mesh",
             "padding",
+            "idle",
             "backend",
             "ok",
             "skipped",
@@ -668,15 +680,15 @@ def test_junit_counts_and_cases() -> None:
     suite = root.find("testsuite")
     assert suite is not None
     cases = suite.findall("testcase")
-    assert len(cases) == 3 * 9 + 1 + 1  # 3 world sizes ran 9 checks, ws=8 skipped, one "ranks" case
+    assert len(cases) == 3 * 11 + 1 + 1  # 3 world sizes ran 11 checks, ws=8 skipped, one "ranks" case
     assert {k: suite.get(k) for k in ("tests", "failures", "errors", "skipped", "time")} == {
-        "tests": "29",
+        "tests": "35",
         "failures": "3",  # two checks and the crashed ranks (the schema has no <error> element)
         "errors": "0",
-        "skipped": "2",
+        "skipped": "8",  # ws=8 not run, ws=1's no_overlap, and work_balance/packing n/a at 3 world sizes
         "time": "6.000",
     }
-    assert root.get("tests") == "29" and root.get("failures") == "3" and root.get("skipped") is None
+    assert root.get("tests") == "35" and root.get("failures") == "3" and root.get("skipped") is None
     assert sum(len(case.findall("failure")) for case in cases) == 3
     by_id = {(case.get("classname"), case.get("name")): case for case in cases}
     failure = by_id[("ddpcheck.ws4", "no_overlap")].find("failure")
@@ -843,7 +855,7 @@ def _statuses() -> CheckResult:
     """Every status once: pass, fail, skip, n/a and allowed (the failure a user declared a choice)."""
     na = not_applicable("worker_sharding", "the loader has no workers")
     ws2 = _world(2, allow(RESHUFFLE_FAIL), na, skipped("determinism", "no second run"), seconds=1.0)
-    return CheckResult("l.py", (_world(1, na, seconds=1.0), ws2))
+    return CheckResult("l.py", (_world(1, seconds=1.0), ws2))  # n/a at ws=2 only: its column is shown
 
 
 def test_allow_turns_only_failures_into_allowed() -> None:
@@ -863,10 +875,11 @@ def test_allowed_and_na_are_counted_apart_and_never_fail_the_run() -> None:
     assert result.ok and result.exit_code == 0
     text = render_table(result, layout="tall")
     assert text.splitlines()[-1] == (
-        "ddpcheck: 14 passed, 0 failed, 2 n/a, 1 allowed, 1 skipped across world sizes 1,2 -> OK (exit 0)"
+        "ddpcheck: 15 passed, 0 failed, 5 n/a, 1 allowed, 1 skipped across world sizes 1,2 -> OK (exit 0)"
     )
     cells = {row[0]: row[1:] for row in _parse_table(text, "check")[1]}
-    assert cells["worker_sharding"] == ["n/a", "n/a"]
+    assert cells["worker_sharding"] == ["PASS", "n/a"]
+    assert "work_balance" not in cells  # n/a at every layout: listed under Not applicable only
     assert cells["reshuffle"] == ["PASS", "allowed"]
     assert cells["determinism"] == ["PASS", "skip"]
     assert _section(text, "Causes") == ["[1] (allowed) set_epoch is never called", "    -> reshuffle at ws=2"]
@@ -875,7 +888,11 @@ def test_allowed_and_na_are_counted_apart_and_never_fail_the_run() -> None:
         details[0]
         == "[1] ws=2 reshuffle (allowed): every rank sees the same samples in epoch 1 as in epoch 0"
     )
-    assert _section(text, "Not applicable") == ["[ws=1,2] worker_sharding: the loader has no workers"]
+    assert _section(text, "Not applicable") == [
+        "[ws=1,2] work_balance: no tokens",
+        "[ws=1,2] packing: no position_ids",
+        "[ws=2] worker_sharding: the loader has no workers",
+    ]
     assert _section(text, "Skipped (could not be judged)") == ["[ws=2] determinism: no second run"]
     colored = render_table(result, color=True, layout="tall")
     assert "\x1b[35mallowed\x1b[0m" in colored and "\x1b[2mn/a\x1b[0m" in colored
@@ -886,9 +903,9 @@ def test_statuses_in_json_and_markdown() -> None:
     data = to_json_dict(result)
     assert data["ok"] is True and data["exit_code"] == 0
     assert data["summary"] == {
-        "passed": 14,
+        "passed": 15,
         "failed": 0,
-        "not_applicable": 2,
+        "not_applicable": 5,
         "allowed": 1,
         "skipped": 1,
         "rank_failures": 0,
@@ -906,22 +923,22 @@ def test_statuses_in_json_and_markdown() -> None:
     body = {row[0]: row for row in _md_table(text, "world size")[2:]}
     header = _md_table(text, "world size")[0]
     assert body["ws=2"][header.index("`reshuffle`")] == "⚠️ allowed"
-    assert body["ws=1"][header.index("`worker_sharding`")] == "⚪ n/a"
+    assert body["ws=2"][header.index("`worker_sharding`")] == "⚪ n/a"
     assert "- **[1]** **ws=2** `reshuffle` (allowed): every rank sees" in text
-    assert "### Not applicable\n\n- **ws=1,2** `worker_sharding`: the loader has no workers" in text
+    assert "- **ws=2** `worker_sharding`: the loader has no workers" in text.split("### Not applicable")[1]
 
 
 def test_junit_renders_na_skip_and_allowed_as_skipped_with_the_failure_text() -> None:
     root = ET.fromstring(render_junit(_statuses()))
     suite = root.find("testsuite")
     assert suite is not None
-    assert (suite.get("failures"), suite.get("errors"), suite.get("skipped")) == ("0", "0", "4")
+    assert (suite.get("failures"), suite.get("errors"), suite.get("skipped")) == ("0", "0", "7")
     cases = {(c.get("classname"), c.get("name")): c for c in suite.findall("testcase")}
     allowed = cases[("ddpcheck.ws2", "reshuffle")].find("skipped")
     assert allowed is not None and allowed.get("type") == "allowed"
     assert allowed.get("message") == f"allowed by --allow reshuffle: {RESHUFFLE_FAIL.detail}"
     assert allowed.text is not None and "cause: set_epoch is never called" in allowed.text
-    na = cases[("ddpcheck.ws1", "worker_sharding")].find("skipped")
+    na = cases[("ddpcheck.ws2", "worker_sharding")].find("skipped")
     assert na is not None and na.get("type") == "n/a"
     assert na.get("message") == "not applicable: the loader has no workers"
     skip = cases[("ddpcheck.ws2", "determinism")].find("skipped")

@@ -48,6 +48,10 @@ class CheckOptions:
     resume: bool = True  # the mid-epoch resume check, where the loader has a state mechanism
     elastic: bool = False  # also restore at other world sizes and meshes
     resume_workers: tuple[int, ...] = ()  # also restore into loaders rebuilt with these numbers of workers
+    # --- work balance and packing (ddpcheck.checker.work, ddpcheck.checks.work) ---
+    work: bool = True  # measure each batch's work when batches carry tokens (the data is then loaded)
+    work_cost: str = "tokens"  # "tokens" | "attention": each document's length squared
+    max_idle: float | None = None  # fail work_balance when a layout's idle fraction exceeds this
     # --- device meshes: each spec a layout beside the world sizes (ddpcheck.layout) ---
     meshes: tuple[str, ...] = ()  # "dp=2,tp=2", dimensions outermost first
     data_dims: tuple[str, ...] = ()  # the dimensions that split the data; () = the names starting with dp
@@ -102,6 +106,13 @@ def validate(options: CheckOptions) -> None:
         isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in workers
     ):
         raise BadInput(f"resume workers must be numbers of DataLoader workers (0 or more), got {workers!r}")
+    if options.work_cost not in ("tokens", "attention"):
+        raise BadInput(f"work cost must be tokens or attention, got {options.work_cost!r}")
+    idle = options.max_idle
+    if idle is not None and (
+        isinstance(idle, bool) or not isinstance(idle, (int, float)) or not 0 <= idle < 1
+    ):
+        raise BadInput(f"max idle must be a fraction in [0, 1), got {idle!r}")
     window = options.steps
     if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
         raise BadInput(f"steps must be a positive integer, got {window!r}")

@@ -33,12 +33,13 @@ from ddpcheck.checker.loaderfile import (
     optional_hook,
     unwrap_loader,
 )
+from ddpcheck.checker.work import TOKEN_HOOK, WORK_HOOK, Measured, WorkMeter, add_tally, looks_like_tokens
 from ddpcheck.launch.rank import report_progress
 from ddpcheck.layout import Layout
 from ddpcheck.trace import EpochTrace, IdBuffer, LoaderFacts, RankTrace
 
 MAX_ITEMS_PER_EPOCH = 50_000_000
-Batch = tuple[list[Hashable], "int | None", "int | None"]  # ids, DataLoader worker, content digest
+Batch = tuple[list[Hashable], "int | None", "int | None", "Measured | None"]  # ids, worker, digest, work
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,8 @@ class RecordOptions:
     factory_args: tuple[tuple[str, Any], ...] = ()  # --factory-arg KEY=VALUE, passed by name
     layout: Layout | None = None  # the ranks' layout (a device mesh); None: a plain world size
     digest: bool = False  # digest every batch's content (replicas of a mesh must receive identical batches)
+    work: bool = True  # measure each batch's work when batches carry tokens (ddpcheck.checker.work)
+    work_cost: str = "tokens"  # "tokens" | "attention" (each document's length squared)
 
 
 @dataclass(frozen=True)
@@ -214,9 +217,11 @@ def record_rank(spec: LoaderSpec, options: RecordOptions) -> RankRecording:
     epoch_hook = optional_hook(module, SET_EPOCH_HOOK)
     unreached = first_set_epoch(outer, epoch_hook) if options.set_epoch else ""
     facts = read_facts(loader)
+    meter = _work_meter(module, options, loader)
     by_sampler = (
         facts.dataset_kind == "map"
         and hook is None
+        and meter is None
         and not options.load_data
         and not options.ids_from_data
         and not (options.digest and options.steps is not None)
@@ -231,9 +236,35 @@ def record_rank(spec: LoaderSpec, options: RecordOptions) -> RankRecording:
         resumable=resume_mechanism(outer, optional_hook(module, RESUME_HOOK)),
         set_epoch_unreached=unreached,
     )
-    stream = Stream(outer, loader, hook, facts, options, by_sampler, epoch_hook)
+    stream = Stream(outer, loader, hook, facts, options, by_sampler, epoch_hook, meter)
     epochs = [stream.record(epoch) for epoch in range(options.epochs)]
+    if meter is not None and meter.source not in ("", "none"):
+        facts = replace(facts, work=meter.source)
     return RankRecording(RankTrace(rank=rank, epochs=tuple(epochs), facts=facts), stream.info.source)
+
+
+def _work_meter(module: Any, options: RecordOptions, loader: Any) -> WorkMeter | None:
+    """A meter when this loader's work is measurable: the file has ``batch_work`` or ``token_ids``, or a
+    sample carries token fields (then the real loader is iterated: tokens live in the data)."""
+    if not options.work:
+        return None
+    hook, tokens = optional_hook(module, WORK_HOOK), optional_hook(module, TOKEN_HOOK)
+    if hook is None and tokens is None and not _sample_has_tokens(loader):
+        return None
+    return WorkMeter(hook=hook, token_hook=tokens, cost=options.work_cost)
+
+
+def _sample_has_tokens(loader: Any) -> bool:
+    """One sample of a map-style dataset (read with every random state put back) carries token fields;
+    an iterable dataset is iterated anyway and measured from its first batch."""
+    dataset = getattr(loader, "dataset", None)
+    if dataset is None or not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+        return dataset is not None  # iterable: decided by the first batch
+    with _restored_rng():
+        try:
+            return len(dataset) > 0 and looks_like_tokens(dataset[0])
+        except Exception:
+            return False
 
 
 class Stream:
@@ -249,8 +280,10 @@ class Stream:
         options: RecordOptions,
         by_sampler: bool,
         epoch_hook: Callable[..., Any] | None = None,
+        meter: WorkMeter | None = None,
     ) -> None:
         self.outer, self.loader, self.hook, self.facts = outer, loader, hook, facts
+        self.meter = meter
         self.epoch_hook = epoch_hook
         self.options = options
         self.by_sampler = by_sampler
@@ -267,10 +300,11 @@ class Stream:
         if self.by_sampler:
             if self.options.digest:
                 self.head = head_digests(self.loader, CONTENT_STEPS)
-            return ((ids, worker, None) for ids, worker in _sampler_batches(self.loader, self.info))
+            return ((ids, worker, None, None) for ids, worker in _sampler_batches(self.loader, self.info))
         digest = self.options.digest
+        meter = self.meter
         return (
-            (ids, worker, batch_digest(batch) if digest else None)
+            (ids, worker, batch_digest(batch) if digest else None, meter.measure(batch) if meter else None)
             for batch, ids, worker in batches_with_ids(
                 self.outer,
                 self.hook,
@@ -287,6 +321,9 @@ class Stream:
         sizes: list[int] = []
         workers: list[int | None] = []
         digests: list[int] = []
+        work: list[tuple[float, ...]] = []
+        supervised: list[int] = []
+        packing = None
         if steps is None:
             iterator = self._open(epoch)
             limit = None
@@ -302,19 +339,25 @@ class Stream:
         while limit is None or count < limit:
             report_progress(f"epoch {epoch}, batch {count + 1}{of}")
             try:
-                batch_ids, worker, digest = next(iterator)
+                batch_ids, worker, digest, measured = next(iterator)
             except StopIteration:
                 if steps is None:
                     break
                 self.passes += 1  # an iteration-based loop starts the next pass of the loader
                 self._iterator = iterator = self._open(self.passes)
                 try:
-                    batch_ids, worker, digest = next(iterator)
+                    batch_ids, worker, digest, measured = next(iterator)
                 except StopIteration:
                     break
             count += 1
             if digest is not None:
                 digests.append(digest)
+            if measured is not None:
+                work.append(measured.units)
+                if measured.supervised is not None:
+                    supervised.append(measured.supervised)
+                if measured.packing is not None:
+                    packing = add_tally(packing, measured.packing, count - 1)
             ids.extend(batch_ids)
             size = len(batch_ids)
             sizes.append(size)
@@ -333,6 +376,9 @@ class Stream:
             digests=array("q", self.head if self.by_sampler and self.head is not None else digests)
             if self.options.digest
             else None,
+            work=work if work and len(work) == count else None,
+            supervised=supervised if supervised and len(supervised) == count else None,
+            packing=packing,
         )
 
 

@@ -38,6 +38,11 @@ def _extras(ctx: Context, view: EpochView) -> set[Item]:
     extra = view.extras
     if extra and not ctx.stable:
         extra = {x for x in extra - ctx.ref_union if not _could_be_index(ctx, x)}
+    if extra and ctx.ref_facts.drop_last:
+        # The single process dropped its own last partial batch: a dataset index it never reached is no
+        # stranger (DistributedSampler's padding moves another index into a full batch). Ids outside the
+        # dataset, or not indices at all, still are.
+        extra = {x for x in extra if not _could_be_index(ctx, x)}
     return extra
 
 

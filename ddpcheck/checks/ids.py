@@ -9,6 +9,8 @@ DETERMINISM = "determinism"
 BATCH_INTEGRITY = "batch_integrity"
 WORKER_SHARDING = "worker_sharding"
 SINGLE_PROCESS_EQUIVALENCE = "single_process_equivalence"
+WORK_BALANCE = "work_balance"
+PACKING = "packing"
 REPLICA_CONSISTENCY = "replica_consistency"
 METRIC_EQUIVALENCE = "metric_equivalence"
 TRAINING_EQUIVALENCE = "training_equivalence"
@@ -25,6 +27,8 @@ DATA_CHECKS = (
     BATCH_INTEGRITY,
     WORKER_SHARDING,
     SINGLE_PROCESS_EQUIVALENCE,
+    WORK_BALANCE,
+    PACKING,
 )
 # replica_consistency is judged per layout beside the data checks (ddpcheck.checks.replicas)
 ALL_CHECKS = (
@@ -49,6 +53,8 @@ SHORT_LABELS = {
     BATCH_INTEGRITY: "batches",
     WORKER_SHARDING: "workers",
     SINGLE_PROCESS_EQUIVALENCE: "1-proc",
+    WORK_BALANCE: "work",
+    PACKING: "packing",
     METRIC_EQUIVALENCE: "metric",
     TRAINING_EQUIVALENCE: "train",
     RESUME: "resume",

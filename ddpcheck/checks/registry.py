@@ -19,15 +19,18 @@ from ddpcheck.checks.ids import (
     DETERMINISM,
     EQUAL_STEPS,
     NO_OVERLAP,
+    PACKING,
     PADDING_BOUND,
     RESHUFFLE,
     SINGLE_PROCESS_EQUIVALENCE,
+    WORK_BALANCE,
     WORKER_SHARDING,
 )
 from ddpcheck.checks.overlap import check_no_overlap, check_padding_bound
 from ddpcheck.checks.reshuffle import check_reshuffle
 from ddpcheck.checks.steps import check_equal_steps
 from ddpcheck.checks.verdict import Verdict
+from ddpcheck.checks.work import check_packing, check_work_balance
 from ddpcheck.checks.workers import check_worker_sharding
 from ddpcheck.trace import RunTrace
 
@@ -53,6 +56,8 @@ REGISTRY: dict[str, Check] = {
     BATCH_INTEGRITY: check_batch_integrity,
     WORKER_SHARDING: check_worker_sharding,
     SINGLE_PROCESS_EQUIVALENCE: check_single_process_equivalence,
+    WORK_BALANCE: check_work_balance,
+    PACKING: check_packing,
 }
 assert tuple(REGISTRY) == DATA_CHECKS
 

@@ -144,12 +144,13 @@ def _grid(view: ReportView) -> list[str]:
         return ['<p class="muted">No world sizes were run.</p>']
     head = "".join(f'<th title="{_e(c)}">{_e(SHORT_LABELS.get(c, c))}</th>' for c in view.columns)
     padding = any(row.padding for row in view.rows)
+    idle = any(row.idle for row in view.rows)
     rows = []
     for row in view.rows:
         pictured = row.run.figures is not None
         label = f'<a href="#{_e(row.anchor)}">{_e(row.label)}</a>' if pictured else _e(row.label)
         cells = [f"<th>{label}</th>"]
-        for cell in row.cells:
+        for cell in (row.cell(c) for c in view.columns):
             if cell.status is None:
                 cells.append(f'<td class="status notrun">{NOT_RUN}</td>')
                 continue
@@ -163,9 +164,11 @@ def _grid(view: ReportView) -> list[str]:
             cells.append(f'<td class="status {css}"{title}>{text}</td>')
         if padding:
             cells.append(f'<td class="num">{_e(row.padding or NOT_RUN)}</td>')
+        if idle:
+            cells.append(f'<td class="num">{_e(row.idle or NOT_RUN)}</td>')
         cells.append(f"<td>{_e(row.ranks)}</td>")
         rows.append(f'<tr data-world-size="{row.run.world_size}">{"".join(cells)}</tr>')
-    pad_head = "<th>padding</th>" if padding else ""
+    pad_head = ("<th>padding</th>" if padding else "") + ("<th>idle</th>" if idle else "")
     return [
         "<h2>Checks</h2>",
         f'<table class="grid"><thead><tr><th>world size</th>{head}{pad_head}<th>ranks</th></tr></thead>',

@@ -33,6 +33,7 @@ Schema (``SCHEMA_VERSION = 3``); every key is always present::
         "skipped": str,              # "" when it ran, else why it was not run
         "seconds": float,
         "padding": str,              # "4 of 64 samples seen twice (6%)", "none", "" when not judged
+        "idle": str,                 # "14%, 12% (random batching: 16%, 17%)", "" when work was not measured
         "checks": {                  # in report column order; a repeated id gets "#2", "#3" ...
           CHECK_ID: {"status": "pass" | "fail" | "skip" | "n/a" | "allowed", "detail": str,
                      "cause": str, "fix": str, "ranks": [int, ...], "epochs": [int, ...], "examples": [...],
@@ -74,7 +75,7 @@ from ddpcheck.report.view import Cause, ReportView, Row, as_view
 from ddpcheck.result import CheckResult, MetricRow, ResumeRow
 from ddpcheck.trace import RankFailure
 
-SCHEMA_VERSION = 3  # 2: layouts (label, mesh), padding, each cause's fix; 3: resume topology/outcome
+SCHEMA_VERSION = 3  # 2: layouts (label, mesh), padding, each cause's fix; 3: resume topology/outcome, idle
 _MAX_DEPTH = 32  # deeper (or cyclic) structures end in their repr instead of a RecursionError
 
 
@@ -168,6 +169,7 @@ def _run(row: Row, order: tuple[str, ...]) -> dict[str, Any]:
         "skipped": run.skipped,
         "seconds": jsonable(run.seconds),
         "padding": row.padding,
+        "idle": row.idle,
         "checks": checks,
         "failures": [_failure(f) for f in run.failures],
         "divergence": [_metric(metric) for metric in run.divergence],

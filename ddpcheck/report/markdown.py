@@ -75,7 +75,7 @@ def render_markdown(result: CheckResult | ReportView, *, figure_stem: str | None
     if view.causes:
         blocks.append(_causes(view))
     blocks.append(_grid(view) if view.rows else "_No world sizes were run._")
-    blocks += [b for b in (_padding(view), _failed_checks(view), _rank_failures(view)) if b]
+    blocks += [b for b in (_padding(view), _idle(view), _failed_checks(view), _rank_failures(view)) if b]
     blocks += [
         b for b in (_reasons(view.skipped, "Skipped"), _reasons(view.not_applicable, "Not applicable")) if b
     ]
@@ -101,12 +101,17 @@ def _status(row: Row, check: str) -> str:
 
 
 def _grid(view: ReportView) -> str:
-    headers = ["world size", *(md_code(c) for c in view.columns), "ranks"]
+    headers = ["world size", *(md_code(c) for c in view.grid_columns), "ranks"]
     rows = [
-        [md_escape(row.label), *(_status(row, c) for c in view.columns), md_escape(row.ranks)]
+        [md_escape(row.label), *(_status(row, c) for c in view.grid_columns), md_escape(row.ranks)]
         for row in view.rows
     ]
     return _table(rows, headers)
+
+
+def _idle(view: ReportView) -> str:
+    items = [f"- **{md_escape(row.label)}** idle {md_escape(row.idle)}" for row in view.measured]
+    return "\n".join(["### Work balance", "", *items]) if items else ""
 
 
 def _padding(view: ReportView) -> str:

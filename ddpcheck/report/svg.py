@@ -25,6 +25,7 @@ from ddpcheck.checks.ids import (
     PADDING_BOUND,
     RESHUFFLE,
     SINGLE_PROCESS_EQUIVALENCE,
+    WORK_BALANCE,
 )
 from ddpcheck.figures import NO_RANK, SEVERAL, EpochFigure, FigureData
 from ddpcheck.report.view import ReportView, as_view
@@ -114,6 +115,8 @@ def _pictures(data: FigureData, failed: frozenset[str]) -> tuple[Picture, ...]:
         )
     if data.replicas:
         out.append(Picture("replicas", f"Replica groups step by step ({_where(data)})", replicas_svg(data)))
+    if data.work and len(data.work) > 1:
+        out.append(Picture("work", f"Work per {noun} and step ({_where(data)})", work_svg(data, failed)))
     return tuple(out)
 
 
@@ -359,6 +362,54 @@ def assignment_svg(data: FigureData, failed: frozenset[str] = frozenset()) -> st
 
 
 AGREE = "#59a14f"
+
+
+WORK_LEVELS = 8
+
+
+def work_svg(data: FigureData, failed: frozenset[str] = frozenset()) -> str:
+    """A heat strip per rank over epoch 0's steps (darker: more work in that step), and each rank's epoch
+    total as a bar: a rank that is dark where the others are pale waits for no one, the others wait."""
+    body: list[str] = []
+    y = 18
+    per = f"{data.work_per_column:,} steps per column; " if data.work_per_column > 1 else ""
+    intro = f"Work in epoch 0 ({data.work_source}); {per}darker = more work in that step (vs the busiest)."
+    body.append(_label(0, y, intro, color=MUTED))
+    y += 14
+    top = max((max(row, default=0.0) for row in data.work), default=0.0) or 1.0
+    most = max(data.work_totals, default=0.0) or 1.0
+    heavy = WORK_BALANCE in failed
+    for rank, row, total in zip(data.ranks, data.work, data.work_totals, strict=False):
+        levels = [0 if v <= 0 else 1 + min(WORK_LEVELS - 1, int(v / top * WORK_LEVELS)) for v in row]
+        scale = PLOT / max(len(row), 1)
+        paths: dict[int, list[str]] = {}
+        for start, length, level in _runs(levels):
+            if level:
+                paths.setdefault(level, []).append(f"M{start} 0h{length}v1h-{length}z")
+        color = STEP_OK  # one scale for every rank: the strips compare
+        body.append(_label(LEFT - 8, y + 11, f"{data.rank_noun} {rank}", anchor="end"))
+        parts = [
+            f'<g class="work-strip" data-rank="{rank}" data-total="{total:g}" '
+            f'transform="translate({LEFT} {y}) scale({scale:.6g} {STRIP})">',
+            f"<title>{_text(f'{data.rank_noun} {rank}: {total:,.0f} in epoch 0')}</title>",
+            f'<rect width="{len(row)}" height="1" fill="{EMPTY}"/>',
+        ]
+        for level, commands in sorted(paths.items()):
+            parts.append(
+                f'<path d="{"".join(commands)}" fill="{color}" fill-opacity="{level / WORK_LEVELS:.3f}" '
+                'shape-rendering="crispEdges"/>'
+            )
+        parts.append("</g>")
+        body.append("".join(parts))
+        share = total / most
+        bar = STEP_ODD if heavy and share == 1.0 else MUTED
+        body.append(
+            f'<rect x="{LEFT + PLOT + 8}" y="{y + 3}" width="{share * (RIGHT - 56):.1f}" '
+            f'height="{STRIP - 6}" fill="{bar}"/>'
+        )
+        body.append(_label(WIDTH - 4, y + 11, f"{total:,.0f}", anchor="end", color=MUTED))
+        y += STRIP + GAP
+    return _svg("work", y + 14, f"Work per {data.rank_noun} and step, {_where(data)}", body)
 
 
 def replicas_svg(data: FigureData) -> str:

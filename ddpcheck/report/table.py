@@ -56,6 +56,7 @@ def render_table(
         _causes(view, width),
         _grid(view, paint, width, layout),
         _padding(view, width),
+        _idle(view, width),
         _details(view, width),
         _reasons(view.skipped, width, "Skipped (could not be judged)"),
         _reasons(view.not_applicable, width, "Not applicable"),
@@ -141,7 +142,7 @@ def _grid(view: ReportView, paint: Paint, width: int, layout: Layout) -> str:
 
 def _wide_grid(view: ReportView, paint: Paint, width: int) -> str:
     """One row per layout, one column per check (short labels, explained in a legend line)."""
-    checks = view.columns
+    checks = view.grid_columns
     headers = ["ws", *(SHORT_LABELS.get(check, check) for check in checks)]
     rows = [[row.short, *(_status_cell(row, check, paint) for check in checks)] for row in view.rows]
     room = max(width - visible_width(_table(rows, headers, pad=False)) - 2, _MIN_WRAP)
@@ -155,7 +156,7 @@ def _wide_grid(view: ReportView, paint: Paint, width: int) -> str:
 
 def _tall_grid(view: ReportView, paint: Paint, width: int) -> str:
     """One row per check, one column per layout: fits any number of checks."""
-    checks = view.columns
+    checks = view.grid_columns
     headers = ["check", *(row.label.replace(" ", "\n") for row in view.rows)]
     rows = [[check, *(_status_cell(row, check, paint) for row in view.rows)] for check in checks]
     rows.append(["ranks", *(_printable(row.ranks) for row in view.rows)])
@@ -182,6 +183,14 @@ def _padding(view: ReportView, width: int) -> str:
     for row in view.padded:
         lines += _wrap(f"[{row.label}] {row.padding}", width)
     return _section("Padding", lines)
+
+
+def _idle(view: ReportView, width: int) -> str:
+    """The share of rank-steps spent waiting for each step's slowest rank, where work was measured."""
+    lines: list[str] = []
+    for row in view.measured:
+        lines += _wrap(f"[{row.label}] idle {row.idle}", width)
+    return _section("Work balance", lines)
 
 
 def _details(view: ReportView, width: int) -> str:

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from ddpcheck.checks.ids import ALL_CHECKS, PADDING_BOUND, SHORT_LABELS
+from ddpcheck.checks.ids import ALL_CHECKS, PADDING_BOUND, SHORT_LABELS, WORK_BALANCE
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.messages import count_text
 from ddpcheck.result import CheckResult, ResumeRow, WorldResult
@@ -76,6 +76,7 @@ class Row:
     cells: tuple[Cell, ...]
     ranks: str  # "ok", "skipped: ...", "rank 1 crashed; ranks 0, 2 aborted"
     padding: str  # "4 of 64 samples seen twice (6%)", "none", or "" when padding was not judged
+    idle: str = ""  # "idle 14%, 12% (random batching: 16%, 17%)", or "" when work was not measured
 
     def cell(self, check: str) -> Cell:
         return next((c for c in self.cells if c.check == check), Cell(check, None))
@@ -147,8 +148,23 @@ class ReportView:
     not_applicable: tuple[Reason, ...]
 
     @property
+    def grid_columns(self) -> tuple[str, ...]:
+        """The checks the text grids show (terminal, Markdown): a check that applies to no layout (n/a
+        everywhere) is left out, its reason listed under "Not applicable"; HTML, JSON and JUnit keep
+        every check."""
+        shown = tuple(
+            c for c in self.columns if any(row.cell(c).status not in ("n/a", None) for row in self.rows)
+        )
+        return shown or self.columns
+
+    @property
     def legend(self) -> str:
-        return ", ".join(f"{SHORT_LABELS[c]} = {c}" for c in self.columns if SHORT_LABELS.get(c, c) != c)
+        return ", ".join(f"{SHORT_LABELS[c]} = {c}" for c in self.grid_columns if SHORT_LABELS.get(c, c) != c)
+
+    @property
+    def measured(self) -> tuple[Row, ...]:
+        """Rows whose work was measured (their idle fraction is shown)."""
+        return tuple(row for row in self.rows if row.idle)
 
     @property
     def padded(self) -> tuple[Row, ...]:
@@ -199,7 +215,7 @@ def _row(run: WorldResult, columns: Sequence[str], with_backend: bool, found: Se
     label = world_label(run, with_backend)
     short = f"{run.label} {run.backend}" if with_backend else run.label
     anchor = re.sub(r"[^A-Za-z0-9_-]+", "-", label.replace("=", "")).strip("-")
-    return Row(run, label, short, anchor, tuple(cells), ranks_text(run), padding_text(run))
+    return Row(run, label, short, anchor, tuple(cells), ranks_text(run), padding_text(run), idle_text(run))
 
 
 def _failure_cause(found: Sequence[Cause], run: WorldResult, failure: RankFailure) -> int | None:
@@ -253,6 +269,18 @@ def ranks_text(run: WorldResult) -> str:
     if run.failures:
         parts.append(rank_summary(run.failures))
     return "; ".join(parts) if parts else "ok"
+
+
+def idle_text(run: WorldResult) -> str:
+    """``14%, 12% (random batching: 16%, 17%)``: the share of rank-steps the ranks would wait for the
+    slowest, per epoch, from work_balance's data; "" when work was not measured."""
+    verdict = next((v for v in run.verdicts if v.check == WORK_BALANCE), None)
+    idle = verdict.data.get("idle") if verdict is not None else None
+    chance = verdict.data.get("random_batching_p99") if verdict is not None else None
+    if not isinstance(idle, list) or not isinstance(chance, list) or not idle:
+        return ""
+    shown = ", ".join(f"{float(x):.0%}" for x in idle)
+    return f"{shown} (random batching: {', '.join(f'{float(x):.0%}' for x in chance)})"
 
 
 def padding_text(run: WorldResult) -> str:

@@ -9,6 +9,12 @@ Hooks (both needed; the check runs when the file defines them, read from its sou
 
     def make_model() -> torch.nn.Module: ...       # same architecture every call
     def loss(model, batch) -> torch.Tensor: ...    # a scalar: the *mean* over the batch
+    # or a token-weighted pair: (sum of the token losses, number of tokens)
+
+A ``(sum, count)`` pair is trained as the usual step does it: each rank divides by its own count. Where
+that diverges from one process (which divides by the global count) and dividing by the count summed over
+ranks does not, the cause is named: the loss is normalised locally. Gradient accumulation is not compared
+for pairs (its normalisation spans micro-batches).
 
 and the factory should take ``batch_size`` (``make_loader(rank, world_size, batch_size=4)``): the
 single-process loader is the same factory at world size 1 with ``batch_size = b * W``. Without that
@@ -53,6 +59,7 @@ from ddpcheck.checks.ids import TRAINING_EQUIVALENCE
 from ddpcheck.checks.verdict import Verdict, skipped
 from ddpcheck.launch import TargetRef, report_progress, run_ranks
 from ddpcheck.layout import Layout, shaped_like
+from ddpcheck.messages import count_text
 from ddpcheck.scenarios.protocol import DataRun, Outcome, rank_failures
 
 if TYPE_CHECKING:
@@ -98,6 +105,8 @@ class RankTraining:
     init: dict[str, Any] | None = None
     weights: tuple[Any, ...] = ()  # flat float64 weights after each plain step
     accumulated: tuple[Any, ...] = ()  # ... after each accumulated step
+    pair: bool = False  # the loss hook returns (sum, count)
+    global_weights: tuple[Any, ...] = ()  # pairs: each rank's sum divided by the count over all ranks
 
 
 @dataclass(frozen=True)
@@ -159,20 +168,51 @@ def flat_weights(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
 
 
-def _loss(loss_fn: Callable[..., Any], model: Any, batch: Any) -> torch.Tensor:
+LOCAL, GLOBAL = "local", "global"
+LOCAL_NORMALISATION = (
+    "each rank divides its token loss by its own token count, where one process divides by the count of "
+    "the whole global batch: tokens on a rank with few of them weigh more"
+)
+LOCAL_NORMALISATION_FIX = (
+    "divide by the token count summed over ranks (all_reduce it, then multiply by the world size to undo "
+    "DDP's mean); transformers' Trainer: average_tokens_across_devices=True"
+)
+
+
+def _is_pair(value: Any) -> bool:
+    return isinstance(value, (tuple, list)) and len(value) == 2
+
+
+def _loss(loss_fn: Callable[..., Any], model: Any, batch: Any, normalise: str = LOCAL) -> torch.Tensor:
     import torch
 
     value = loss_fn(model, batch)
+    if _is_pair(value):  # (sum, count): divided by this rank's count, or by the count over all ranks
+        total, count = value
+        count = float(count.detach() if isinstance(count, torch.Tensor) else count)
+        if normalise == GLOBAL:
+            import torch.distributed as dist
+
+            summed = torch.tensor([count], dtype=torch.float64)
+            dist.all_reduce(summed)
+            value = total * dist.get_world_size() / max(float(summed.item()), 1.0)
+        else:
+            value = total / max(count, 1.0)
     if not isinstance(value, torch.Tensor) or value.numel() != 1 or not value.requires_grad:
         raise TypeError(
-            "loss(model, batch) must return a scalar tensor computed from the model's output, "
-            f"got {type(value).__name__}"
+            "loss(model, batch) must return a scalar tensor computed from the model's output (or a pair "
+            f"(sum, count)), got {type(value).__name__}"
         )
     return value.reshape(())
 
 
 def train_steps(
-    model: torch.nn.Module, loss_fn: Callable[..., Any], batches: Sequence[Any], accumulation: int, lr: float
+    model: torch.nn.Module,
+    loss_fn: Callable[..., Any],
+    batches: Sequence[Any],
+    accumulation: int,
+    lr: float,
+    normalise: str = LOCAL,
 ) -> tuple[torch.Tensor, ...]:
     """Plain SGD over ``batches``, ``accumulation`` micro-batches per step (all but the last under
     ``no_sync``); the flat weights after every step. Works on DDP and plain modules alike."""
@@ -188,7 +228,7 @@ def train_steps(
             batch = to_double(batches[step * accumulation + micro])
             quiet = no_sync(model) if micro < accumulation - 1 else contextlib.nullcontext()
             with quiet:
-                (_loss(loss_fn, model, batch) / accumulation).backward()
+                (_loss(loss_fn, model, batch, normalise) / accumulation).backward()
         optimizer.step()
         weights.append(flat_weights(unwrap_model(model)))
         report_progress(f"training, step {step + 1}")
@@ -218,6 +258,8 @@ def _fewest(count: int, world_size: int) -> int:
 
 def train_rank(spec: LoaderSpec, options: TrainOptions) -> RankTraining:
     """Entry point inside a DDP rank: plain DDP steps, then accumulated steps, from the same init."""
+    from torch import no_grad
+
     from ddpcheck.reference.model import wrap_model
 
     rank, world_size = group_position()
@@ -254,7 +296,15 @@ def train_rank(spec: LoaderSpec, options: TrainOptions) -> RankTraining:
     batches = [batch for batch, _ in taken]
     model = build_model(make_model)
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    with no_grad():
+        pair = _is_pair(loss_fn(build_model(make_model), to_double(batches[0])))
     weights = train_steps(wrap_model(model), loss_fn, batches[:steps], 1, options.lr)
+    global_weights: tuple[Any, ...] = ()
+    if pair:
+        third = build_model(make_model)
+        third.load_state_dict(init)
+        global_weights = train_steps(wrap_model(third), loss_fn, batches[:steps], 1, options.lr, GLOBAL)
+        accumulated_steps = 0
     second = build_model(make_model)
     second.load_state_dict(init)
     used = accumulated_steps * options.accumulation
@@ -269,6 +319,8 @@ def train_rank(spec: LoaderSpec, options: TrainOptions) -> RankTraining:
         init=init if lead else None,
         weights=weights if lead else (),
         accumulated=accumulated if lead else (),
+        pair=pair,
+        global_weights=global_weights if lead else (),
     )
 
 
@@ -412,11 +464,14 @@ def judge_training(
             f"; {accumulation} micro-batches accumulated under no_sync match batch "
             f"{global_batch * accumulation} ({max(grouped):.2g})"
             if grouped
+            else "; gradient accumulation is not compared for a (sum, count) loss"
+            if lead.pair
             else "; too few batches to check gradient accumulation"
         )
         detail = (
-            f"DDP with {world_size} ranks x batch {b} trains like one process with batch {global_batch} "
-            f"for {len(plain)} SGD steps (max relative weight difference {max(plain):.2g}){acc_text}"
+            f"DDP with {count_text(world_size, 'ranks')} x batch {b} trains like one process with batch "
+            f"{global_batch} for {len(plain)} SGD steps (max relative weight difference "
+            f"{max(plain):.2g}){acc_text}"
         )
         return Verdict(TRAINING_EQUIVALENCE, "pass", detail, data=data)
     if parted is not None:
@@ -434,6 +489,21 @@ def judge_training(
         f"weights part at step {step + 1} of {len(diffs)}: max relative difference {diffs[step]:.3g} > "
         f"{tolerance:g} ({what})"
     )
+    if lead.pair and parted is not None:
+        local_only = [
+            relative_difference(a, b) for a, b in zip(lead.global_weights, reference.weights, strict=False)
+        ]
+        data["global_normalisation_max_relative_difference"] = local_only
+        if local_only and _first_over(local_only, tolerance) is None:
+            detail += "; dividing by the token count over all ranks matches"
+            return Verdict(
+                TRAINING_EQUIVALENCE,
+                "fail",
+                detail,
+                LOCAL_NORMALISATION,
+                data=data,
+                fix=LOCAL_NORMALISATION_FIX,
+            )
     if shape is not None:
         cause = (
             f"per-rank batches are not slices of the single-process batch (step {shape[0] + 1}: "

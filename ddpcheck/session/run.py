@@ -17,6 +17,7 @@ from ddpcheck.checker.options import BadInput, CheckOptions, validate
 from ddpcheck.checks.ids import REPLICA_CONSISTENCY
 from ddpcheck.checks.replicas import data_parallel_view, judge_layout
 from ddpcheck.checks.verdict import Verdict, allow
+from ddpcheck.checks.work import with_max_idle
 from ddpcheck.figures import FigureData, ReplicaGroup, figure_data
 from ddpcheck.launch import shared_tmp
 from ddpcheck.launch.preload import frozen_heap, preload_imports
@@ -155,6 +156,7 @@ class _Session:
         judged = self._record_layout(plan, rerun)
         options = self.options
         verdicts = judge_layout(judged.reference, judged.run, judged.rerun, layout)
+        verdicts = [with_max_idle(v, options.max_idle) for v in verdicts]
         figures = with_replicas(judged.figures, layout, verdicts)
         failures = judged.run.failures + (judged.rerun.failures if judged.rerun else ())
         # --- checks with their own rank-side runs (ddpcheck.scenarios): metric, training, resume ---

@@ -1,0 +1,250 @@
+"""The rank side of ``work_balance`` and ``packing``: what one batch costs and how it is packed.
+
+In language-model training the unit of work is a token: two loaders that split every sample exactly
+once can still leave GPUs idle (one rank gets the long sequences) or corrupt inputs (packed documents
+whose positions do not restart). Each rank measures its batches as they pass and keeps only plain
+numbers: per batch the work of each document (a row, or a packed segment), the supervised tokens,
+and for packed batches a tally of boundaries and, with a ``token_ids`` hook, which tokens it held as
+runs of ``(document, first offset, length)``. No tensor leaves the rank.
+
+Work of a batch, in this order: the file's ``batch_work(batch)`` hook; for dict batches the real
+tokens (``attention_mask`` summed per row, else ``input_ids`` per row; packed batches per segment);
+else nothing is measured. ``cost="attention"`` squares each document's length (the usual proxy for
+attention cost).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Any
+
+from ddpcheck.trace import PackingTally
+
+WORK_HOOK = "batch_work"
+TOKEN_HOOK = "token_ids"
+IGNORE_INDEX = -100
+TOKEN_KEYS = ("input_ids", "attention_mask", "position_ids")
+CU_KEYS = ("cu_seqlens", "cu_seq_lens_q", "cu_seq_lens_k")
+DOC_ID_KEYS = ("document_ids", "doc_ids", "seq_idx")
+SEQ_LEN_KEYS = ("seq_lens", "seq_lengths")
+COSTS = ("tokens", "attention")
+
+
+@dataclass
+class Measured:
+    """One batch: each document's work (rows, or packed segments), the supervised tokens (None:
+    no labels), and the packing facts of a batch with ``position_ids``."""
+
+    units: tuple[float, ...]
+    supervised: int | None = None
+    packing: PackingTally | None = None
+    source: str = ""
+
+    @property
+    def total(self) -> float:
+        return float(sum(self.units))
+
+
+@dataclass
+class WorkMeter:
+    """Measures batches for one rank: which source it uses is decided by the first batch."""
+
+    hook: Callable[[Any], Any] | None = None
+    token_hook: Callable[[Any], Any] | None = None
+    cost: str = "tokens"
+    source: str = ""  # "" until a batch was measured; "none": these batches carry no work
+    notes: list[str] = field(default_factory=list)
+
+    def measure(self, batch: Any) -> Measured | None:
+        if self.source == "none":
+            return None
+        measured = measure_batch(batch, self.hook, self.token_hook, self.cost)
+        if measured is None:
+            self.source = "none"
+            return None
+        self.source = self.source or measured.source
+        return measured
+
+
+def looks_like_tokens(item: Any) -> bool:
+    """A sample or batch that carries token fields (a dict-like with input_ids / attention_mask /
+    position_ids): its work is tokens, not samples."""
+    keys = _keys(item)
+    return bool(keys) and any(k in keys for k in TOKEN_KEYS)
+
+
+def _keys(item: Any) -> set[str]:
+    if isinstance(item, Mapping) or (hasattr(item, "keys") and hasattr(item, "__getitem__")):
+        try:
+            return {k for k in item.keys() if isinstance(k, str)}  # noqa: SIM118 - BatchEncoding, UserDict
+        except Exception:
+            return set()
+    return set()
+
+
+def _get(batch: Any, key: str) -> Any:
+    try:
+        return batch[key] if key in _keys(batch) else None
+    except Exception:
+        return None
+
+
+def _as_2d(value: Any) -> Any:
+    import torch
+
+    tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    if tensor.dim() == 0:
+        tensor = tensor.reshape(1, 1)
+    elif tensor.dim() == 1:
+        tensor = tensor.reshape(1, -1)
+    elif tensor.dim() > 2:
+        tensor = tensor.reshape(tensor.shape[0], -1)
+    return tensor
+
+
+def measure_batch(
+    batch: Any,
+    hook: Callable[[Any], Any] | None = None,
+    token_hook: Callable[[Any], Any] | None = None,
+    cost: str = "tokens",
+) -> Measured | None:
+    """What one batch costs (None: it carries no token fields and the file has no ``batch_work``)."""
+    labels = _get(batch, "labels")
+    supervised = int((_as_2d(labels) != IGNORE_INDEX).sum()) if labels is not None else None
+    if hook is not None:
+        return Measured((float(hook(batch)),), supervised, source=f"{WORK_HOOK}(batch)")
+    if not looks_like_tokens(batch):
+        return None
+    positions = _get(batch, "position_ids")
+    mask = _get(batch, "attention_mask")
+    ids = _get(batch, "input_ids")
+    packing = None
+    if positions is not None:
+        packing, lengths = pack_facts(batch, token_hook)
+        source = "packed segments (position_ids)"
+    elif mask is not None:
+        lengths = [int(n) for n in _as_2d(mask).sum(dim=1).tolist()]
+        source = "attention_mask"
+    elif ids is not None:
+        shaped = _as_2d(ids)
+        lengths = [int(shaped.shape[1])] * int(shaped.shape[0])
+        source = "input_ids"
+    else:
+        return None
+    units = tuple(float(n * n) if cost == "attention" else float(n) for n in lengths)
+    return Measured(units, supervised, packing, source + (" squared" if cost == "attention" else ""))
+
+
+def _flat_ints(value: Any) -> list[int]:
+    import torch
+
+    tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    return [int(v) for v in tensor.reshape(-1).tolist()]
+
+
+def _changes(values: Sequence[int], row_starts: set[int]) -> set[int]:
+    return {i for i in range(len(values)) if i in row_starts or values[i] != values[i - 1]}
+
+
+def pack_facts(batch: Any, token_hook: Callable[[Any], Any] | None = None) -> tuple[PackingTally, list[int]]:
+    """The packing of one batch with ``position_ids`` (rows flattened row-major): where documents
+    start by each metadata source and by the positions, and the segments' lengths."""
+    positions = _as_2d(_get(batch, "position_ids"))
+    rows, width = int(positions.shape[0]), int(positions.shape[1])
+    pos = [int(v) for v in positions.reshape(-1).tolist()]
+    n = len(pos)
+    mask = _get(batch, "attention_mask")
+    valid = [True] * n if mask is None or _as_2d(mask).numel() != n else [bool(v) for v in _flat_ints(mask)]
+    row_starts = {r * width for r in range(rows)}
+    sources: dict[str, set[int]] = {}
+    for key in CU_KEYS:
+        cu = _get(batch, key)
+        if cu is not None:
+            edges = _flat_ints(cu)
+            sources[key] = set(edges[:-1]) if edges and edges[-1] == n else set(edges)
+    for key in SEQ_LEN_KEYS:
+        lens = _get(batch, key)
+        if lens is not None:
+            starts, at = set(), 0
+            for length in _flat_ints(lens):
+                starts.add(at)
+                at += length
+            sources[key] = starts
+    for key in DOC_ID_KEYS:
+        docs = _get(batch, key)
+        if docs is not None and _as_2d(docs).numel() == n:
+            sources[key] = _changes(_flat_ints(docs), row_starts)
+    tally = PackingTally(batches=1, sources=tuple(sorted(sources)))
+    kept = {i for i in range(n) if valid[i]}
+    marked = {name: (starts | row_starts) & kept for name, starts in sources.items()}
+    if marked and len({frozenset(s) for s in marked.values()}) > 1:
+        tally.disagree = 1
+    resets = {i for i in kept if pos[i] == 0}
+    if marked:
+        boundaries = set().union(*marked.values())
+        tally.no_reset = sum(1 for b in boundaries if b not in row_starts and pos[b] != 0)
+        tally.reset_inside = sum(1 for r in resets if r not in boundaries)
+    else:
+        boundaries = (resets | row_starts) & kept
+    tokens: list[Any] | None = None
+    if token_hook is not None:
+        tokens = [_token_pair(t) for t in token_hook(batch)]
+        if len(tokens) != len(kept):
+            raise ValueError(f"token_ids(batch) gave {len(tokens)} ids for the batch's {len(kept)} tokens")
+    where = {i: k for k, i in enumerate(sorted(kept))}
+    lengths: list[int] = []
+    runs: list[tuple[Any, int, int]] = []
+    i = 0
+    while i < n:
+        if not valid[i]:
+            i += 1
+            continue
+        j = i + 1
+        while j < n and valid[j] and j not in boundaries:
+            j += 1
+        seg = pos[i:j]
+        tally.jumps += sum(1 for a, b in pairwise(seg) if b not in (a + 1, 0))
+        lengths.append(j - i)
+        if tokens is not None:
+            held = [tokens[where[k]] for k in range(i, j)]
+            docs = {d for d, _ in held}
+            if len(docs) > 1:
+                tally.mixed += 1
+            doc, first = held[0]
+            if first > 0:  # a document cut earlier continues here
+                if seg[0] == first:
+                    tally.cut_continued += 1
+                elif seg[0] == 0:
+                    tally.cut_restarted += 1
+            runs.append((doc, first, j - i))
+        i = j
+    tally.segments = len(lengths)
+    tally.runs = runs if tokens is not None else None
+    return tally, lengths
+
+
+def _token_pair(token: Any) -> tuple[Any, int]:
+    if hasattr(token, "tolist"):
+        token = token.tolist()
+    if isinstance(token, (list, tuple)) and len(token) == 2:
+        doc = token[0].item() if hasattr(token[0], "item") else token[0]
+        return doc, int(token[1])
+    return (token.item() if hasattr(token, "item") else token), 0
+
+
+def add_tally(into: PackingTally | None, batch: PackingTally, index: int) -> PackingTally:
+    """Sum one batch's tally into the epoch's (the first batch with a problem remembered)."""
+    if into is None:
+        into = PackingTally(runs=[] if batch.runs is not None else None)
+    into.batches += batch.batches
+    into.segments += batch.segments
+    into.sources = tuple(sorted(set(into.sources) | set(batch.sources)))
+    for name in ("disagree", "no_reset", "reset_inside", "jumps", "mixed", "cut_continued", "cut_restarted"):
+        setattr(into, name, getattr(into, name) + getattr(batch, name))
+    if batch.problems and into.first_batch is None:
+        into.first_batch = index
+    if batch.runs is not None:
+        into.runs = [*(into.runs or []), *batch.runs]
+    return into
