@@ -85,7 +85,8 @@ def _plan_layout(options: CheckOptions, layout: Layout, beside: bool, single: La
     run = None if ws == 1 and options.set_epoch else Job(options, layout, digest=digest)
     rerun = None
     if options.determinism and not (ws == 1 and beside):  # judged on ids: no content to digest
-        rerun = Job(options, layout, _rerun_ranks(options, layout))
+        # judged on ids alone: it measures no work (token batches would be loaded again for nothing)
+        rerun = Job(replace(options, work=False), layout, _rerun_ranks(options, layout))
     return LayoutPlan(layout, window=window, run=run, rerun=rerun)
 
 
