@@ -923,11 +923,6 @@ def topology_verdict(rows: Sequence[ResumeRow], cause: str) -> Verdict:
     return replace(verdict, fix=TOPOLOGY_FIXES.get(cause, ""))
 
 
-def elastic_verdict(rows: Sequence[ResumeRow], mechanism: str = "") -> Verdict:
-    """elastic_resume between plain world sizes (the cause by how the state is kept)."""
-    return topology_verdict(rows, NOT_ELASTIC.get(mechanism, NOT_ELASTIC_STATE))
-
-
 def within_global_batch(row: ResumeRow, new: Topology, old: Sequence[RankResume]) -> bool:
     """A global position (every old rank saved the same state) restored with lost and repeated both
     fewer than one global batch of the new topology: litdata's rounding, not a per-rank state."""
