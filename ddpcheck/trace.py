@@ -155,6 +155,21 @@ class PackingTally:
     first_batch: int | None = None  # the epoch's first batch with a problem
     runs: list[tuple[Any, int, int]] | None = None  # (document, first offset, length) per segment
 
+    COUNTS = ("batches", "segments", "disagree", "no_reset", "reset_inside", "jumps", "mixed",
+              "cut_continued", "cut_restarted")  # fmt: skip
+
+    def add(self, other: PackingTally, index: int | None = None) -> PackingTally:
+        """Sum ``other`` into this tally (in place, runs appended); ``index``: the batch ``other`` is,
+        remembered when it is the first with a problem."""
+        for name in self.COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.sources = tuple(sorted(set(self.sources) | set(other.sources)))
+        if index is not None and other.problems and self.first_batch is None:
+            self.first_batch = index
+        if self.runs is not None and other.runs is not None:
+            self.runs.extend(other.runs)
+        return self
+
     @property
     def problems(self) -> int:
         return (

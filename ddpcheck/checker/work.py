@@ -16,7 +16,7 @@ attention cost).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
@@ -55,7 +55,6 @@ class WorkMeter:
     token_hook: Callable[[Any], Any] | None = None
     cost: str = "tokens"
     source: str = ""  # "" until a batch was measured; "none": these batches carry no work
-    notes: list[str] = field(default_factory=list)
 
     def measure(self, batch: Any) -> Measured | None:
         if self.source == "none":
@@ -238,13 +237,4 @@ def add_tally(into: PackingTally | None, batch: PackingTally, index: int) -> Pac
     """Sum one batch's tally into the epoch's (the first batch with a problem remembered)."""
     if into is None:
         into = PackingTally(runs=[] if batch.runs is not None else None)
-    into.batches += batch.batches
-    into.segments += batch.segments
-    into.sources = tuple(sorted(set(into.sources) | set(batch.sources)))
-    for name in ("disagree", "no_reset", "reset_inside", "jumps", "mixed", "cut_continued", "cut_restarted"):
-        setattr(into, name, getattr(into, name) + getattr(batch, name))
-    if batch.problems and into.first_batch is None:
-        into.first_batch = index
-    if batch.runs is not None:
-        into.runs = [*(into.runs or []), *batch.runs]
-    return into
+    return into.add(batch, index)

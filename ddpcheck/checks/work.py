@@ -303,11 +303,7 @@ def check_packing(
         return not_applicable(PACKING, "no batch carries position_ids: nothing is packed")
     total = PackingTally()
     for tally in tallies:
-        for name in ("batches", "segments", "disagree", "no_reset", "reset_inside", "jumps", "mixed"):
-            setattr(total, name, getattr(total, name) + getattr(tally, name))
-        total.cut_continued += tally.cut_continued
-        total.cut_restarted += tally.cut_restarted
-        total.sources = tuple(sorted(set(total.sources) | set(tally.sources)))
+        total.add(tally)
     data: dict[str, Any] = {
         "sources": list(total.sources),
         "batches": total.batches,
