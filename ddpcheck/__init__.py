@@ -34,6 +34,8 @@ _EXPORTS = {
     "move_to_device": "ddpcheck.reference.model",
     "assert_ddp_safe": "ddpcheck.pytest_plugin",
     "check_loader": "ddpcheck.session",
+    "check_script": "ddpcheck.session.script",
+    "judge_directory": "ddpcheck.session.script",
     "CheckOptions": "ddpcheck.checker.options",
 }
 
@@ -61,6 +63,7 @@ if TYPE_CHECKING:
     from ddpcheck.reference.sampler import DDPSamplerWrapper
     from ddpcheck.reference.sync import mp_sync, mp_sync_dict, sync_dicts_ddp
     from ddpcheck.session import check_loader
+    from ddpcheck.session.script import check_script, judge_directory
 
 
 def __getattr__(name: str) -> Any:

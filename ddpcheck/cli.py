@@ -26,16 +26,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ddpcheck import hygiene
+from ddpcheck.layout import MAX_REAL_RANKS, MAX_SIMULATED_RANKS, Layout
 from ddpcheck.messages import one_line
 from ddpcheck.report.formats import PRINTED as PRINTED_FORMATS
 
 if TYPE_CHECKING:
+    from ddpcheck.checker.options import CheckOptions
     from ddpcheck.result import CheckResult
 
+__all__ = ["MAX_REAL_RANKS", "MAX_SIMULATED_RANKS", "build_parser", "main", "parse"]
 EXIT_BAD_INPUT = 2  # == ddpcheck.result.EXIT_BAD_INPUT (not imported: it pulls in the checks package)
 EXIT_INTERRUPTED = 130
-MAX_REAL_RANKS = 256  # forked processes on one machine; beyond this use --simulate
-MAX_SIMULATED_RANKS = 65536
 MAX_JOINED_WORLD_SIZE = 1 << 20  # joining a launch: ranks live on many machines
 MAX_TIMEOUT = 7 * 24 * 3600.0  # one week
 MAX_EPOCHS = 10_000
@@ -45,36 +46,27 @@ OWN_REPORT_SUFFIXES = (".json", ".md", ".html", ".txt")
 
 
 def _world_sizes(text: str) -> tuple[int, ...]:
+    """``--world-sizes 1,2,4``: the syntax here; the rules on the sizes are CheckOptions' (validate)."""
     try:
         sizes = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"world sizes must be comma-separated integers, got {text!r}"
         ) from None
-    if not sizes or any(ws < 1 for ws in sizes):
-        raise argparse.ArgumentTypeError(f"world sizes must be positive integers, got {text!r}")
-    if any(ws > MAX_SIMULATED_RANKS for ws in sizes):
-        raise argparse.ArgumentTypeError(
-            f"world sizes must be at most {MAX_SIMULATED_RANKS} (simulated ranks), got {text!r}"
-        )
+    if not sizes:
+        raise argparse.ArgumentTypeError(f"world sizes must be comma-separated integers, got {text!r}")
     return sizes
 
 
-def _mesh(text: str) -> str:
-    """``--mesh dp=2,tp=2``: checked as a spec here (sizes, names); which dimensions split the data is
-    checked with ``--data-dims`` once both are known."""
+def _mesh(text: str) -> Layout:
+    """``--mesh dp=2,tp=2`` through the one mesh parser (:func:`ddpcheck.layout.parse_mesh`); which
+    dimensions split the data is settled with ``--data-dims`` once both are known (validate)."""
     from ddpcheck.layout import LayoutError, parse_mesh
 
     try:
-        layout = parse_mesh(text, data_dims=tuple(part.split("=")[0].strip() for part in text.split(",")))
+        return parse_mesh(text, need_data=False)
     except LayoutError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    if layout.world_size > MAX_SIMULATED_RANKS:
-        raise argparse.ArgumentTypeError(
-            f"mesh {layout.spec} has {layout.world_size} ranks, more than {MAX_SIMULATED_RANKS} "
-            "(simulated ranks)"
-        )
-    return layout.spec
 
 
 def _fraction(text: str) -> float:
@@ -95,6 +87,15 @@ def _worker_counts(text: str) -> tuple[int, ...]:
     if not counts or any(n < 0 or n > 512 for n in counts):
         raise argparse.ArgumentTypeError(f"numbers of workers must be from 0 to 512, got {text!r}")
     return counts
+
+
+def _check_ids(text: str) -> list[str]:
+    """``--allow reshuffle,determinism``: a comma list (the option repeats too); the ids are validated
+    with the other options (:func:`ddpcheck.checker.options.validate`)."""
+    ids = [part.strip() for part in text.split(",") if part.strip()]
+    if not ids:
+        raise argparse.ArgumentTypeError(f"expected check ids such as reshuffle,determinism, got {text!r}")
+    return ids
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -170,13 +171,13 @@ def _factory_arg(text: str) -> tuple[str, Any]:
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows every default, tuples as the comma list the option takes, and hides meaningless ones."""
+    """Shows every default once, tuples as the comma list the option takes, and hides meaningless ones
+    (none, off, empty) and those the help text already states."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if action.default in (None, False, [], argparse.SUPPRESS) or "%(default)" in text:
-            return text
-        if not action.option_strings:
+        empty = action.default in (None, False, [], (), "", argparse.SUPPRESS)
+        if empty or "default" in text or not action.option_strings:
             return text
         if isinstance(action.default, tuple):
             return f"{text} (default: {','.join(map(str, action.default))})"
@@ -222,7 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("loader", help="Python file that defines the DataLoader factory")
     parser.add_argument("--version", action=_VersionAction, nargs=0, help="show the version and exit")
-    parser.add_argument(
+    # --- layout: which ranks (ddpcheck.layout) ---
+    layout = parser.add_argument_group("layout", "the world sizes and device meshes checked, and their ranks")
+    layout.add_argument(
         "--world-sizes",
         type=_world_sizes,
         default=(1, 2, 3, 4),
@@ -230,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"world sizes to check (real ranks: at most {MAX_REAL_RANKS}; "
         f"with --simulate at most {MAX_SIMULATED_RANKS})",
     )
-    parser.add_argument(
+    layout.add_argument(
         "--mesh",
         "--meshes",
         dest="meshes",
@@ -238,18 +241,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="dp=2,tp=2",
-        help="a device mesh to check, dimensions outermost first (repeatable; with --world-sizes too): "
-        "only data-parallel dimensions (names starting with dp) split the data, the others must see "
-        "identical batches",
+        help="a device mesh to check, dimensions outermost first (repeatable; --meshes is the same flag; "
+        "with --world-sizes too): only data-parallel dimensions (names starting with dp) split the data, "
+        "the others must see identical batches",
     )
-    parser.add_argument(
+    layout.add_argument(
         "--data-dims",
         type=_names,
         default=(),
         metavar="NAME[,NAME]",
         help="the mesh dimensions that split the data (default: the names that start with dp)",
     )
-    parser.add_argument(
+    layout.add_argument(
         "--sequence-dims",
         type=_names,
         default=None,
@@ -257,10 +260,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="mesh dimensions whose ranks get the same samples, each its own slice of every sequence "
         "(DeepSpeed Ulysses): their contents are not compared (default: the names that start with sp)",
     )
-    parser.add_argument("--epochs", type=_epochs, default=2, help="epochs recorded per run")
-    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="process group backend")
-    parser.add_argument("--factory", default="make_loader", help="factory function name")
-    parser.add_argument(
+    layout.add_argument(
+        "--simulate",
+        action="store_true",
+        help="simulate ranks on torch's fake backend, one after another in child processes (for world "
+        "sizes beyond this machine; the loader must need no collectives)",
+    )
+    layout.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="process group backend")
+    layout.add_argument(
+        "--timeout",
+        type=_timeout,
+        default=120.0,
+        metavar="S",
+        help=f"seconds per process group (at most {MAX_TIMEOUT:.0f}, one week)",
+    )
+    # --- loader: how it is built and iterated ---
+    loader = parser.add_argument_group("loader", "how the factory is called and its loader iterated")
+    loader.add_argument("--factory", default="make_loader", metavar="NAME", help="factory function name")
+    loader.add_argument(
         "--factory-arg",
         dest="factory_args",
         type=_factory_arg,
@@ -269,60 +286,47 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="keyword passed to the factory (repeatable; VALUE is a Python literal, else a string)",
     )
-    parser.add_argument(
-        "--patch", action="store_true", help="shard a plain loader with patch_dataloader_to_ddp"
+    loader.add_argument(
+        "--batch-size", type=_count, default=None, metavar="N", help="passed to factories that take it"
     )
-    parser.add_argument(
-        "--simulate",
-        action="store_true",
-        help="simulate ranks on torch's fake backend, one after another in child processes (for world "
-        "sizes beyond this machine; the loader must need no collectives)",
-    )
-    parser.add_argument("--load-data", action="store_true", help="iterate the real loader, workers and all")
-    parser.add_argument(
-        "--no-set-epoch", action="store_true", help="emulate a loop that never calls set_epoch"
-    )
-    parser.add_argument("--no-determinism", action="store_true", help="skip the second run per world size")
-    parser.add_argument("--batch-size", type=_count, default=None, help="passed to factories that take it")
-    parser.add_argument(
-        "--timeout",
-        type=_timeout,
-        default=120.0,
-        help=f"seconds per process group (at most {MAX_TIMEOUT:.0f}, one week)",
-    )
-    parser.add_argument(
+    loader.add_argument("--epochs", type=_epochs, default=2, metavar="N", help="epochs recorded per run")
+    loader.add_argument(
         "--steps",
         type=_count,
         default=None,
         metavar="N",
         help="run N steps per rank per epoch window (for infinite or iteration-based samplers)",
     )
-    parser.add_argument(
-        "--allow",
-        action="append",
-        default=[],
-        metavar="CHECK",
-        help="report CHECK's failure as 'allowed' instead of failing (repeatable; e.g. a design choice)",
+    loader.add_argument(
+        "--patch", action="store_true", help="shard a plain loader with patch_dataloader_to_ddp"
     )
-    parser.add_argument(
+    loader.add_argument("--load-data", action="store_true", help="iterate the real loader, workers and all")
+    loader.add_argument(
+        "--no-set-epoch", action="store_true", help="emulate a loop that never calls set_epoch"
+    )
+    loader.add_argument("--no-determinism", action="store_true", help="skip the second run per world size")
+    loader.add_argument(
         "--no-preload",
         action="store_true",
         help="let every rank import the file's third-party modules (default: once, before ranks start)",
     )
     # --- resume and elastic resume (ddpcheck.scenarios.resume) ---
-    parser.add_argument("--no-resume", action="store_true", help="skip the mid-epoch resume check")
-    parser.add_argument(
+    resume = parser.add_argument_group(
+        "resume", "run where the loader has a state mechanism (state_dict, or save_state/load_state hooks)"
+    )
+    resume.add_argument("--no-resume", action="store_true", help="skip the mid-epoch resume check")
+    resume.add_argument(
         "--elastic",
         action="store_true",
         help="also restore what one layout saved in every other requested world size and mesh",
     )
-    parser.add_argument(
+    resume.add_argument(
         "--resume-workers",
         type=_worker_counts,
         default=(),
         metavar="N[,N]",
         help="also restore states into loaders rebuilt with these numbers of DataLoader workers (the "
-        "factory takes num_workers)",
+        "factory takes num_workers; default: none)",
     )
     # --- work balance and packing (ddpcheck.checker.work, ddpcheck.checks.work) ---
     work = parser.add_argument_group(
@@ -373,9 +377,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K",
         help="SGD steps compared by training_equivalence (0 turns it off)",
     )
-    # --- end ---
-    out = parser.add_argument_group("output")
-    out.add_argument("--report-dir", type=Path, default=Path("reports"), help="where report files go")
+    # --- reports: what is written and printed ---
+    out = parser.add_argument_group("reports", "what is written to files, and printed")
+    out.add_argument(
+        "--allow",
+        type=_check_ids,
+        action="extend",
+        default=[],
+        metavar="CHECK[,CHECK]",
+        help="report these checks' failures as 'allowed' instead of failing (a comma list, repeatable; "
+        "e.g. a design choice)",
+    )
+    out.add_argument(
+        "--report-dir", type=Path, default=Path("reports"), metavar="DIR", help="where report files go"
+    )
     out.add_argument(
         "--format",
         choices=PRINTED_FORMATS,
@@ -389,9 +404,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="colour the table (auto: on a terminal, unless NO_COLOR is set or FORCE_COLOR is)",
     )
-    out.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    out.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     out.add_argument(
-        "-v", "--verbose", action="store_true", help="full tracebacks for bad input (2) and crashed ranks (3)"
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="full tracebacks for bad input (2) and crashed ranks (3), and the reasons checks do not apply",
     )
     join = parser.add_argument_group(
         "joining an existing launch",
@@ -400,8 +418,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     join.add_argument("--rank", type=_rank, default=None, help="this process's rank (0 .. world size - 1)")
     join.add_argument("--world-size", type=_joined_world_size, default=None, help="ranks in the launch")
-    join.add_argument("--master-addr", default=None, help="rendezvous host of rank 0")
-    join.add_argument("--master-port", type=_port, default=None, help="rendezvous TCP port (1-65535)")
+    join.add_argument("--master-addr", default=None, metavar="HOST", help="rendezvous host of rank 0")
+    join.add_argument(
+        "--master-port", type=_port, default=None, metavar="PORT", help="rendezvous TCP port (1-65535)"
+    )
     return parser
 
 
@@ -439,18 +459,28 @@ def _given_on_command_line(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def check_combination(args: argparse.Namespace) -> None:
-    """Checks that need several options at once (argparse checks each alone)."""
+    """Checks that need several options at once (argparse checks each alone): the run's options are
+    validated here, once (:func:`ddpcheck.checker.options.validate`), and kept as ``args.check_options``
+    with every mesh a Layout."""
+    from ddpcheck.checker.options import BadInput, mesh_layouts, validate
+    from ddpcheck.layout import LayoutError, check_ranks
+
     joined = args.rank is not None or args.world_size is not None or args.master_addr is not None
     if args.meshes and args.option_sources.get("world_sizes") == "default":
         args.world_sizes = ()  # --mesh alone checks the meshes (and the single-process reference)
-    _check_meshes(args)
-    largest = max((*args.world_sizes, *(_ranks_of(mesh) for mesh in args.meshes)), default=1)
-    if not joined and not args.simulate and largest > MAX_REAL_RANKS:
-        what = f"world size {largest}" if largest in args.world_sizes else f"a mesh of {largest} ranks"
-        raise UsageError(
-            f"{what} exceeds {MAX_REAL_RANKS} real ranks (processes on this "
-            f"machine); use --simulate for up to {MAX_SIMULATED_RANKS} simulated ranks"
-        )
+    try:
+        options = validate(_options(args))
+    except BadInput as exc:
+        raise UsageError(_where(args, exc.option) + str(exc)) from None
+    args.check_options = options
+    if not joined and not args.simulate:
+        try:
+            for ws in options.world_sizes:
+                check_ranks(ws, mesh=False)
+            for mesh in mesh_layouts(options):  # parsed by validate: they pass straight through
+                check_ranks(mesh.world_size, mesh=True)
+        except LayoutError as exc:
+            raise UsageError(str(exc)) from None
     if args.rank is not None and args.world_size is not None and args.rank >= args.world_size:
         raise UsageError(f"--rank must be below --world-size ({args.world_size}), got {args.rank}")
     try:
@@ -466,22 +496,16 @@ def check_combination(args: argparse.Namespace) -> None:
         _refuse_own_report(args.junit, args.report_dir)
 
 
-def _ranks_of(spec: str) -> int:
-    from ddpcheck.layout import parse_mesh
-
-    return parse_mesh(spec, data_dims=tuple(part.split("=")[0] for part in spec.split(","))).world_size
-
-
-def _check_meshes(args: argparse.Namespace) -> None:
-    """Each mesh with the data dimensions: it must have one (--data-dims names only its own)."""
-    from ddpcheck.layout import LayoutError, parse_meshes
-
-    if (args.data_dims or args.sequence_dims) and not args.meshes:
-        raise UsageError("--data-dims and --sequence-dims name mesh dimensions: give --mesh too")
-    try:
-        parse_meshes(args.meshes, args.data_dims, args.sequence_dims)
-    except LayoutError as exc:
-        raise UsageError(str(exc)) from None
+def _where(args: argparse.Namespace, option: str | None) -> str:
+    """``pyproject.toml: [tool.ddpcheck] world-sizes: `` or ``DDPCHECK_EPOCHS: ``: where a refused value
+    came from, when not from the command line (whose flags the message already names)."""
+    source = args.option_sources.get(option or "", "")
+    key = (option or "").replace("_", "-")
+    if source == "pyproject.toml":
+        return f"{args.config_file}: [tool.ddpcheck] {key}: "
+    if source.startswith("env "):
+        return f"{source[4:]}: "
+    return ""
 
 
 def _short(text: str, limit: int = 80) -> str:
@@ -576,6 +600,11 @@ def _nothing_checked(args: argparse.Namespace) -> CheckResult:
 def _main(argv: Sequence[str] | None) -> int:
     from ddpcheck.config import ConfigError
 
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] in (["run"], ["judge"]):  # the training-script audit (ddpcheck.cli_run)
+        from ddpcheck.cli_run import main_judge, main_run
+
+        return main_run(words[1:]) if words[0] == "run" else main_judge(words[1:])
     try:
         args = parse(argv)
         check_combination(args)
@@ -614,7 +643,7 @@ NEGATED = {
 }
 
 
-def _options(args: argparse.Namespace) -> Any:
+def _options(args: argparse.Namespace) -> CheckOptions:
     """The run's ``CheckOptions``: every option named like its field, the ``--no-X`` ones negated."""
     from dataclasses import fields
 
@@ -628,7 +657,7 @@ def _options(args: argparse.Namespace) -> Any:
             values[field.name] = getattr(args, field.name)
     values["allow"] = tuple(args.allow)
     values["resume_workers"] = tuple(args.resume_workers)
-    values["meshes"] = tuple(args.meshes)
+    values["meshes"] = tuple(args.meshes)  # Layouts (the --mesh type parsed them)
     values["data_dims"] = tuple(args.data_dims)
     values["sequence_dims"] = None if args.sequence_dims is None else tuple(args.sequence_dims)
     values["factory_args"] = tuple(dict(args.factory_args or {}).items())
@@ -654,7 +683,7 @@ def _run(args: argparse.Namespace) -> int | tuple[CheckResult, bool]:
         from ddpcheck.session import Interrupted, check_loader
         from ddpcheck.session.joined import JoinTarget, check_joined
 
-    options = _options(args)
+    options = args.check_options  # validated once, by check_combination
     target = JoinTarget(args.rank, args.world_size, args.master_addr, args.master_port)
     # progress on stderr: live lines on a terminal, plain ones elsewhere, nothing with --quiet
     color = use_color(args.color, sys.stderr)
@@ -729,7 +758,9 @@ def _publish(result: CheckResult, args: argparse.Namespace, interrupted: bool) -
         print(render(result, "json" if args.format == "github" else args.format))
         return _error(str(exc))
     if args.format == "table":
-        _print_out(render_table(result, color=use_color(args.color, sys.stdout), width=terminal_width()))
+        color = use_color(args.color, sys.stdout)
+        where = None if args.verbose else str(next((p for p in paths if p.suffix == ".md"), args.report_dir))
+        _print_out(render_table(result, color=color, width=terminal_width(), not_applicable_in=where))
     elif args.format == "github":
         _print_out(render(result, "github"))
     else:

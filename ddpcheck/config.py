@@ -153,13 +153,28 @@ def _from_toml(action: argparse.Action, value: Any, where: str) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: expected true or false, got {value!r}")
         return _flag(action, value)
+    if action.dest == "meshes":  # one table or spec is one mesh; a list of them several
+        items = value if isinstance(value, list) else [value]
+        return [_mesh(action, item, where) for item in items]
     if _is_list_option(action):
         if isinstance(value, dict):  # factory-arg = {key = value}
             return [_convert(action, f"{k}={v!r}", where) for k, v in value.items()]
         items = value if isinstance(value, list) else [value]
-        return [_convert(action, _scalar(v, where), where) for v in items]
+        return _flat(action, [_convert(action, _scalar(v, where), where) for v in items])
     if isinstance(value, list) and action.dest == "world_sizes":
         return _convert(action, ",".join(_scalar(v, where) for v in value), where)
+    return _convert(action, _scalar(value, where), where)
+
+
+def _mesh(action: argparse.Action, value: Any, where: str) -> Any:
+    """``meshes = {dp_replicate = 2, dp_shard = 2}`` or ``"dp=2,tp=2"``: through the one mesh parser."""
+    if isinstance(value, dict):
+        from ddpcheck.layout import LayoutError, parse_mesh
+
+        try:
+            return parse_mesh(value, need_data=False)
+        except LayoutError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
     return _convert(action, _scalar(value, where), where)
 
 
@@ -177,8 +192,17 @@ def _from_env(action: argparse.Action, text: str, name: str) -> Any:
         return _flag(action, lowered in _TRUE)
     if _is_list_option(action):  # several values: comma-separated (factory arguments: ';'-separated)
         sep = ";" if action.dest in ("factory_args", "meshes") else ","  # a mesh spec holds commas
-        return [_convert(action, part.strip(), name) for part in text.split(sep) if part.strip()]
+        return _flat(
+            action, [_convert(action, part.strip(), name) for part in text.split(sep) if part.strip()]
+        )
     return _convert(action, text, name)
+
+
+def _flat(action: argparse.Action, values: list[Any]) -> list[Any]:
+    """An ``extend`` option's values (each a list: ``--allow a,b``) as one list, as argparse keeps them."""
+    if isinstance(action, argparse._ExtendAction):
+        return [item for value in values for item in value]
+    return values
 
 
 def _is_list_option(action: argparse.Action) -> bool:

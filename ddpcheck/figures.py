@@ -96,10 +96,40 @@ class FigureData:
     work_source: str = ""
     work_per_column: int = 1
     work_totals: tuple[float, ...] = ()
+    packed_rows: bool = (
+        False  # rows packed on each rank (:func:`rows_packed_per_rank`): no row is one process's
+    )
 
     @property
     def binned(self) -> bool:
         return any(e.binned for e in self.epochs) or self.owner_bins < self.owner_samples
+
+
+PACKED_SOURCE = "packed segments (position_ids)"  # work in tokens per packed segment (checker.work)
+PACKED_NOTE = (
+    "rows are packed on each rank from its own documents, so no row is one of the single process's rows "
+    "and this picture of rows shows nothing about coverage: coverage and single_process_equivalence are "
+    "judged on the tokens"
+)
+
+
+def rows_packed_per_rank(reference: RunTrace, run: RunTrace) -> bool:
+    """Each rank packs its own documents into rows, identified only by their content: the rule by which
+    the checks judge tokens instead of rows (``ddpcheck.checks.packed``) and the pictures say so.
+
+    Every batch of every rank, and of the single process, was measured as packed token segments
+    (``position_ids`` restarting per document) and the ids are content hashes (no hook, no id field)."""
+    if run.id_source != "content-hash" or reference.id_source != "content-hash" or not run.ranks:
+        return False
+    if any(r.facts.work != PACKED_SOURCE for r in (*run.ranks, *reference.ranks)):
+        return False
+    epochs = min(run.num_epochs, reference.num_epochs)
+    return epochs > 0 and all(
+        e.packing is not None and e.work is not None
+        for trace in (run, reference)
+        for r in trace.ranks
+        for e in r.epochs[:epochs]
+    )
 
 
 def figure_data(reference: RunTrace, run: RunTrace, max_bins: int = 2000) -> FigureData:
@@ -126,6 +156,9 @@ def figure_data(reference: RunTrace, run: RunTrace, max_bins: int = 2000) -> Fig
     window = next((r.facts.steps for r in ranks if getattr(r.facts, "steps", None)), None)
     if window:
         notes.append(f"each rank recorded only {window} batches per epoch: the rest shows as missing")
+    packed = rows_packed_per_rank(reference, run)
+    if packed:
+        notes.append(PACKED_NOTE)
     epochs = min(reference.num_epochs, min(len(r.epochs) for r in ranks))
     ref_rank = reference.ranks[0]
     axis0 = _Axis(ref_rank.epochs[0].ids)
@@ -153,6 +186,7 @@ def figure_data(reference: RunTrace, run: RunTrace, max_bins: int = 2000) -> Fig
         work_source=ranks[0].facts.work if work else "",
         work_per_column=per_column,
         work_totals=totals,
+        packed_rows=packed,
     )
 
 

@@ -11,8 +11,13 @@ its row-major coordinate over the data dimensions alone, which is how torchtitan
 
 from __future__ import annotations
 
+import hashlib
 import math
+import operator
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, Union
 
 DATA_PREFIX = "dp"  # dimensions whose names start with this split the data (dp, dp_replicate, dp_shard)
 SEQUENCE_PREFIX = "sp"  # ... with this, the loader slices each sequence (DeepSpeed Ulysses): same samples
@@ -70,6 +75,26 @@ class Layout:
         if not self.mesh:
             return str(self.world_size)
         return ",".join(f"{name}={size}" for name, size in self.dims)
+
+    @property
+    def name(self) -> str:
+        """``world size 4`` or ``mesh dp=2,tp=2``: how progress lines, notes and reports name a layout."""
+        return f"mesh {self.label}" if self.mesh else f"world size {self.world_size}"
+
+    @property
+    def file_name(self) -> str:
+        """A short, unique, filesystem-safe form of :attr:`label` for file names: ``ws4``, ``dp2-tp2``;
+        a readable prefix and a hash where the plain form would be long or ambiguous (``dp=12`` and
+        ``dp1=2``, names beyond ASCII letters)."""
+        if not self.mesh:
+            return f"ws{self.world_size}"
+        compact = "-".join(f"{name}{size}" for name, size in self.dims)
+        plain = all(_PLAIN_NAME.fullmatch(name) for name in self.names)
+        if plain and len(compact) <= 40 and not re.fullmatch(r"ws\d+", compact):
+            return compact  # decodable: a name ends where its size's digits begin
+        digest = hashlib.sha256(self.label.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+        prefix = re.sub(r"[^A-Za-z0-9_]+", "-", compact).strip("-")[:24].strip("-")
+        return f"{prefix}-{digest}" if prefix else digest
 
     @property
     def spec(self) -> str:
@@ -147,65 +172,187 @@ def shaped_like(meshes: list[Layout], world_size: int) -> Layout:
     return Layout(dims, data, mesh=False)
 
 
-def parse_mesh(
-    text: str, data_dims: tuple[str, ...] | None = None, sequence_dims: tuple[str, ...] | None = None
-) -> Layout:
-    """``"dp=2,tp=2"`` -> a mesh layout; raises :class:`LayoutError` with one line for a bad spec.
+MAX_REAL_RANKS = 256  # forked processes on one machine; beyond this simulated ranks (--simulate)
+MAX_SIMULATED_RANKS = 65536  # the most ranks any layout may have
 
-    ``data_dims`` overrides which names split the data (default: the names that start with ``dp``);
-    ``sequence_dims`` which ones slice every sequence (default: the names that start with ``sp``).
-    """
-    dims: list[tuple[str, int]] = []
-    for part in text.split(","):
-        name, sep, size_text = part.strip().partition("=")
-        name = name.strip()
-        if not sep or not name or not size_text.strip():
-            raise LayoutError(f"mesh {text!r}: expected NAME=SIZE[,NAME=SIZE...], e.g. dp=2,tp=2")
-        if not name.isidentifier():
-            raise LayoutError(
-                f"mesh {text!r}: dimension name {name!r} is not a plain name (letters, digits, _)"
-            )
+MeshLike = Union[str, Mapping[str, Any], "Layout"]
+"""What names one mesh: a spec ``"dp=2,tp=2"``, a mapping ``{"dp": 2, "tp": 2}`` or a :class:`Layout`."""
+
+
+def _shown(spec: object, limit: int = 60) -> str:
+    """The spec as error messages quote it: its repr, cut in the middle when long (one readable line)."""
+    text = repr(spec.spec if isinstance(spec, Layout) else spec)
+    return text if len(text) <= limit else f"{text[: limit - 20]}...{text[-15:]}"
+
+
+def _size(value: object, name: str, shown: str) -> int:
+    if isinstance(value, str):
         try:
-            size = int(size_text.strip())
+            size = int(value.strip())
         except ValueError:
             raise LayoutError(
-                f"mesh {text!r}: size of {name} must be an integer, got {size_text.strip()!r}"
+                f"mesh {shown}: size of {name} must be an integer, got {value.strip()!r}"
             ) from None
-        if size < 1:
-            raise LayoutError(f"mesh {text!r}: size of {name} must be at least 1, got {size}")
-        if any(name == seen for seen, _ in dims):
-            raise LayoutError(f"mesh {text!r}: dimension {name} is named twice")
-        dims.append((name, size))
-    names = [name for name, _ in dims]
+    elif isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise LayoutError(f"mesh {shown}: size of {name} must be an integer, got {value!r}")
+    else:
+        size = operator.index(value)  # type: ignore[call-overload]
+    if size < 1:
+        raise LayoutError(f"mesh {shown}: size of {name} must be at least 1, got {size}")
+    return size
+
+
+def _pairs(spec: object, shown: str) -> list[tuple[str, object]]:
+    """(name, size) in the order given, for a spec string or a mapping."""
+    if isinstance(spec, str):
+        pairs: list[tuple[str, object]] = []
+        for part in spec.split(","):
+            name, sep, size_text = part.partition("=")
+            if not sep or not name.strip() or not size_text.strip():
+                raise LayoutError(f"mesh {shown}: expected NAME=SIZE[,NAME=SIZE...], e.g. dp=2,tp=2")
+            pairs.append((name.strip(), size_text))
+        return pairs
+    if isinstance(spec, Mapping):
+        if not spec:
+            raise LayoutError(f"mesh {shown}: expected NAME=SIZE[,NAME=SIZE...], e.g. dp=2,tp=2")
+        return [(str(name).strip(), size) for name, size in spec.items()]
+    raise LayoutError(
+        "a mesh is a spec such as 'dp=2,tp=2', a mapping such as {'dp': 2, 'tp': 2} or a Layout, "
+        f"got {type(spec).__name__} {shown}"
+    )
+
+
+def parse_mesh(
+    spec: MeshLike,
+    data_dims: tuple[str, ...] | None = None,
+    sequence_dims: tuple[str, ...] | None = None,
+    *,
+    need_data: bool = True,
+) -> Layout:
+    """The one mesh parser: ``"dp=2,tp=2"``, ``{"dp": 2, "tp": 2}`` or a Layout -> a mesh :class:`Layout`.
+
+    Raises :class:`LayoutError` with one line per rule broken (form, name, integer size, size at least 1,
+    a name twice, more than :data:`MAX_SIMULATED_RANKS` ranks, no data dimension, a dimension both
+    splitting the data and slicing sequences). Linear in the number of dimensions.
+
+    ``data_dims`` overrides which names split the data (default: a Layout's own, else the names that
+    start with ``dp``); ``sequence_dims`` which ones slice every sequence (default: a Layout's own, else
+    the names that start with ``sp``). ``need_data=False`` accepts a mesh without a data dimension (a
+    ``@pytest.mark.ddp`` mesh, or a ``--mesh`` before ``--data-dims`` is known).
+    """
+    shown = _shown(spec)
+    if isinstance(spec, Layout):
+        dims = spec.dims
+        if data_dims is None and spec.data_dims:
+            data_dims = spec.data_dims
+        if sequence_dims is None and spec.sequence_dims:
+            sequence_dims = spec.sequence_dims
+        pairs: list[tuple[str, object]] = list(dims)
+    else:
+        pairs = _pairs(spec, shown)
+    out: list[tuple[str, int]] = []
+    seen: set[str] = set()
+    world = 1
+    for name, value in pairs:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise LayoutError(
+                f"mesh {shown}: dimension name {name!r} is not a plain name (letters, digits, _)"
+            )
+        size = _size(value, name, shown)
+        if name in seen:
+            raise LayoutError(f"mesh {shown}: dimension {name} is named twice")
+        seen.add(name)
+        out.append((name, size))
+        world *= size
+        if world > MAX_SIMULATED_RANKS:
+            raise LayoutError(
+                f"mesh {shown} has more than {MAX_SIMULATED_RANKS} ranks (the most ddpcheck simulates)"
+            )
+    names = [name for name, _ in out]
     if data_dims is None:
         chosen = tuple(name for name in names if name.startswith(DATA_PREFIX))
-    else:  # names another mesh has are no error here (check_names checks them against every mesh)
-        chosen = tuple(name for name in names if name in data_dims)
-    if not chosen:
-        raise LayoutError(
-            f"mesh {text!r} has no data-parallel dimension: name one dp, dp_replicate or dp_shard, "
-            "or say which with --data-dims"
-        )
+    else:  # names another mesh has are no error here (parse_meshes checks them against every mesh)
+        wanted = set(data_dims)
+        chosen = tuple(name for name in names if name in wanted)
+    if not chosen and need_data:
+        raise _no_data(shown)
+    data = set(chosen)
     if sequence_dims is None:
-        sequence = tuple(n for n in names if n.startswith(SEQUENCE_PREFIX) and n not in chosen)
+        sequence = tuple(n for n in names if n.startswith(SEQUENCE_PREFIX) and n not in data)
     else:
-        both = [n for n in sequence_dims if n in chosen]
+        both = [n for n in sequence_dims if n in data]
         if both:
-            raise LayoutError(f"mesh {text!r}: {both[0]} cannot both split the data and slice sequences")
-        sequence = tuple(n for n in names if n in sequence_dims)
-    return Layout(tuple(dims), chosen, mesh=True, sequence_dims=sequence)
+            raise LayoutError(f"mesh {shown}: {both[0]} cannot both split the data and slice sequences")
+        wanted = set(sequence_dims)
+        sequence = tuple(n for n in names if n in wanted)
+    return Layout(tuple(out), chosen, mesh=True, sequence_dims=sequence)
+
+
+def _no_data(shown: str) -> LayoutError:
+    return LayoutError(
+        f"mesh {shown} has no data-parallel dimension: name one dp, dp_replicate or dp_shard, "
+        "or say which with --data-dims"
+    )
+
+
+def mesh_specs(raw: object) -> list[MeshLike]:
+    """One mesh or several: a spec string, a mapping or a Layout is one mesh; a list or tuple of them
+    several. (A single TOML table ``{dp_replicate = 2, dp_shard = 2}`` is one mesh, never two.)"""
+    if raw is None:
+        return []
+    if isinstance(raw, (str, Mapping, Layout)):
+        return [raw]
+    if isinstance(raw, (list, tuple)):
+        return list(raw)
+    raise LayoutError(
+        "meshes must be a spec such as 'dp=2,tp=2', a mapping such as {'dp': 2, 'tp': 2}, a Layout, "
+        f"or a list of them; got {type(raw).__name__} {_shown(raw)}"
+    )
 
 
 def parse_meshes(
-    specs: tuple[str, ...] | list[str],
+    specs: object,
     data_dims: tuple[str, ...] = (),
     sequence_dims: tuple[str, ...] | None = None,
+    *,
+    need_data: bool = True,
 ) -> list[Layout]:
-    """Every ``--mesh`` with the ``--data-dims`` and ``--sequence-dims`` given for all of them; a name in
-    those that no mesh has is an error (a typo must not pass silently)."""
-    known = {part.partition("=")[0].strip() for spec in specs for part in spec.split(",")}
+    """Every mesh (see :func:`mesh_specs`) with the ``--data-dims`` and ``--sequence-dims`` given for all
+    of them, duplicates dropped (order kept); a name in those that no mesh has is an error (a typo must
+    not pass silently)."""
+    layouts = [
+        parse_mesh(spec, data_dims or None, sequence_dims, need_data=False) for spec in mesh_specs(specs)
+    ]
+    known = {name for layout in layouts for name in layout.names}
     for option, names in (("--data-dims", data_dims), ("--sequence-dims", sequence_dims or ())):
         unknown = [name for name in names if name not in known]
         if unknown:
             raise LayoutError(f"{option} names {unknown[0]}, a dimension of no mesh given")
-    return [parse_mesh(spec, data_dims or None, sequence_dims) for spec in specs]
+    for layout in layouts:
+        if need_data and not layout.data_dims:
+            raise _no_data(_shown(layout))
+    return list(dict.fromkeys(layouts))
+
+
+def check_ranks(world_size: int, *, mesh: bool, instead: str | None = None) -> None:
+    """The one limit on real ranks (processes forked on this machine), for the command line and the
+    pytest marker alike; ``instead`` says what to do (default: simulate the ranks)."""
+    if world_size > MAX_REAL_RANKS:
+        what = f"a mesh of {world_size} ranks" if mesh else f"world size {world_size}"
+        tail = instead or f"use --simulate for up to {MAX_SIMULATED_RANKS} simulated ranks"
+        raise LayoutError(f"{what} exceeds {MAX_REAL_RANKS} real ranks (processes on this machine); {tail}")
+
+
+_PLAIN_NAME = re.compile(r"[A-Za-z_]+")
+_SAFE = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def file_safe(text: str, limit: int = 40) -> str:
+    """A short, filesystem-safe and unique form of ``text`` for file names: ``text`` itself when it is
+    plain ASCII (letters, digits, ``. _ -``) of at most ``limit`` characters, else a readable ASCII prefix
+    and eight hex digits of its hash (``train.py-42-1a2b3c4d``)."""
+    if _SAFE.fullmatch(text) and len(text) <= limit and not text.startswith("."):
+        return text
+    prefix = re.sub(r"[^A-Za-z0-9_]+", "-", text).strip("-")[: max(1, limit - 9)].strip("-")
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{prefix}-{digest}" if prefix else digest

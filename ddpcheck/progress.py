@@ -24,6 +24,8 @@ from typing import Any, TextIO
 
 # "epoch 1, batch 4/13" as checker/recording.py publishes it; no total where len(loader) is unknown.
 _POSITION = re.compile(r"^epoch (\d+), batch (\d+)(?:/(\d+))?")
+# the session's messages that start a layout (or the reference): "world size 2: running 2 ranks"
+_LAYOUT_START = re.compile(r": running \d|reference run \(|: reference window ")
 PLAIN_FIRST_S = 1.0  # a group that ends sooner prints no plain line at all
 PLAIN_MIN_GAP_S = 1.0
 
@@ -56,6 +58,8 @@ def parse_position(text: str) -> Position:
     match = _POSITION.match(text)
     if match:
         epoch, batch, total = (int(g) if g else None for g in match.groups())
+        if batch is not None and total is not None and batch > total:
+            total = None  # past the announced length (the end of the epoch, or a len() that undercounts)
         position = Position("", epoch, batch, total)
         return replace(position, label=f"epoch {epoch} {position.batch_text}")
     if text.startswith("finished"):
@@ -74,6 +78,7 @@ class _Group:
     """What the display knows of one running group (one world size)."""
 
     world_size: int
+    rerun: bool = False  # the layout's determinism rerun (a second group of its size)
     positions: tuple[Position, ...] = ()
     elapsed: float = 0.0
     start: tuple[float, float] | None = None  # (elapsed, fraction) when the fraction was first known
@@ -121,6 +126,11 @@ class _Group:
         eta = f", about {_duration(self.eta)} left" if self.eta is not None else ""
         return f"{_duration(self.elapsed)} elapsed{eta}"
 
+    @property
+    def name(self) -> str:
+        """``world size 2``, or ``world size 2 (determinism rerun)`` for the layout's second run."""
+        return f"world size {self.world_size}" + (" (determinism rerun)" if self.rerun else "")
+
 
 def _duration(seconds: float) -> str:
     seconds = max(0.0, seconds)
@@ -140,6 +150,7 @@ class Display:
         self.stream = stream
         self.epochs = epochs
         self.groups: dict[int, _Group] = {}
+        self.started: dict[int, int] = {}  # groups of each size since the current layout began
 
     def update(self, positions: list[str], elapsed_s: float, finished: bool) -> None:
         """The launch layer's ``on_progress``: every rank's position in the running group."""
@@ -148,10 +159,17 @@ class Display:
             self.groups.pop(ws, None)
         else:
             group = self.groups.get(ws)
-            if group is None or elapsed_s < group.elapsed:  # a new group of the same size (a rerun)
-                group = self.groups[ws] = _Group(ws)
+            if group is None or elapsed_s < group.elapsed:  # a new group of this size
+                seen = self.started[ws] = self.started.get(ws, 0) + 1
+                group = self.groups[ws] = _Group(ws, rerun=seen > 1)  # a layout's second: its rerun
             group.observe(positions, elapsed_s, self.epochs)
         self._show(finished)
+
+    def layout_message(self, text: str) -> None:
+        """Every message passes here first: a layout (or the reference) starting begins a new count of
+        groups, so the second group of a size within it is labelled as the determinism rerun."""
+        if _LAYOUT_START.search(text):
+            self.started.clear()
 
     def message(self, text: str) -> None:
         """A progress message of the command itself ("ddpcheck: world size 2: ok")."""
@@ -175,6 +193,7 @@ class PlainDisplay(Display):
     clock = staticmethod(time.monotonic)
 
     def message(self, text: str) -> None:
+        self.layout_message(text)
         self._write(text)
 
     def _show(self, finished: bool) -> None:
@@ -188,7 +207,7 @@ class PlainDisplay(Display):
                 continue
             group.printed_at = now
             ranks, times = group.ranks_text(), group.times_text()
-            self._write(f"ddpcheck: world size {group.world_size}: {ranks}; {times}")
+            self._write(f"ddpcheck: {group.name}: {ranks}; {times}")
 
     def _write(self, line: str) -> None:
         try:
@@ -218,6 +237,7 @@ class LiveDisplay(Display):
     def message(self, text: str) -> None:
         from rich.text import Text
 
+        self.layout_message(text)
         self.console.print(Text(text), soft_wrap=True)
 
     def _show(self, finished: bool) -> None:
@@ -254,7 +274,7 @@ class LiveDisplay(Display):
             fraction = group.fraction
             bar = ProgressBar(total=1.0, completed=fraction or 0.0, width=20, pulse=fraction is None)
             grid.add_row(
-                Text(f"world size {group.world_size}"),
+                Text(group.name),
                 bar,
                 Text(group.ranks_text()),
                 Text(group.times_text()),

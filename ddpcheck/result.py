@@ -117,6 +117,7 @@ class WorldResult:
     resume: tuple[ResumeRow, ...] = ()
     figures: FigureData | None = None  # picture data for the HTML/Markdown reports (ddpcheck.figures)
     layout: Layout | None = None  # None: the plain world size ``world_size``
+    loader: str = ""  # a training script's loader (``train.py:42``); "" for a loader file's one loader
 
     @property
     def ok(self) -> bool:
@@ -124,8 +125,9 @@ class WorldResult:
 
     @property
     def label(self) -> str:
-        """``2`` for a world size, ``dp=2,tp=2`` for a mesh."""
-        return self.layout.label if self.layout is not None else str(self.world_size)
+        """``2`` for a world size, ``dp=2,tp=2`` for a mesh; ``train.py:42 2`` for a script's loader."""
+        base = self.layout.label if self.layout is not None else str(self.world_size)
+        return f"{self.loader} {base}" if self.loader else base
 
 
 @dataclass(frozen=True)

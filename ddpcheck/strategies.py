@@ -13,6 +13,7 @@ The in-process checker lives in :mod:`ddpcheck.testing`; its names are importabl
 
 from __future__ import annotations
 
+import warnings
 from typing import TypeVar
 
 try:
@@ -73,20 +74,72 @@ def dataset_lengths(min_value: int = 1, max_value: int = 200) -> st.SearchStrate
     return st.integers(min_value=min_value, max_value=max_value)
 
 
-def world_sizes(max_size: int = 16, min_size: int = 1) -> st.SearchStrategy[int]:
-    """Numbers of ranks in ``[min_size, max_size]``; shrinks towards ``min_size``."""
-    _positive_range("world_sizes", min_size, max_size)
-    if min_size < 1:
-        raise ValueError(f"world_sizes: min_size must be at least 1, got {min_size}")
-    return st.integers(min_value=min_size, max_value=max_size)
+def _bounds(
+    name: str,
+    args: tuple[int, ...],
+    min_value: int | None,
+    max_value: int | None,
+    old: dict[str, int | None],
+    default: tuple[int, int],
+) -> tuple[int, int]:
+    """``min_value``/``max_value`` as hypothesis takes them; the old ``max_size``/``min_size`` keywords and
+    positional ``(max, min)`` still work, with a DeprecationWarning."""
+    if len(args) > 2:
+        raise TypeError(f"{name}() takes min_value= and max_value=, got {len(args)} positional arguments")
+    legacy = dict(zip(("max_size", "min_size"), args, strict=False))
+    for key, value in old.items():
+        if value is not None:
+            if key in legacy:
+                raise TypeError(f"{name}() got {key} twice")
+            legacy[key] = value
+    if legacy:
+        if min_value is not None or max_value is not None:
+            raise TypeError(f"{name}(): give min_value/max_value or the old max_size/min_size, not both")
+        shown = ", ".join(f"{k}={v!r}" for k, v in legacy.items())
+        warnings.warn(
+            f"{name}({shown}) is deprecated: pass min_value= and max_value= as hypothesis does "
+            f"({name}(min_value=..., max_value=...))",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        min_value, max_value = legacy.get("min_size"), legacy.get("max_size")
+    low = default[0] if min_value is None else min_value
+    high = default[1] if max_value is None else max_value
+    _positive_range(name, low, high)
+    if low < 1:
+        raise ValueError(f"{name}: min_value must be at least 1, got {low}")
+    return low, high
 
 
-def batch_sizes(max_size: int = 32, min_size: int = 1) -> st.SearchStrategy[int]:
-    """DataLoader batch sizes in ``[min_size, max_size]``; shrinks towards ``min_size``."""
-    _positive_range("batch_sizes", min_size, max_size)
-    if min_size < 1:
-        raise ValueError(f"batch_sizes: min_size must be at least 1, got {min_size}")
-    return st.integers(min_value=min_size, max_value=max_size)
+def world_sizes(
+    *args: int,
+    min_value: int | None = None,
+    max_value: int | None = None,
+    max_size: int | None = None,
+    min_size: int | None = None,
+) -> st.SearchStrategy[int]:
+    """Numbers of ranks in ``[min_value, max_value]`` (default 1 to 16); shrinks towards ``min_value``.
+
+    ``max_size``/``min_size`` (and positional ``(max, min)``) are the old names: deprecated.
+    """
+    old = {"max_size": max_size, "min_size": min_size}
+    low, high = _bounds("world_sizes", args, min_value, max_value, old, (1, 16))
+    return st.integers(min_value=low, max_value=high)
+
+
+def batch_sizes(
+    *args: int,
+    min_value: int | None = None,
+    max_value: int | None = None,
+    max_size: int | None = None,
+    min_size: int | None = None,
+) -> st.SearchStrategy[int]:
+    """DataLoader batch sizes in ``[min_value, max_value]`` (default 1 to 32); shrinks towards
+    ``min_value``. ``max_size``/``min_size`` (and positional ``(max, min)``) are the old names: deprecated.
+    """
+    old = {"max_size": max_size, "min_size": min_size}
+    low, high = _bounds("batch_sizes", args, min_value, max_value, old, (1, 32))
+    return st.integers(min_value=low, max_value=high)
 
 
 def _strategy(value: T | st.SearchStrategy[T] | None, default: st.SearchStrategy[T]) -> st.SearchStrategy[T]:
@@ -109,7 +162,8 @@ def loader_configs(
 ) -> st.SearchStrategy[LoaderConfig]:
     """:class:`LoaderConfig` examples; each field is drawn from its default strategy unless given.
 
-    A field may be fixed (``world_size=4``) or drawn from any strategy (``world_size=world_sizes(64)``).
+    A field may be fixed (``world_size=4``) or drawn from any strategy
+    (``world_size=world_sizes(max_value=64)``).
     Defaults: :func:`dataset_lengths`, :func:`world_sizes`, :func:`batch_sizes`, booleans for
     ``drop_last``, ``shuffle`` and ``pad``, and seeds in ``[0, 2**32 - 1]``. Shrinks towards one
     sample, one rank, batch size 1, no shuffle and seed 0.

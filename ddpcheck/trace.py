@@ -178,6 +178,17 @@ class PackingTally:
 
 
 @dataclass(frozen=True)
+class SourceCodes:
+    """The source of every sample of one epoch (``ddpcheck.checker.mixture`` reads them): ``codes[i]`` is
+    the index in ``names`` of the source of ``EpochTrace.ids[i]``; ``declared`` the file's
+    ``source_weights()`` as ``(name, weight)`` pairs (empty: none declared)."""
+
+    names: tuple[str, ...]
+    codes: Sequence[int]  # array('h'), parallel to the epoch's ids
+    declared: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class EpochTrace:
     """One rank's epoch: the ids in yield order, cut into batches by ``batch_sizes``."""
 
@@ -190,6 +201,7 @@ class EpochTrace:
     work: Sequence[tuple[float, ...]] | None = None  # per batch, each document's work (None: not measured)
     supervised: Sequence[int] | None = None  # per batch, tokens with a label (None: no labels)
     packing: PackingTally | None = None  # the epoch's packed batches (None: no position_ids)
+    sources: SourceCodes | None = None  # each sample's mixture source (None: batches carry none)
 
     @property
     def num_batches(self) -> int:
@@ -248,3 +260,43 @@ class RunTrace:
     def epoch(self, epoch: int) -> list[EpochTrace]:
         """The given epoch of every rank, in rank order."""
         return [r.epochs[epoch] for r in self.ranks]
+
+
+@dataclass(frozen=True)
+class ScriptLoader:
+    """One loader of a training script, as one rank recorded it (``ddpcheck run``/``ddpcheck.record``).
+
+    ``name`` is the line of the user's code that built it (``train.py:42``); ``set_epoch`` says whether
+    the script's loop called ``set_epoch`` before every epoch after the first (True where the loader has
+    nothing to call it on); ``handed`` counts the batches the script itself received."""
+
+    name: str
+    trace: RankTrace
+    id_source: IdSource = "index"
+    set_epoch: bool = True
+    handed: int = 0
+
+
+SCRIPT_TRACE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ScriptRankTrace:
+    """What one rank of a training script saw: every loader it iterated, and how the script ended.
+
+    ``status``: ``ok`` (ended, or stopped after the epochs asked for: ``stopped``), ``error`` (raised:
+    ``message`` is one line, ``stack`` its traceback) or ``exit`` (exited with a non-zero code).
+    ``joined_group``: whether it ran in a torch.distributed process group; ``fallback`` names a
+    framework that ran non-distributed although the launch had several processes."""
+
+    rank: int
+    world_size: int
+    loaders: tuple[ScriptLoader, ...]
+    status: str = "ok"
+    message: str = ""
+    stack: str = ""
+    notes: tuple[str, ...] = ()
+    joined_group: bool = False
+    stopped: bool = False
+    fallback: str = ""
+    version: int = SCRIPT_TRACE_VERSION

@@ -58,7 +58,13 @@ def test_one_verdict_per_data_check_in_order() -> None:
     assert [v.check for v in verdicts] == list(DATA_CHECKS)
     assert failed(verdicts) == set()
     # without workers, a custom batch sampler or tokens those checks do not apply, and say so
-    not_applying = {"worker_sharding", "batch_integrity", "work_balance", "packing"}  # no tokens either
+    not_applying = {
+        "worker_sharding",
+        "batch_integrity",
+        "work_balance",
+        "packing",
+        "mixture",
+    }  # no tokens either
     assert all(v.status == "pass" and v.detail for v in verdicts if v.check not in not_applying)
     assert all(v.status == "n/a" and v.detail for v in verdicts if v.check in not_applying)
 

@@ -1,5 +1,9 @@
 """The command line behaves like the tools users live in: --version, --help, -v, colour, config files,
-environment variables, GitHub annotations, one-line errors for every bad input, and signals."""
+environment variables, GitHub annotations, one-line errors for every bad input, and signals.
+
+Usage and configuration errors are checked in-process (``cli.main(argv)``); the tests that need a real
+process (exit codes, signals, closed streams, a loader that runs) start one.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpcheck.cli import MAX_REAL_RANKS, build_parser, parse, use_color
+from ddpcheck.cli import MAX_REAL_RANKS, build_parser, main, parse, use_color
 from ddpcheck.report.github import escape_data, escape_property, factory_line
 from tests.conftest import GOOD, ROOT
 
@@ -45,6 +49,27 @@ def _one_line_error(proc: subprocess.CompletedProcess[str], needle: str) -> None
     assert needle in lines[0]
 
 
+@pytest.fixture
+def here(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """In-process runs as ``_cli`` starts them: no DDPCHECK_* or colour variables, cwd ``tmp_path``."""
+    for name in [k for k in os.environ if k.startswith(("DDPCHECK_", "NO_COLOR", "FORCE_COLOR", "COLUMNS"))]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _main_error(capsys: pytest.CaptureFixture[str], needle: str, *argv: str) -> str:
+    """``main(argv)`` in this process: exit 2, one line on stderr holding ``needle``, no traceback."""
+    code = main(list(argv))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert needle in lines[0], lines[0]
+    return lines[0]
+
+
 # --- 1. conventions ---
 
 
@@ -54,8 +79,9 @@ def test_version_comes_from_the_package_metadata() -> None:
     assert proc.stdout.strip() == f"ddpcheck {version('ddpcheck')}"
 
 
-def test_help_shows_every_option_with_help_and_defaults() -> None:
-    text = _cli("--help").stdout
+def test_help_shows_every_option_with_help_and_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    text = capsys.readouterr().out
     assert "(default: 1,2,3,4)" in text and "(default: 120.0)" in text and "(default: make_loader)" in text
     for action in build_parser()._actions:
         assert action.help, f"{action.option_strings} has no help"
@@ -175,13 +201,19 @@ def test_option_sources_land_in_the_json_report(tmp_path: Path) -> None:
     ],
 )
 def test_bad_configuration_is_one_line_naming_file_and_key(
-    tmp_path: Path, table: str, env: dict[str, str], needle: str
+    here: Path,
+    table: str,
+    env: dict[str, str],
+    needle: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    (tmp_path / "pyproject.toml").write_text(f"[tool.ddpcheck]\n{table}\n")
-    proc = _cli(str(GOOD), cwd=tmp_path, env=env)
-    _one_line_error(proc, needle)
+    (here / "pyproject.toml").write_text(f"[tool.ddpcheck]\n{table}\n")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    line = _main_error(capsys, needle, str(GOOD))
     if table and "cannot read" not in needle:
-        assert str(tmp_path / "pyproject.toml") in proc.stderr
+        assert str(here / "pyproject.toml") in line
 
 
 def test_other_ddpcheck_variables_are_not_options(tmp_path: Path) -> None:
@@ -201,8 +233,8 @@ def test_factory_args_are_literals_or_strings() -> None:
 
 
 @pytest.mark.parametrize("bad", ["novalue", "1x=2", "class=1", "rank=1", "batch_size=4"])
-def test_bad_factory_args_are_usage_errors(tmp_path: Path, bad: str) -> None:
-    _one_line_error(_cli(str(GOOD), "--report-dir", str(tmp_path), "--factory-arg", bad), "--factory-arg")
+def test_bad_factory_args_are_usage_errors(here: Path, bad: str, capsys: pytest.CaptureFixture[str]) -> None:
+    _main_error(capsys, "--factory-arg", str(GOOD), "--report-dir", str(here), "--factory-arg", bad)
 
 
 def test_factory_args_reach_the_factory_and_the_report_options(tmp_path: Path) -> None:
@@ -280,8 +312,10 @@ def test_github_format_annotates_each_failing_check(tmp_path: Path) -> None:
         ),
     ],
 )
-def test_absurd_numbers_are_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
-    _one_line_error(_cli(str(GOOD), "--report-dir", str(tmp_path), *args), needle)
+def test_absurd_numbers_are_one_line(
+    here: Path, args: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _main_error(capsys, needle, str(GOOD), "--report-dir", str(here), *args)
 
 
 def test_simulate_allows_many_ranks(tmp_path: Path) -> None:
@@ -290,8 +324,8 @@ def test_simulate_allows_many_ranks(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-def test_loader_path_too_long_for_the_os(tmp_path: Path) -> None:
-    _one_line_error(_cli("x" * 5000 + ".py", "--report-dir", str(tmp_path)), "path too long")
+def test_loader_path_too_long_for_the_os(here: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _main_error(capsys, "path too long", "x" * 5000 + ".py", "--report-dir", str(here))
 
 
 def test_deeply_nested_loader_file(tmp_path: Path) -> None:
@@ -309,10 +343,11 @@ def test_pep263_latin1_loader_file_is_read_as_python_reads_it(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize("name", ["ddpcheck.json", "ddpcheck.md", "ddpcheck.html"])
-def test_junit_may_not_overwrite_our_own_reports(tmp_path: Path, name: str) -> None:
-    _one_line_error(
-        _cli(str(GOOD), "--report-dir", str(tmp_path), "--junit", str(tmp_path / "." / name)),
-        "would overwrite",
+def test_junit_may_not_overwrite_our_own_reports(
+    here: Path, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _main_error(
+        capsys, "would overwrite", str(GOOD), "--report-dir", str(here), "--junit", str(here / "." / name)
     )
 
 
@@ -501,10 +536,10 @@ def test_bad_input_errors_are_cut_to_one_readable_line(tmp_path: Path) -> None:
     assert len(proc.stderr) < 1000 and "more characters" in proc.stderr
 
 
-def test_junit_naming_a_directory_is_refused_before_any_rank_runs(tmp_path: Path) -> None:
-    _one_line_error(
-        _cli(str(GOOD), "--junit", str(tmp_path), "--report-dir", str(tmp_path)), "is a directory"
-    )
+def test_junit_naming_a_directory_is_refused_before_any_rank_runs(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _main_error(capsys, "is a directory", str(GOOD), "--junit", str(here), "--report-dir", str(here))
 
 
 def test_master_addr_alone_is_a_usage_error(tmp_path: Path) -> None:
@@ -512,10 +547,9 @@ def test_master_addr_alone_is_a_usage_error(tmp_path: Path) -> None:
     _one_line_error(proc, "need --rank and --world-size")
 
 
-def test_a_deeply_nested_pyproject_is_one_line(tmp_path: Path) -> None:
-    (tmp_path / "pyproject.toml").write_text("[tool.ddpcheck]\nepochs = " + "[" * 5000 + "]" * 5000 + "\n")
-    proc = _cli(str(GOOD), "--report-dir", str(tmp_path), cwd=tmp_path)
-    _one_line_error(proc, "pyproject.toml")
+def test_a_deeply_nested_pyproject_is_one_line(here: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (here / "pyproject.toml").write_text("[tool.ddpcheck]\nepochs = " + "[" * 5000 + "]" * 5000 + "\n")
+    _main_error(capsys, "pyproject.toml", str(GOOD), "--report-dir", str(here))
 
 
 def test_exit_handlers_get_seconds_not_forever() -> None:

@@ -388,3 +388,33 @@ def test_cli_writes_the_divergence_rows(tmp_path: Path) -> None:
         "cause": "padding copies; ids_key dedup removes them",
     }
     assert report["options"]["metric_tolerance"] is None and report["options"]["train_steps"] == 3
+
+
+# --------------------------------------------------------------------------- --factory-arg reaches the check
+
+
+def _cli_json(tmp_path: Path, fixture: str, *args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
+    command = [sys.executable, "-m", "ddpcheck", str(FIXTURES / fixture), "--epochs", "1", "--no-determinism",
+               "--no-resume", "--quiet", "--report-dir", str(tmp_path), *args]  # fmt: skip
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    report = json.loads((tmp_path / "ddpcheck.json").read_text(encoding="utf-8"))
+    return proc, report
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_factory_args_reach_the_metric_check(tmp_path: Path, drop_last: bool) -> None:
+    """``make_loader(rank, world_size, drop_last)``: only ``--factory-arg`` can call it, in every rank the
+    metric check starts too; the verdict follows the argument (drop_last drops sample 9 at world size 3)."""
+    arg = f"drop_last={drop_last}"
+    proc, report = _cli_json(
+        tmp_path, "divergence_factory_arg.py", "--world-sizes", "1,3", "--factory-arg", arg
+    )
+    assert proc.returncode == (1 if drop_last else 0), proc.stderr + proc.stdout
+    runs = {run["world_size"]: run for run in report["runs"]}
+    assert all(not run["failures"] for run in runs.values()), [run["failures"] for run in runs.values()]
+    assert runs[1]["checks"][METRIC_EQUIVALENCE]["status"] == "pass"
+    assert runs[3]["checks"][METRIC_EQUIVALENCE]["status"] == ("fail" if drop_last else "pass")
+    samples = {row["metric"]: row for row in runs[3]["divergence"]}["samples"]
+    assert samples["reference"] == 10
+    assert samples["corrected"] == (9 if drop_last else 10) and samples["dropped"] == (1 if drop_last else 0)
+    assert samples["naive"] == (9 if drop_last else 12)  # padding: samples 0 and 1 twice

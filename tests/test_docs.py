@@ -255,6 +255,8 @@ def _plan(part: str, command: Command) -> tuple[list[str] | None, str, Path | No
         if any(a.startswith(("--master-addr", "--rank")) for a in args):
             return None, "ddpcheck --rank/--master-addr joins a launch whose other ranks run elsewhere", None
         return [sys.executable, "-m", "ddpcheck", *args], "", None
+    if words[:3] == ["python", "-m", "torch.distributed.run"] and "--standalone" in words:
+        return [sys.executable, *words[1:]], "", None  # one machine: torchrun's own rendezvous, as shown
     if words[0] == "pytest" or words[:3] == ["python", "-m", "pytest"]:
         if part.strip() == PROJECT_SUITE:
             return None, "the project's whole suite (minutes): CI runs this command (.ci/run)", None

@@ -457,6 +457,31 @@ def test_user_temp_dirs_and_escaped_children_of_ranks_are_removed(monkeypatch: p
     tmp_path.rmdir()
 
 
+def _shared_memory_freed_at_exit(prefix: str) -> str:
+    import atexit
+    from multiprocessing import shared_memory
+
+    import torch.distributed as dist
+
+    name = f"{prefix}{dist.get_rank()}"
+    freed = shared_memory.SharedMemory(name=f"{name}a", create=True, size=64)
+    atexit.register(lambda: (freed.close(), freed.unlink()))  # as mosaicml-streaming frees its state
+    shared_memory.SharedMemory(name=f"{name}b", create=True, size=64)  # left to the resource tracker
+    return name
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm on this system")
+def test_shared_memory_of_ranks_is_not_left_behind() -> None:
+    """A rank's atexit handlers and resource tracker run before it ends: no /dev/shm segment outlives it."""
+    prefix = f"ddpchk_{uuid.uuid4().hex[:8]}_"
+    result = run_ranks(_shared_memory_freed_at_exit, 2, kwargs={"prefix": prefix}, timeout=60)
+    result.raise_for_failures()
+    left = sorted(p.name for p in Path("/dev/shm").iterdir() if p.name.startswith(prefix))
+    for name in left:  # do not leak into the next test run either
+        Path("/dev/shm", name).unlink()
+    assert not left, f"shared memory left behind: {left}"
+
+
 # 8. a DataLoader worker's exception is the headline ------------------------------------------------
 
 

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DATA, GOOD
+from tests.conftest import DATA, FIXTURES, GOOD
 
 BUGGY = DATA / "seed_per_rank.py"
+RANDOM_VARLEN = FIXTURES / "tokens" / "plain_random_varlen.py"  # token batches: work_balance applies
 
 
 def _free_port() -> int:
@@ -47,6 +48,28 @@ def test_torchrun_standalone_two_processes(tmp_path: Path) -> None:
     assert run["checks"]["no_overlap"]["status"] == "pass"
     assert run["checks"]["determinism"]["status"] == "skip"
     assert report["options"]["joined"] is True
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_torchrun_honours_max_idle_and_allow(tmp_path: Path, allow: bool) -> None:
+    """A joined launch judges as a local run does: ``--max-idle`` fails a work_balance that random batching
+    passes (variable-length sequences: no step is ever perfectly balanced, so idle > 0.001), and ``--allow``
+    reports that failure as allowed (exit 0). Both were silently ignored in joined launches."""
+    args = ["--max-idle", "0.001", *(["--allow", "work_balance"] if allow else [])]
+    cmd = _torchrun("--standalone", "--nproc-per-node=2", "-m", "ddpcheck", str(RANDOM_VARLEN), "--epochs",
+                    "1", "--no-resume", "--quiet", "--report-dir", str(tmp_path), *args)  # fmt: skip
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == (0 if allow else 1), proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "ddpcheck.json").read_text())
+    assert report["options"]["joined"] is True and report["options"]["max_idle"] == 0.001
+    (run,) = report["runs"]
+    work = run["checks"]["work_balance"]
+    assert work["status"] == ("allowed" if allow else "fail"), work
+    assert "--max-idle" in work["detail"]
+    failed = sorted(check for check, v in run["checks"].items() if v["status"] == "fail")
+    assert failed == ([] if allow else ["work_balance"])
+    assert run["checks"]["determinism"]["status"] == "skip"
+    assert any("does not run metric_equivalence" in note for note in report["notes"]), report["notes"]
 
 
 @pytest.mark.parametrize("loader,expected", [(GOOD, 0), (BUGGY, 1)])

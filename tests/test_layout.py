@@ -114,7 +114,8 @@ def test_each_layer_imports_only_what_its_role_allows(layer: str, forbidden: tup
 # Top to bottom; a module imports only from its own package or from a lower level.
 LEVELS = (
     (
-        "ddpcheck.cli", "ddpcheck.__main__", "ddpcheck.pytest_plugin", "ddpcheck.testing",
+        "ddpcheck.cli", "ddpcheck.cli_run", "ddpcheck.record", "ddpcheck.__main__", "ddpcheck.pytest_plugin",
+        "ddpcheck.testing",
         "ddpcheck.strategies", "ddpcheck.hygiene", "ddpcheck.progress", "ddpcheck.config",
     ),
     ("ddpcheck.session",),

@@ -12,6 +12,9 @@ consistency) has pure tests below, and the reference utilities run in real meshe
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +43,7 @@ from ddpcheck.checks.replicas import (
 from ddpcheck.cli import main
 from ddpcheck.layout import Layout, LayoutError, parse_mesh, parse_meshes, shaped_like
 from ddpcheck.trace import EpochTrace, RankTrace, RunTrace
-from tests.conftest import FIXTURES
+from tests.conftest import CACHE_ROOT_VAR, CACHE_VARS, FIXTURES, ROOT
 
 MESH = FIXTURES / "mesh"
 DP2_TP2 = "dp=2,tp=2"
@@ -194,6 +197,7 @@ def _run(case: Case, tmp_path: Path) -> dict[str, Any]:
     return report
 
 
+@pytest.mark.slow  # a whole ddpcheck run in process (cli.main)
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_mesh_fixture(case: Case, tmp_path: Path) -> None:
     if case.module:
@@ -217,6 +221,36 @@ def test_mesh_fixture(case: Case, tmp_path: Path) -> None:
         assert [c["cause"] for c in report["causes"]] == [case.cause]  # one cause for every check it explains
 
 
+COLD_TESTS = (  # DeepSpeed (torch_extensions), HF datasets (huggingface), mmengine (matplotlib, YAPF)
+    "tests/test_meshes.py::test_mesh_fixture[deepspeed-ulysses]",
+    "tests/test_frameworks.py::test_framework_loader[datasets-map-split]",
+    "tests/test_frameworks.py::test_framework_loader[mmengine-default-sampler]",
+)
+
+
+@pytest.mark.slow
+def test_a_cold_run_writes_nothing_into_the_home_caches(tmp_path: Path) -> None:
+    """README command 2 on a fresh machine: an empty home, none of the cache variables set. The tests that
+    import DeepSpeed, HF datasets and mmengine pass well inside their deadlines (DeepSpeed builds no
+    shared-memory op: it used to compile for ~60 s and leave a lock in ~/.cache/torch_extensions), and
+    the home gets nothing: tests/conftest.py gives the session caches of its own and removes them."""
+    for module in ("deepspeed", "datasets", "mmengine"):
+        pytest.importorskip(module, reason=f"needs {module}: the 'integrations' extra")
+    home, tmp = tmp_path / "home", tmp_path / "tmp"
+    home.mkdir()
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in CACHE_VARS and k != CACHE_ROOT_VAR}
+    env.update(HOME=str(home), TMPDIR=str(tmp))
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *COLD_TESTS]
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "3 passed" in proc.stdout, proc.stdout[-2000:]
+    assert "built successfully" not in proc.stdout + proc.stderr  # DeepSpeed compiled nothing
+    assert sorted(str(p.relative_to(home)) for p in home.rglob("*")) == []
+    assert not list(tmp.glob("ddpcheck-test-caches-*")), "the session's caches were not removed"
+
+
+@pytest.mark.slow  # a whole ddpcheck run in process (cli.main)
 def test_a_mesh_report_names_layouts_everywhere(tmp_path: Path) -> None:
     report = _run(CASES[4], tmp_path)  # global rank: fails at the mesh only
     mesh = next(run for run in report["runs"] if run["mesh"])

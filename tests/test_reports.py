@@ -17,6 +17,7 @@ from ddpcheck.checker.options import CheckOptions
 from ddpcheck.checks.ids import (
     DATA_CHECKS,
     METRIC_EQUIVALENCE,
+    MIXTURE,
     NO_OVERLAP,
     PACKING,
     SHORT_LABELS,
@@ -38,7 +39,7 @@ from ddpcheck.report import (
 )
 from ddpcheck.report.json_report import jsonable
 from ddpcheck.report.junit import xml_text
-from ddpcheck.report.view import evidence
+from ddpcheck.report.view import build_view, evidence
 from ddpcheck.result import CheckResult, MetricRow, ResumeRow, WorldResult
 from ddpcheck.session import check_loader
 from ddpcheck.trace import RankFailure
@@ -69,7 +70,11 @@ COVERAGE = Verdict(
 CRASH = RankFailure(1, "error", "ZeroDivisionError: division by zero", STACK, "epoch 0, batch 4")
 
 
-TOKENLESS = {WORK_BALANCE: "no tokens", PACKING: "no position_ids"}  # n/a, as for a loader without tokens
+TOKENLESS = {
+    WORK_BALANCE: "no tokens",
+    PACKING: "no position_ids",
+    MIXTURE: "no sources",
+}  # n/a, as for a loader without tokens
 
 
 def _world(n: int, *special: Verdict, **kwargs: object) -> WorldResult:
@@ -153,7 +158,7 @@ def test_table_all_pass_grid_and_summary() -> None:
     assert text.splitlines()[0] == "ddpcheck: loaders/ok.py  (ids: index, epochs: 2, backend: gloo)"
     assert (
         text.splitlines()[-1]
-        == "ddpcheck: 18 passed, 0 failed, 4 n/a, 0 skipped across world sizes 1,2 -> OK (exit 0)"
+        == "ddpcheck: 18 passed, 0 failed, 6 n/a, 0 skipped across world sizes 1,2 -> OK (exit 0)"
     )
 
 
@@ -211,12 +216,12 @@ def test_table_details_carry_the_evidence() -> None:
 def test_table_summary_counts_and_exit_codes() -> None:
     text = render_table(_mixed())
     assert text.splitlines()[-1] == (
-        "ddpcheck: 24 passed, 2 failed, 6 n/a, 2 skipped, 1 rank failure across world sizes 1,2,4,8 "
+        "ddpcheck: 24 passed, 2 failed, 9 n/a, 2 skipped, 1 rank failure across world sizes 1,2,4,8 "
         "-> FAIL (exit 3)"
     )
     only_checks = CheckResult("l.py", (_world(2, OVERLAP),))
     assert render_table(only_checks).splitlines()[-1] == (
-        "ddpcheck: 8 passed, 1 failed, 2 n/a, 0 skipped across world size 2 -> FAIL (exit 1)"
+        "ddpcheck: 8 passed, 1 failed, 3 n/a, 0 skipped across world size 2 -> FAIL (exit 1)"
     )
     nothing = render_table(CheckResult("l.py", ()))
     assert "(no world sizes were run)" in nothing
@@ -411,6 +416,7 @@ KNOWN_JSON = {
         {
             "world_size": 2,
             "label": "ws=2",
+            "loader": "",
             "mesh": None,
             "backend": "gloo",
             "ok": False,
@@ -484,6 +490,7 @@ KNOWN_JSON = {
         {
             "world_size": 4,
             "label": "ws=4",
+            "loader": "",
             "mesh": None,
             "backend": "gloo",
             "ok": True,
@@ -497,6 +504,7 @@ KNOWN_JSON = {
             "resume": [],
         },
     ],
+    "mixture": [],
 }
 
 
@@ -533,6 +541,7 @@ def test_json_round_trips_the_mixed_result() -> None:
         assert set(run) == {
             "world_size",
             "label",
+            "loader",
             "mesh",
             "padding",
             "idle",
@@ -680,15 +689,15 @@ def test_junit_counts_and_cases() -> None:
     suite = root.find("testsuite")
     assert suite is not None
     cases = suite.findall("testcase")
-    assert len(cases) == 3 * 11 + 1 + 1  # 3 world sizes ran 11 checks, ws=8 skipped, one "ranks" case
+    assert len(cases) == 3 * 12 + 1 + 1  # 3 world sizes ran 12 checks, ws=8 skipped, one "ranks" case
     assert {k: suite.get(k) for k in ("tests", "failures", "errors", "skipped", "time")} == {
-        "tests": "35",
+        "tests": "38",
         "failures": "3",  # two checks and the crashed ranks (the schema has no <error> element)
         "errors": "0",
-        "skipped": "8",  # ws=8 not run, ws=1's no_overlap, and work_balance/packing n/a at 3 world sizes
+        "skipped": "11",  # ws=8 not run, ws=1's no_overlap, work_balance/packing/mixture n/a at 3 world sizes
         "time": "6.000",
     }
-    assert root.get("tests") == "35" and root.get("failures") == "3" and root.get("skipped") is None
+    assert root.get("tests") == "38" and root.get("failures") == "3" and root.get("skipped") is None
     assert sum(len(case.findall("failure")) for case in cases) == 3
     by_id = {(case.get("classname"), case.get("name")): case for case in cases}
     failure = by_id[("ddpcheck.ws4", "no_overlap")].find("failure")
@@ -875,7 +884,7 @@ def test_allowed_and_na_are_counted_apart_and_never_fail_the_run() -> None:
     assert result.ok and result.exit_code == 0
     text = render_table(result, layout="tall")
     assert text.splitlines()[-1] == (
-        "ddpcheck: 15 passed, 0 failed, 5 n/a, 1 allowed, 1 skipped across world sizes 1,2 -> OK (exit 0)"
+        "ddpcheck: 15 passed, 0 failed, 7 n/a, 1 allowed, 1 skipped across world sizes 1,2 -> OK (exit 0)"
     )
     cells = {row[0]: row[1:] for row in _parse_table(text, "check")[1]}
     assert cells["worker_sharding"] == ["PASS", "n/a"]
@@ -891,6 +900,7 @@ def test_allowed_and_na_are_counted_apart_and_never_fail_the_run() -> None:
     assert _section(text, "Not applicable") == [
         "[ws=1,2] work_balance: no tokens",
         "[ws=1,2] packing: no position_ids",
+        "[ws=1,2] mixture: no sources",
         "[ws=2] worker_sharding: the loader has no workers",
     ]
     assert _section(text, "Skipped (could not be judged)") == ["[ws=2] determinism: no second run"]
@@ -905,7 +915,7 @@ def test_statuses_in_json_and_markdown() -> None:
     assert data["summary"] == {
         "passed": 15,
         "failed": 0,
-        "not_applicable": 5,
+        "not_applicable": 7,
         "allowed": 1,
         "skipped": 1,
         "rank_failures": 0,
@@ -932,7 +942,7 @@ def test_junit_renders_na_skip_and_allowed_as_skipped_with_the_failure_text() ->
     root = ET.fromstring(render_junit(_statuses()))
     suite = root.find("testsuite")
     assert suite is not None
-    assert (suite.get("failures"), suite.get("errors"), suite.get("skipped")) == ("0", "0", "7")
+    assert (suite.get("failures"), suite.get("errors"), suite.get("skipped")) == ("0", "0", "9")
     cases = {(c.get("classname"), c.get("name")): c for c in suite.findall("testcase")}
     allowed = cases[("ddpcheck.ws2", "reshuffle")].find("skipped")
     assert allowed is not None and allowed.get("type") == "allowed"
@@ -1063,3 +1073,133 @@ def test_examples_are_dropped_only_when_the_detail_really_quotes_them() -> None:
     assert shown("missing: 1, 5, 7.", (1, 5, 7)) == []
     assert shown("10 samples are missing", (1,)) == ["1"]  # "1" inside "10" is not a quote
     assert shown("missing: 1, 5, 7.5", (1, 5, 7)) == ["1, 5, 7"]
+
+
+# ------------------------------------------------------------------ picture file names
+
+
+def _pictured(layout: object, world_size: int = 2) -> WorldResult:
+    from ddpcheck.figures import figure_data
+    from tests.trace_builders import ddp_run, permutations, reference
+
+    orders = permutations(16, 1, seed=0)
+    figures = figure_data(reference(orders), ddp_run(orders, world_size))
+    return WorldResult(world_size, "gloo", (passed("coverage"),), figures=figures, layout=layout)  # type: ignore[arg-type]
+
+
+def test_picture_files_have_short_distinct_names_whatever_the_mesh_label(tmp_path: Path) -> None:
+    """A label over 200 characters once failed the write (exit 2, half the reports); ``dp=12`` and
+    ``dp1=2``, or labels differing in a non-ASCII letter, once shared a picture and overwrote it."""
+    from ddpcheck.layout import parse_mesh
+    from ddpcheck.report.markdown import picture_names
+
+    meshes = [
+        parse_mesh(",".join(f"dp_{'x' * 20}_{i}=1" for i in range(12)) + ",dp=2"),
+        parse_mesh("dp=2", data_dims=("dp",)),
+        parse_mesh("dp12=1,dp=2"),
+        parse_mesh("dp1=2,dp2=1"),
+        parse_mesh("dp=2,tpé=1"),
+        parse_mesh("dp=2,tpè=1"),
+    ]
+    assert len(meshes[0].label) > 200
+    result = CheckResult("loaders/x.py", tuple(_pictured(m) for m in meshes))
+    write_reports(result, tmp_path)  # no OSError: File name too long
+    names = [item.name for item in picture_names(build_view(result), "ddpcheck")]
+    per_layout = {name.rsplit("-", 1)[0] for name in names}
+    assert len(per_layout) == len(meshes)  # one distinct name part per layout
+    assert all((tmp_path / name).exists() and len(name) < 80 for name in names)
+    assert all(re.fullmatch(r"[A-Za-z0-9_.-]+", name) for name in names)
+    markdown = (tmp_path / "ddpcheck.md").read_text("utf-8")
+    assert all(name in markdown for name in names)  # the report links the files that were written
+
+
+# ------------------------------------------------------------------ the terminal stays short
+
+
+def test_not_applicable_reasons_are_one_line_on_the_terminal_and_all_in_the_files() -> None:
+    result = _all_pass()  # work_balance, packing, mixture ... do not apply (no tokens)
+    full = render_table(result)
+    assert len(_section(full, "Not applicable")) >= 3
+    short = render_table(result, not_applicable_in="reports/ddpcheck.md")
+    assert "Not applicable\n" not in short
+    (line,) = [line for line in short.splitlines() if line.startswith("Not applicable")]
+    assert "reports/ddpcheck.md" in line and "-v" in line and WORK_BALANCE in line
+    assert "no tokens" not in short  # the reasons themselves are in the files
+    assert "`work_balance`: no tokens" in render_markdown(result)
+
+
+def test_a_failure_repeated_by_many_ranks_is_one_line_with_its_count() -> None:
+    failures = tuple(
+        RankFailure(r, "error", "AssertionError: batch 3 differs", stack="Traceback\n  x\nAssertionError")
+        for r in range(24)
+    )
+    result = CheckResult("l.py", (_world(24, failures=failures),))
+    details = _section(render_table(result, width=100), "Details")
+    text = "\n".join(details)
+    assert text.count("AssertionError: batch 3 differs") == 1
+    assert "ws=24 ranks 0-23 error: AssertionError: batch 3 differs (x24)" in text
+    many = CheckResult("l.py", tuple(_world(n, failures=(RankFailure(1, "error", "boom"),)) for n in (2, 3)))
+    assert "ws=2, ws=3 rank 1 error: boom (x2)" in render_table(many)
+
+
+def test_different_failures_stay_apart() -> None:
+    failures = (RankFailure(0, "error", "ValueError: a"), RankFailure(1, "error", "ValueError: b"))
+    details = "\n".join(
+        _section(render_table(CheckResult("l.py", (_world(2, failures=failures),))), "Details")
+    )
+    assert "rank 0 error: ValueError: a" in details and "rank 1 error: ValueError: b" in details
+    assert "(x" not in details
+
+
+def test_free_text_never_wraps_a_word_per_line_on_a_narrow_terminal() -> None:
+    runs = tuple(_world(n, failures=(RankFailure(1, "error", "boom"),)) for n in range(2, 9))
+    text = render_table(CheckResult("l.py", runs), width=60, layout="tall")
+    grid = text.splitlines()
+    start = next(i for i, line in enumerate(grid) if line.startswith("check"))
+    body = grid[start + 2 : grid.index("", start)]
+    assert all(line.split()[0] != "" and not line.startswith(" ") for line in body), body  # no wrapped rows
+    assert "ranks at ws=2: rank 1 crashed" in text  # the long texts go below the grid, whole
+    rows_ = (MetricRow("accuracy with a long metric name", 0.9, 0.92, 0.9, duplicated=3),)
+    narrow = render_table(CheckResult("l.py", (_world(2, divergence=rows_),)), width=60)
+    divergence = "\n".join(_section(narrow, "Divergence"))
+    assert "cause (accuracy with a long metric name):" in divergence
+
+
+# ------------------------------------------------------------------ wording
+
+
+HASHES = "1087362260100484431, 2879755579529241734"
+
+
+def test_content_hash_ids_read_short_in_the_table_and_markdown_and_stay_whole_in_json() -> None:
+    from ddpcheck.messages import short_id
+
+    overlap = Verdict(NO_OVERLAP, "fail", f"2 samples reach more than one rank: {HASHES}", "sharded twice")
+    result = CheckResult("l.py", (_world(2, overlap),), id_source="content-hash")
+    short = f"{short_id(1087362260100484431)}, {short_id(2879755579529241734)}"
+    assert re.fullmatch(r"#[0-9a-f]{7}", short_id(1087362260100484431))
+    table, markdown = render_table(result), render_markdown(result)
+    assert short in table and short in markdown
+    assert "1087362260100484431" not in table and "1087362260100484431" not in markdown
+    assert "1087362260100484431" in render_json(result)  # machine-readable: whole
+    by_index = CheckResult("l.py", (_world(2, overlap),), id_source="index")
+    assert HASHES in render_table(by_index)  # other ids are shown as they are
+
+
+def test_overlap_repeats_are_not_listed_as_padding() -> None:
+    from ddpcheck.checks.ids import PADDING_BOUND
+
+    pad = Verdict(PADDING_BOUND, "pass", "within bounds", data={"copies": 4, "samples": 64})
+    overlap = Verdict(NO_OVERLAP, "fail", "240 samples reach more than one rank", "sharded twice")
+    result = CheckResult("l.py", (_world(2, pad), _world(4, pad, overlap)))
+    table = render_table(result)
+    padding = _section(table, "Padding (samples repeated to even out the ranks)")
+    assert padding == ["[ws=2] 4 of 64 samples seen twice (6%)"]  # not ws=4: its repeats are the overlap's
+    assert "ws=4" not in render_markdown(result).split("### Padding")[1].split("###")[0]
+
+
+def test_examples_are_named_for_what_they_are() -> None:
+    from ddpcheck.messages import listed
+
+    assert listed("never seen", [0, 1, 4]) == "never seen: 0, 1, 4"
+    assert listed("never seen", list(range(20)), limit=3) == "never seen: 0, 1, 2 ... (20 in all)"

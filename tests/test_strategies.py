@@ -108,9 +108,43 @@ def test_loader_configs_take_fixed_values_and_strategies(config: LoaderConfig) -
 
 
 @settings(max_examples=50)
-@given(n=dataset_lengths(3, 9), ws=world_sizes(max_size=5, min_size=2), bs=batch_sizes(4))
+@given(
+    n=dataset_lengths(min_value=3, max_value=9),
+    ws=world_sizes(min_value=2, max_value=5),
+    bs=batch_sizes(max_value=4),
+)
 def test_scalar_strategies_respect_bounds(n: int, ws: int, bs: int) -> None:
     assert 3 <= n <= 9 and 2 <= ws <= 5 and 1 <= bs <= 4
+
+
+def _least(strategy: st.SearchStrategy[int], at_least: int = 0) -> int:
+    """The smallest example of ``strategy`` that is at least ``at_least`` (what hypothesis shrinks to)."""
+    return find(strategy, lambda n: n >= at_least, settings=SEARCH)
+
+
+@pytest.mark.parametrize("strategy", [world_sizes, batch_sizes])
+def test_bounds_are_named_as_hypothesis_names_them(strategy) -> None:  # type: ignore[no-untyped-def]
+    """min_value/max_value as st.integers takes them: the same keywords for every integer strategy."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new names warn about nothing
+        assert _least(strategy(min_value=3, max_value=7), 5) == 5
+        assert _least(strategy(min_value=3, max_value=7)) == 3  # shrinks to min_value
+        assert _least(strategy(min_value=3, max_value=7), 7) == 7
+        assert _least(dataset_lengths(min_value=2, max_value=4)) == 2
+
+
+@pytest.mark.parametrize("strategy", [world_sizes, batch_sizes])
+def test_old_size_keywords_still_work_with_a_deprecation_warning(strategy) -> None:  # type: ignore[no-untyped-def]
+    with pytest.deprecated_call(match="pass min_value= and max_value="):
+        old = strategy(max_size=7, min_size=3)
+    assert _least(old) == 3 and _least(old, 7) == 7
+    with pytest.deprecated_call(match=r"max_size=7\)"):
+        positional = strategy(7)  # the old positional order: (max_size, min_size)
+    assert _least(positional) == 1 and _least(positional, 7) == 7
+    with pytest.raises(TypeError, match="not both"):
+        strategy(max_value=7, max_size=7)
 
 
 @settings(max_examples=60)
@@ -145,8 +179,10 @@ def test_loader_config_rejects_bad_values(fields: dict[str, object], message: st
 def test_strategies_reject_bad_bounds() -> None:
     with pytest.raises(ValueError, match="min <= max"):
         dataset_lengths(5, 2)
-    with pytest.raises(ValueError, match="min_size must be at least 1"):
-        world_sizes(4, min_size=0)
+    with pytest.raises(ValueError, match="min_value must be at least 1"):
+        world_sizes(min_value=0, max_value=4)
+    with pytest.raises(ValueError, match="min <= max"):
+        batch_sizes(min_value=5, max_value=2)
     with pytest.raises(ValueError, match="max_batch_size"):
         batch_shapes(10, max_batch_size=0)
     with pytest.raises(ValueError, match="total must be a non-negative integer"):
@@ -229,7 +265,7 @@ def test_given_test_fails_for_a_rank_dependent_seed() -> None:
 def test_uneven_batch_split_fails_equal_steps() -> None:
     @st.composite
     def setups(draw: st.DrawFn) -> tuple[LoaderConfig, list[int]]:
-        config = draw(loader_configs(dataset_len=dataset_lengths(1, 30), world_size=world_sizes(4)))
+        config = draw(loader_configs(dataset_len=dataset_lengths(1, 30), world_size=world_sizes(max_value=4)))
         return config, draw(batch_shapes(config.dataset_len, max_batch_size=4))
 
     def broken(setup: tuple[LoaderConfig, list[int]]) -> bool:

@@ -7,6 +7,9 @@ with its own cause. ``judge_training`` is also tested alone on hand-made weights
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +21,7 @@ from ddpcheck.checks.verdict import Verdict
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.scenarios.training import RankTraining, ReferenceTraining, judge_training, relative_difference
 from ddpcheck.session import check_loader
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, ROOT
 
 
 def _check(path: Path | str, world_sizes: tuple[int, ...], **options: object) -> CheckResult:
@@ -161,3 +164,44 @@ def test_a_loss_that_is_not_a_scalar_is_a_clear_rank_failure(tmp_path: Path) -> 
     (failure,) = result.runs[0].failures
     expected = "loss(model, batch) must return a scalar tensor computed from the model's output"
     assert failure.message.startswith(f"training_equivalence: {expected}")
+
+
+@pytest.mark.parametrize("split", ["strided", "contiguous"])
+def test_factory_args_reach_the_training_check(tmp_path: Path, split: str) -> None:
+    """``make_loader(rank, world_size, split, batch_size=4)``: only ``--factory-arg`` can call it, in the DDP
+    ranks and the single-process rank the training check starts too; the verdict follows the split."""
+    command = [sys.executable, "-m", "ddpcheck", str(FIXTURES / "train_factory_arg.py"),
+               "--world-sizes", "1,2", "--epochs", "1", "--no-determinism", "--no-resume", "--quiet",
+               "--report-dir", str(tmp_path), "--factory-arg", f"split={split}"]  # fmt: skip
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == (0 if split == "strided" else 1), proc.stderr + proc.stdout
+    report = json.loads((tmp_path / "ddpcheck.json").read_text(encoding="utf-8"))
+    runs = {run["world_size"]: run for run in report["runs"]}
+    assert all(not run["failures"] for run in runs.values()), [run["failures"] for run in runs.values()]
+    assert runs[1]["checks"][TRAINING_EQUIVALENCE]["status"] == "pass"
+    two = runs[2]["checks"][TRAINING_EQUIVALENCE]
+    assert two["status"] == ("pass" if split == "strided" else "fail"), two
+    failing = {check for run in runs.values() for check, v in run["checks"].items() if v["status"] == "fail"}
+    assert failing == (set() if split == "strided" else {TRAINING_EQUIVALENCE})
+
+
+def test_the_training_and_metric_checks_build_the_data_runs_loader() -> None:
+    """Their ranks get the data run's own record options (one epoch), not copies made field by field: no
+    loader option (``--factory-arg``, ``--patch``, batch size, ``--no-set-epoch``, ...) can be left out."""
+    from dataclasses import fields, replace
+
+    from ddpcheck.checker.loaderfile import LoaderSpec
+    from ddpcheck.checker.recording import RecordOptions
+    from ddpcheck.scenarios.metric import MetricEquivalence
+    from ddpcheck.scenarios.training import TrainingEquivalence, TrainOptions
+
+    options = CheckOptions(factory_args=(("split", "contiguous"),), patch=True, batch_size=3, set_epoch=False,
+                           load_data=True, simulate=True)  # fmt: skip
+    spec = LoaderSpec(path=str(FIXTURES / "train_factory_arg.py"), factory="make_loader")
+    expected = replace(options.record_options(), epochs=1)
+    assert TrainingEquivalence(spec, options).options.record == expected
+    assert MetricEquivalence(spec, options).record == expected
+    loader_fields = {f.name for f in fields(RecordOptions)}
+    assert {f.name for f in fields(TrainOptions)} & loader_fields == {
+        "steps"
+    }  # training steps, another thing

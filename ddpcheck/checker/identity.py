@@ -89,15 +89,33 @@ OBJECT_ITEMS = "sampler items (their id attribute, else their content)"  # an id
 
 def sampler_item_id(item: Any) -> Hashable:
     """One item a sampler yielded, as an id: an index as itself; an object (lhotse's samplers yield
-    ``CutSet``s of cuts) by its ``id`` attribute when it has a plain one, else by its plain form."""
+    ``CutSet``s of cuts) by its ``id`` attribute when it has a plain one, else by its plain form.
+
+    A number that is not an integer (``0.0``, a float tensor, a bool) is no object but a broken
+    index: ``dataset[0.0]`` fails at the first batch of training, so it is bad input, not an id."""
     if type(item) is int:
         return item
     if hasattr(item, "item") and getattr(item, "ndim", 1) == 0:
+        refuse_numeric_index(item.item())
         return plain_id(item)
+    refuse_numeric_index(item)
     ident = getattr(item, "id", None)
     if type(ident) in (int, str):
         return ident  # type: ignore[no-any-return]
     return plain_id(item)
+
+
+def refuse_numeric_index(value: Any) -> None:
+    """Raise :class:`BadLoaderFile` for a sampler item that is a number but not an integer index."""
+    import numbers
+
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return
+    if isinstance(value, (bool, numbers.Number)) or type(value).__name__ in ("bool_", "bool"):
+        raise BadLoaderFile(
+            f"the sampler yielded {value!r} ({type(value).__name__}) as a sample index: datasets are "
+            f"indexed by ints and dataset[{value!r}] fails at the first batch (yield int indices)"
+        )
 
 
 def _freeze(value: Any) -> Any:

@@ -89,6 +89,24 @@ def _indices(item: Any) -> list[Hashable] | None:
     return [sampler_item_id(i) for i in items]  # objects a sampler yields (lhotse's cuts), by their id
 
 
+def _refuse_numbers(index: Any) -> None:
+    """Raise BadLoaderFile when what the sampler yielded holds a number that is not an int index."""
+    if type(index) is int:
+        return
+    items = index_items(index)
+    if all(type(i) is int for i in items):
+        return
+    from ddpcheck.checker.identity import refuse_numeric_index
+
+    for item in items:
+        refuse_numeric_index(item.item() if hasattr(item, "item") and getattr(item, "ndim", 1) == 0 else item)
+
+
+def indices_of(item: Any) -> list[Hashable] | None:
+    """What one item of a (batch) sampler identifies: its indices, or the ids of the objects it yields."""
+    return _indices(item)
+
+
 def index_items(item: Any) -> list[Any]:
     """What a sampler yielded, as a list: one index (an int, a 0-d tensor or array) or a batch of them."""
     if isinstance(item, int):
@@ -155,6 +173,7 @@ def install() -> None:
     def _next_index(self: Any) -> Any:
         index = original_next_index(self)
         if getattr(self, "_ddpcheck_log", None) is not None:
+            _refuse_numbers(index)  # before the fetch: a float index is bad input, not a dataset crash
             self._ddpcheck_sent.append(index)
         return index
 

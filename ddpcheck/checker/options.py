@@ -5,24 +5,37 @@ The session and the scenarios (metric, training, resume) read them; nothing here
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from ddpcheck.checker.recording import RecordOptions
-from ddpcheck.layout import Layout, LayoutError, parse_meshes
+from ddpcheck.layout import MAX_SIMULATED_RANKS, Layout, LayoutError, MeshLike, parse_meshes
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # recording imports torch: options are read (the command line) before torch loads
+    from ddpcheck.checker.recording import RecordOptions
     from ddpcheck.launch import ProgressCallback
 
 BACKENDS = ("gloo", "nccl")
 
 
 class BadInput(ValueError):
-    """Options or inputs that make the run impossible; the message is one actionable line (exit 2)."""
+    """Options or inputs that make the run impossible; the message is one actionable line (exit 2).
+
+    ``option``: the :class:`CheckOptions` field at fault, where one is (the command line then says
+    where its value came from: a flag, ``[tool.ddpcheck]`` or a ``DDPCHECK_*`` variable).
+    """
+
+    def __init__(self, message: str, option: str | None = None) -> None:
+        super().__init__(message)
+        self.option = option
 
 
 @dataclass(frozen=True)
 class CheckOptions:
+    """What one ddpcheck run is asked to do: world sizes and meshes, epochs, how the loader is built, which
+    checks and scenarios run and how strictly. Plain values with the command line's defaults;
+    :func:`validate` checks them all (one message per rule) and returns them with every mesh parsed into
+    a :class:`~ddpcheck.layout.Layout` (``meshes`` may be given as specs, mappings or Layouts)."""
+
     world_sizes: tuple[int, ...] = (1, 2, 3, 4)
     epochs: int = 2
     backend: str = "gloo"
@@ -52,8 +65,9 @@ class CheckOptions:
     work: bool = True  # measure each batch's work when batches carry tokens (the data is then loaded)
     work_cost: str = "tokens"  # "tokens" | "attention": each document's length squared
     max_idle: float | None = None  # fail work_balance when a layout's idle fraction exceeds this
+    mixture: bool = True  # read each sample's source where batches carry one (ddpcheck.checker.mixture)
     # --- device meshes: each spec a layout beside the world sizes (ddpcheck.layout) ---
-    meshes: tuple[str, ...] = ()  # "dp=2,tp=2", dimensions outermost first
+    meshes: tuple[MeshLike, ...] = ()  # "dp=2,tp=2", {"dp": 2, "tp": 2} or a Layout, outermost first
     data_dims: tuple[str, ...] = ()  # the dimensions that split the data; () = the names starting with dp
     sequence_dims: tuple[str, ...] | None = None  # ...that slice every sequence; None = names starting sp
     # --- the live progress display (ddpcheck.progress): not an option of the run, never reported ---
@@ -61,29 +75,53 @@ class CheckOptions:
 
     def record_options(self, layout: Layout | None = None, *, digest: bool = False) -> RecordOptions:
         """What the ranks need of these options (the fields both share, by name), in ``layout``."""
+        from ddpcheck.checker.recording import RecordOptions
+
         shared = {f.name: getattr(self, f.name) for f in fields(RecordOptions) if hasattr(self, f.name)}
         return RecordOptions(**shared, layout=layout, digest=digest)
 
 
 def mesh_layouts(options: CheckOptions) -> list[Layout]:
-    """The meshes asked for, as layouts; BadInput (exit 2) for a spec that describes no ranks."""
-    if (options.data_dims or options.sequence_dims) and not options.meshes:
-        raise BadInput("--data-dims and --sequence-dims name mesh dimensions: give --mesh too")
+    """The meshes asked for, as layouts (through the one parser, :func:`ddpcheck.layout.parse_meshes`);
+    BadInput (exit 2) for a spec that describes no ranks. Layouts already parsed pass straight through."""
+    meshes = options.meshes
+    if isinstance(meshes, tuple) and all(_settled(m, options) for m in meshes):
+        known = {name for m in meshes for name in m.names}  # type: ignore[union-attr]
+        if set(options.data_dims) | set(options.sequence_dims or ()) <= known:
+            return list(meshes)  # type: ignore[arg-type]
+    if (options.data_dims or options.sequence_dims) and not meshes:
+        raise BadInput("--data-dims and --sequence-dims name mesh dimensions: give --mesh too", "data_dims")
     try:
-        return parse_meshes(options.meshes, options.data_dims, options.sequence_dims)
+        return parse_meshes(meshes, tuple(options.data_dims), options.sequence_dims)
     except LayoutError as exc:
-        raise BadInput(str(exc)) from None
+        raise BadInput(str(exc), "meshes") from None
 
 
-def validate(options: CheckOptions) -> None:
-    if not isinstance(options.meshes, tuple) or not all(isinstance(m, str) for m in options.meshes):
-        raise BadInput(f"meshes must be specs such as 'dp=2,tp=2', got {options.meshes!r}")
+def _settled(mesh: MeshLike, options: CheckOptions) -> bool:
+    """A Layout already parsed with these options' data and sequence dimensions (validate's output)."""
+    if not isinstance(mesh, Layout) or not mesh.data_dims:
+        return False
+    names = set(mesh.names)
+    data, sequence = options.data_dims, options.sequence_dims
+    if data and set(mesh.data_dims) != names & set(data):
+        return False
+    return sequence is None or set(mesh.sequence_dims) == names & set(sequence)
+
+
+def validate(options: CheckOptions) -> CheckOptions:
+    """Every rule on the options, once (one message each); returns them with the meshes parsed into
+    Layouts (``data_dims`` and ``sequence_dims`` applied), which is what travels from here on."""
     meshes = mesh_layouts(options)
     if not options.world_sizes and not meshes:
-        raise BadInput("no world sizes or meshes given")
+        raise BadInput("no world sizes or meshes given", "world_sizes")
     for ws in options.world_sizes:
         if not isinstance(ws, int) or isinstance(ws, bool) or ws < 1:
-            raise BadInput(f"world sizes must be positive integers, got {ws!r}")
+            raise BadInput(f"world sizes must be positive integers, got {ws!r}", "world_sizes")
+        if ws > MAX_SIMULATED_RANKS:
+            raise BadInput(
+                f"world sizes must be at most {MAX_SIMULATED_RANKS} (simulated ranks), got {ws}",
+                "world_sizes",
+            )
     if not isinstance(options.epochs, int) or options.epochs < 1:
         raise BadInput(f"epochs must be at least 1, got {options.epochs!r}")
     if options.timeout <= 0:
@@ -123,3 +161,4 @@ def validate(options: CheckOptions) -> None:
         raise BadInput(
             f"unknown check id for --allow: {', '.join(unknown)}; choose from {', '.join(ALL_CHECKS)}"
         )
+    return replace(options, meshes=tuple(meshes))

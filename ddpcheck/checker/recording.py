@@ -33,6 +33,7 @@ from ddpcheck.checker.loaderfile import (
     optional_hook,
     unwrap_loader,
 )
+from ddpcheck.checker.mixture import SourceReader, source_reader
 from ddpcheck.checker.work import TOKEN_HOOK, WORK_HOOK, Measured, WorkMeter, add_tally, looks_like_tokens
 from ddpcheck.launch.rank import report_progress
 from ddpcheck.layout import Layout
@@ -58,6 +59,7 @@ class RecordOptions:
     digest: bool = False  # digest every batch's content (replicas of a mesh must receive identical batches)
     work: bool = True  # measure each batch's work when batches carry tokens (ddpcheck.checker.work)
     work_cost: str = "tokens"  # "tokens" | "attention" (each document's length squared)
+    mixture: bool = True  # read each sample's source when batches carry one (ddpcheck.checker.mixture)
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,8 @@ def build_loader(
 
 
 RESUME_HOOK = "resume_loader"
+SAVE_HOOK = "save_state"  # what a rank writes to its checkpoint (scenarios.resume)
+LOAD_HOOK = "load_state"  # what a rank restores from every old rank's checkpoint
 
 
 def has_state(obj: Any) -> bool:
@@ -165,20 +169,21 @@ def _usable_state(obj: Any) -> bool:
     return True
 
 
-def resume_mechanism(outer: Any, resume_hook: Any) -> str:
+def resume_mechanism(outer: Any, resume_hook: Any, save_hook: Any = None, load_hook: Any = None) -> str:
     """Where the data state lives, in the documented order (the resume check); "" when nowhere.
 
     "loader" (the loader or its framework wrapper, e.g. torchdata's ``StatefulDataLoader``),
-    "batch_sampler", "sampler", "batch_sampler.sampler", or "hook" (the file's ``resume_loader``).
+    "batch_sampler", "sampler", "batch_sampler.sampler", "hook" (the file's ``resume_loader``) or
+    "hooks" (the file's ``save_state`` and ``load_state`` carry a state no part of the loader has).
+    A file that defines ``save_state``/``load_state`` says there is a state: a part whose fresh
+    ``state_dict()`` raises (it reads a position set by ``__iter__``) then still holds it.
     """
     from torch.utils.data import DataLoader
 
     loader = unwrap_loader(outer)
-    for obj in (outer, loader):
-        if type(obj) is not DataLoader and _usable_state(obj):
-            return "loader"
     batch_sampler = getattr(loader, "batch_sampler", None)
     parts = (
+        *(("loader", obj) for obj in (outer, loader) if type(obj) is not DataLoader),
         ("batch_sampler", batch_sampler),
         ("sampler", getattr(loader, "sampler", None)),
         ("batch_sampler.sampler", getattr(batch_sampler, "sampler", None)),
@@ -186,7 +191,13 @@ def resume_mechanism(outer: Any, resume_hook: Any) -> str:
     for name, part in parts:
         if part is not None and _usable_state(part):
             return name
-    return "hook" if resume_hook is not None else ""
+    hooks = save_hook is not None or load_hook is not None
+    for name, part in parts if hooks else ():
+        if part is not None and has_state(part):
+            return name
+    if resume_hook is not None:
+        return "hook"
+    return "hooks" if save_hook is not None and load_hook is not None else ""
 
 
 def sampler_only_is_exact(outer: Any, loader: Any) -> bool:
@@ -218,10 +229,12 @@ def record_rank(spec: LoaderSpec, options: RecordOptions) -> RankRecording:
     unreached = first_set_epoch(outer, epoch_hook) if options.set_epoch else ""
     facts = read_facts(loader)
     meter = _work_meter(module, options, loader)
+    reader = source_reader(module, loader, options.mixture, _peek)
     by_sampler = (
         facts.dataset_kind == "map"
         and hook is None
         and meter is None
+        and reader is None
         and not options.load_data
         and not options.ids_from_data
         and not (options.digest and options.steps is not None)
@@ -233,10 +246,15 @@ def record_rank(spec: LoaderSpec, options: RecordOptions) -> RankRecording:
         facts,
         recorded="sampler" if by_sampler else "loader",
         steps=options.steps,
-        resumable=resume_mechanism(outer, optional_hook(module, RESUME_HOOK)),
+        resumable=resume_mechanism(
+            outer,
+            optional_hook(module, RESUME_HOOK),
+            optional_hook(module, SAVE_HOOK),
+            optional_hook(module, LOAD_HOOK),
+        ),
         set_epoch_unreached=unreached,
     )
-    stream = Stream(outer, loader, hook, facts, options, by_sampler, epoch_hook, meter)
+    stream = Stream(outer, loader, hook, facts, options, by_sampler, epoch_hook, meter, reader)
     epochs = [stream.record(epoch) for epoch in range(options.epochs)]
     if meter is not None and meter.source not in ("", "none"):
         facts = replace(facts, work=meter.source)
@@ -252,6 +270,15 @@ def _work_meter(module: Any, options: RecordOptions, loader: Any) -> WorkMeter |
     if hook is None and tokens is None and not _sample_has_tokens(loader):
         return None
     return WorkMeter(hook=hook, token_hook=tokens, cost=options.work_cost)
+
+
+def _peek(dataset: Any) -> Any:
+    """The first sample of a map-style dataset, read with every random state put back (None: none)."""
+    with _restored_rng():
+        try:
+            return dataset[0] if len(dataset) > 0 else None
+        except Exception:
+            return None
 
 
 def _sample_has_tokens(loader: Any) -> bool:
@@ -281,9 +308,10 @@ class Stream:
         by_sampler: bool,
         epoch_hook: Callable[..., Any] | None = None,
         meter: WorkMeter | None = None,
+        reader: SourceReader | None = None,
     ) -> None:
         self.outer, self.loader, self.hook, self.facts = outer, loader, hook, facts
-        self.meter = meter
+        self.meter, self.reader = meter, reader
         self.epoch_hook = epoch_hook
         self.options = options
         self.by_sampler = by_sampler
@@ -302,9 +330,14 @@ class Stream:
                 self.head = head_digests(self.loader, CONTENT_STEPS)
             return ((ids, worker, None, None) for ids, worker in _sampler_batches(self.loader, self.info))
         digest = self.options.digest
-        meter = self.meter
+        meter, reader = self.meter, self.reader
         return (
-            (ids, worker, batch_digest(batch) if digest else None, meter.measure(batch) if meter else None)
+            (
+                ids if reader is None else reader.tap(batch, ids),
+                worker,
+                batch_digest(batch) if digest else None,
+                meter.measure(batch) if meter else None,
+            )
             for batch, ids, worker in batches_with_ids(
                 self.outer,
                 self.hook,
@@ -337,7 +370,7 @@ class Stream:
         n = limit or _len_or_none(self.outer)  # once per epoch: len(loader) walks the samplers' __len__
         of = f"/{n}" if n else ""
         while limit is None or count < limit:
-            report_progress(f"epoch {epoch}, batch {count + 1}{of}")
+            report_progress(f"epoch {epoch}, batch {count + 1}{of if n and count < n else ''}")  # never 17/16
             try:
                 batch_ids, worker, digest, measured = next(iterator)
             except StopIteration:
@@ -379,6 +412,7 @@ class Stream:
             work=work if work and len(work) == count else None,
             supervised=supervised if supervised and len(supervised) == count else None,
             packing=packing,
+            sources=self.reader.take() if self.reader is not None else None,
         )
 
 
@@ -622,10 +656,7 @@ def read_facts(outer: Any) -> LoaderFacts:
         return _own_loader_facts(outer)
     dataset = loader.dataset
     iterable = isinstance(dataset, IterableDataset)
-    try:
-        dataset_len: int | None = len(dataset)
-    except TypeError:
-        dataset_len = None
+    dataset_len = _len_or_none(dataset)
     batch_sampler = loader.batch_sampler
     custom_batches = batch_sampler is not None and not iterable and not plain_batching(batch_sampler, dataset)
     sampler = _inner_sampler(loader) if batch_sampler is not None else loader.sampler
@@ -771,9 +802,11 @@ def _restored_rng() -> Iterator[None]:
 
 
 def _len_or_none(obj: Any) -> int | None:
+    """``len(obj)``, or None for anything it raises: energon's datasets refuse ``len()`` with an
+    AttributeError on purpose, and a loader that trains without ``len()`` must not crash a check."""
     try:
         return len(obj)
-    except (TypeError, NotImplementedError, AttributeError):
+    except Exception:
         return None
 
 

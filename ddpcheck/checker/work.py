@@ -17,15 +17,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from itertools import pairwise
 from typing import Any
 
+from ddpcheck.checker.loaderfile import BadLoaderFile
 from ddpcheck.trace import PackingTally
 
 WORK_HOOK = "batch_work"
 TOKEN_HOOK = "token_ids"
 IGNORE_INDEX = -100
 TOKEN_KEYS = ("input_ids", "attention_mask", "position_ids")
+# other names for them: torchtitan's batches are ({"input": tokens, "positions": positions}, labels)
+KEY_ALIASES = {"input": "input_ids", "positions": "position_ids"}
 CU_KEYS = ("cu_seqlens", "cu_seq_lens_q", "cu_seq_lens_k")
 DOC_ID_KEYS = ("document_ids", "doc_ids", "seq_idx")
 SEQ_LEN_KEYS = ("seq_lens", "seq_lengths")
@@ -56,10 +60,17 @@ class WorkMeter:
     cost: str = "tokens"
     source: str = ""  # "" until a batch was measured; "none": these batches carry no work
 
+    batches: int = 0  # batches measured so far on this rank (names the batch a bad hook value came from)
+
     def measure(self, batch: Any) -> Measured | None:
         if self.source == "none":
             return None
-        measured = measure_batch(batch, self.hook, self.token_hook, self.cost)
+        self.batches += 1
+        try:
+            measured = measure_batch(batch, self.hook, self.token_hook, self.cost)
+        except BadWorkValue as exc:
+            where = f"batch {self.batches} of rank {_rank()} (every epoch's batches counted from 1)"
+            raise BadLoaderFile(f"{exc} at {where}") from None
         if measured is None:
             self.source = "none"
             return None
@@ -69,9 +80,23 @@ class WorkMeter:
 
 def looks_like_tokens(item: Any) -> bool:
     """A sample or batch that carries token fields (a dict-like with input_ids / attention_mask /
-    position_ids): its work is tokens, not samples."""
-    keys = _keys(item)
+    position_ids, or torchtitan's names): its work is tokens, not samples."""
+    keys = _keys(token_view(item))
     return bool(keys) and any(k in keys for k in TOKEN_KEYS)
+
+
+def token_view(batch: Any) -> Any:
+    """``batch`` with its token fields under the names above: torchtitan's ``(inputs, labels)`` pair
+    becomes one dict (``labels`` added); any other batch is returned as it is."""
+    pair = isinstance(batch, (tuple, list)) and len(batch) == 2
+    inputs = batch[0] if pair else batch
+    keys = _keys(inputs)
+    if not keys & set(KEY_ALIASES) or keys & set(TOKEN_KEYS):
+        return batch
+    view = {KEY_ALIASES.get(k, k): inputs[k] for k in keys}
+    if pair:
+        view.setdefault("labels", batch[1])
+    return view
 
 
 def _keys(item: Any) -> set[str]:
@@ -110,10 +135,14 @@ def measure_batch(
     cost: str = "tokens",
 ) -> Measured | None:
     """What one batch costs (None: it carries no token fields and the file has no ``batch_work``)."""
+    if hook is None and token_view(batch) is not batch:  # the hooks are the file's: they get its batch
+        original, batch = batch, token_view(batch)
+        if token_hook is not None:
+            token_hook = partial(_on_original, token_hook, original)
     labels = _get(batch, "labels")
     supervised = int((_as_2d(labels) != IGNORE_INDEX).sum()) if labels is not None else None
     if hook is not None:
-        return Measured((float(hook(batch)),), supervised, source=f"{WORK_HOOK}(batch)")
+        return Measured((work_value(hook(batch)),), supervised, source=f"{WORK_HOOK}(batch)")
     if not looks_like_tokens(batch):
         return None
     positions = _get(batch, "position_ids")
@@ -134,6 +163,41 @@ def measure_batch(
         return None
     units = tuple(float(n * n) if cost == "attention" else float(n) for n in lengths)
     return Measured(units, supervised, packing, source + (" squared" if cost == "attention" else ""))
+
+
+def _on_original(hook: Callable[[Any], Any], original: Any, _view: Any) -> Any:
+    return hook(original)
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+class BadWorkValue(ValueError):
+    """``batch_work`` returned something that is not a work (the meter adds which batch)."""
+
+
+def work_value(raw: Any) -> float:
+    """``batch_work``'s value as a float: a finite number >= 0, else :class:`BadWorkValue`.
+
+    NaN would pass every comparison (``work_balance`` would report "idle nan%" as balanced), inf and
+    negative work mean nothing, and a non-number has no amount: each is a broken hook, said as such."""
+    import math
+
+    value = raw.item() if hasattr(raw, "item") and getattr(raw, "ndim", 0) == 0 else raw
+    number = None
+    if not isinstance(value, (bool, str, bytes)):
+        try:
+            number = float(value)
+        except (TypeError, ValueError, OverflowError):
+            number = None
+    if number is None or not math.isfinite(number) or number < 0:
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        kind = "not a number" if number is None else "not a finite number >= 0"
+        raise BadWorkValue(f"{WORK_HOOK}(batch) returned {shown} ({type(value).__name__}, {kind})")
+    return number
 
 
 def _flat_ints(value: Any) -> list[int]:

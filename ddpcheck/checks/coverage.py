@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from ddpcheck.checks.context import Context, EpochView
 from ddpcheck.checks.diagnose import missing_cause
 from ddpcheck.checks.ids import COVERAGE
+from ddpcheck.checks.packed import packed_coverage
 from ddpcheck.checks.verdict import Verdict, passed, skipped
 from ddpcheck.checks.wording import epochs_text, few, ids_text
 from ddpcheck.messages import count_text
@@ -50,6 +51,9 @@ def check_coverage(
     ctx = ctx or Context(reference, run, rerun)
     if ctx.unjudgeable:
         return skipped(COVERAGE, ctx.unjudgeable)
+    on_tokens = packed_coverage(ctx)  # rows packed per rank: their boundaries differ, their tokens may not
+    if on_tokens is not None:
+        return on_tokens
     gaps = [gap(ctx, v) for v in ctx.views()]
     bad = [g for g in gaps if not g.ok]
     noun = ctx.noun

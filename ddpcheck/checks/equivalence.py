@@ -12,6 +12,7 @@ from ddpcheck.checks.context import Context, EpochView, Item
 from ddpcheck.checks.coverage import gap, missing_examples
 from ddpcheck.checks.diagnose import missing_cause
 from ddpcheck.checks.ids import SINGLE_PROCESS_EQUIVALENCE as CHECK
+from ddpcheck.checks.packed import packed_equivalence
 from ddpcheck.checks.verdict import Verdict, passed, skipped
 from ddpcheck.checks.wording import epochs_text, few, ids_text
 from ddpcheck.messages import count_text
@@ -52,6 +53,9 @@ def check_single_process_equivalence(
     ctx = ctx or Context(reference, run, rerun)
     if ctx.unjudgeable:
         return skipped(CHECK, ctx.unjudgeable)
+    on_tokens = packed_equivalence(ctx)  # rows packed per rank: judged on the tokens they hold
+    if on_tokens is not None:
+        return on_tokens
     noun = ctx.noun
     views = ctx.views()
     strangers = [(v, _extras(ctx, v)) for v in views]

@@ -22,6 +22,7 @@ from ddpcheck.checks.diagnose import (
     WHOLE_EPOCH,
 )
 from ddpcheck.checks.equivalence import DEPENDS_ON_RANK
+from ddpcheck.checks.mixture import MIXTURE_FIXES
 from ddpcheck.checks.reshuffle import FROZEN_SHARDS, NO_SET_EPOCH, NOT_FORWARDED
 from ddpcheck.checks.reshuffle import REPEATS as ORDER_REPEATS
 from ddpcheck.checks.steps import UNEVEN, UNEVEN_BATCHES, UNEVEN_ITERABLE
@@ -62,6 +63,7 @@ FIXES: tuple[tuple[str, str], ...] = (
     (UNEVEN, EVEN_STEPS),
     (UNEVEN_ITERABLE, EVEN_STEPS),
     (UNEVEN_BATCHES, "give every rank the same number of batches: pad or drop whole batches"),
+    *MIXTURE_FIXES.items(),  # mixture: same mixing RNG, exhausted source, worker-scaled weights, ...
 )
 
 

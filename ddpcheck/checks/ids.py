@@ -11,6 +11,7 @@ WORKER_SHARDING = "worker_sharding"
 SINGLE_PROCESS_EQUIVALENCE = "single_process_equivalence"
 WORK_BALANCE = "work_balance"
 PACKING = "packing"
+MIXTURE = "mixture"
 REPLICA_CONSISTENCY = "replica_consistency"
 METRIC_EQUIVALENCE = "metric_equivalence"
 TRAINING_EQUIVALENCE = "training_equivalence"
@@ -29,6 +30,7 @@ DATA_CHECKS = (
     SINGLE_PROCESS_EQUIVALENCE,
     WORK_BALANCE,
     PACKING,
+    MIXTURE,
 )
 # replica_consistency is judged per layout beside the data checks (ddpcheck.checks.replicas)
 ALL_CHECKS = (
@@ -55,6 +57,7 @@ SHORT_LABELS = {
     SINGLE_PROCESS_EQUIVALENCE: "1-proc",
     WORK_BALANCE: "work",
     PACKING: "packing",
+    MIXTURE: "mixture",
     METRIC_EQUIVALENCE: "metric",
     TRAINING_EQUIVALENCE: "train",
     RESUME: "resume",

@@ -18,6 +18,7 @@ from ddpcheck.checks.ids import (
     DATA_CHECKS,
     DETERMINISM,
     EQUAL_STEPS,
+    MIXTURE,
     NO_OVERLAP,
     PACKING,
     PADDING_BOUND,
@@ -26,6 +27,7 @@ from ddpcheck.checks.ids import (
     WORK_BALANCE,
     WORKER_SHARDING,
 )
+from ddpcheck.checks.mixture import check_mixture
 from ddpcheck.checks.overlap import check_no_overlap, check_padding_bound
 from ddpcheck.checks.reshuffle import check_reshuffle
 from ddpcheck.checks.steps import check_equal_steps
@@ -58,6 +60,7 @@ REGISTRY: dict[str, Check] = {
     SINGLE_PROCESS_EQUIVALENCE: check_single_process_equivalence,
     WORK_BALANCE: check_work_balance,
     PACKING: check_packing,
+    MIXTURE: check_mixture,
 }
 assert tuple(REGISTRY) == DATA_CHECKS
 

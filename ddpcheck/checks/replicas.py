@@ -53,7 +53,8 @@ REPLICA_STEPS = "a replica runs a different number of batches: its group's next 
 REPLICA_IDS = "replicas receive different samples: the loader's split depends on a non-data coordinate"
 MESH_FIXES = {
     GLOBAL_RANK: "shard by the data-parallel coordinate: DistributedSampler(num_replicas=dp_world_size, "
-    "rank=dp_rank), as torchtitan's ParallelAwareDataloader(dp_rank=..., dp_world_size=...) does",
+    "rank=dp_rank), or split_dataset_by_node(ds, rank=dp_rank, world_size=dp_world_size) as torchtitan's "
+    "text datasets do (its ParallelAwareDataloader shards nothing: it keys its state by dp_rank)",
     SHARDED_TWICE_MESH: "shard once, by the data-parallel rank: drop the split by the global rank",
     PER_RANK_RANDOM: "seed the loader's random draws from the data-parallel rank (seed + dp_rank), or draw "
     "them on one replica and broadcast",
@@ -288,7 +289,9 @@ def _mesh_cause(reference: RunTrace, run: RunTrace, layout: Layout, found: Seque
         return LAYOUT_MISMATCH
     sets = [set(r.epochs[epoch].ids) for r in run.ranks if epoch < len(r.epochs)]
     union = set().union(*sets)
-    disjoint = sum(len(s) for s in sets) == len(union)
+    # a sampler over the global world pads its epoch with fewer than W copies (DistributedSampler repeats
+    # the first indices of its permutation): shards that share no more than that are still disjoint
+    disjoint = sum(len(s) for s in sets) - len(union) < max(len(sets), 1)
     ref = (
         set(reference.ranks[0].epochs[epoch].ids)
         if reference.ranks and reference.num_epochs > epoch

@@ -16,11 +16,10 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from multiprocessing.connection import wait
 from typing import Any
@@ -37,6 +36,7 @@ from ddpcheck.launch.procs import (
     poll_interval,
     process_state,
     read_tail,
+    short_tempdir,
     wait_objects,
 )
 from ddpcheck.launch.rank import (
@@ -46,6 +46,8 @@ from ddpcheck.launch.rank import (
     PYTHON_STACK_WAIT_S,
     STACK_SIGNAL,
     RankSpec,
+    hash_seed_fixed,
+    hashed_strings,
     output_path,
     rank_main,
     read_progress,
@@ -97,6 +99,7 @@ class GroupResult:
     seconds: float = 0.0
     diagnosis: str = ""  # one paragraph on a hang: which ranks waited where
     shortcuts: dict[str, Any] = field(default_factory=dict)  # --simulate: recognised samplers, verified
+    fresh_interpreters: str = ""  # why the ranks ran as freshly started interpreters (FRESH_NOTE), or ""
 
     @property
     def ok(self) -> bool:
@@ -230,12 +233,14 @@ class StartedGroups:
         chosen = list(indices) if indices else [i for i in range(len(self._groups)) if i not in self._done]
         self.open(*chosen)
         try:
-            return _collect_groups([self._groups[i] for i in chosen])
+            results = _collect_groups([self._groups[i] for i in chosen])
+            again = [k for k, i in enumerate(chosen) if self._groups[i].needs_fresh_interpreters(results[k])]
         finally:
             for i in chosen:
                 self._groups[i].stop()
                 self._groups[i].close()
                 self._done.add(i)
+        return _rerun_fresh(results, again, [self._groups[i].call for i in chosen])
 
 
 @contextlib.contextmanager
@@ -270,6 +275,35 @@ def started_groups(calls: Sequence[GroupCall], *, hold: bool = False) -> Iterato
         reaper.stop()
         for group in groups:
             group.close()
+
+
+FRESH_NOTE = (
+    "the loader hashes strings (hash() of a str depends on the interpreter's PYTHONHASHSEED): its ranks "
+    "ran as freshly started interpreters, each with its own hash seed, as torchrun starts them"
+)
+
+
+def _rerun_fresh(results: list[GroupResult], again: list[int], calls: list[GroupCall]) -> list[GroupResult]:
+    """Run the groups at ``again`` once more with every rank a fresh interpreter (spawn: each its own
+    random str hash seed, as under torchrun) and put their results in place of the forked ones.
+
+    Forked ranks share the parent's seed, so ``hash(name) % world_size`` agrees across them and
+    nowhere else; only groups whose code hashed a string pay for the fresh start (seconds a rank).
+    """
+    fresh: list[tuple[int, GroupCall]] = []
+    for k in again:
+        call = calls[k]
+        try:
+            target = call.target if isinstance(call.target, TargetRef) else TargetRef.of(call.target)
+        except TypeError:  # a closure cannot be found by name in a fresh interpreter: keep the fork's
+            continue
+        fresh.append((k, replace(call, target=target, start_method="spawn")))
+    if not fresh:
+        return results
+    for (k, _), result in zip(fresh, run_groups([c for _, c in fresh]), strict=True):
+        result.fresh_interpreters = FRESH_NOTE
+        results[k] = result
+    return results
 
 
 def _collect_groups(groups: list[_Group]) -> list[GroupResult]:
@@ -310,7 +344,7 @@ class _Group:
             target = TargetRef.of(target)
         ctx: Any = mp.get_context(method)
         find_rank_state_holders()  # what each forked rank refreshes once it knows its rank
-        workdir = tempfile.mkdtemp(prefix="ddpcheck-")
+        workdir = short_tempdir("ddpc-g")
         janitor = Janitor(workdir)  # first: it must inherit none of the group's descriptors
         sock = bind_loopback()
         port = sock.getsockname()[1]
@@ -319,7 +353,7 @@ class _Group:
             call=call,
             procs=[],
             conns=[],
-            progress=ctx.Array("c", PROGRESS_BYTES * call.world_size, lock=False),
+            progress=ctx.Array("c", (PROGRESS_BYTES + 1) * call.world_size, lock=False),  # + hash flags
             ready=ctx.Event(),
             workdir=workdir,
             janitor=janitor,
@@ -347,6 +381,7 @@ class _Group:
                     forked=method == "fork",
                     run_id=f"ddpcheck-{os.getpid()}-{port}",
                     close_fds=(janitor.fd, *close_fds),
+                    watch_hashing=method == "fork" and not hash_seed_fixed(),
                 )
                 reader, writer = ctx.Pipe(duplex=False)
                 args = (spec, writer, group.progress, group.ready)
@@ -361,6 +396,13 @@ class _Group:
             group.close()
             raise
         return group
+
+    def needs_fresh_interpreters(self, result: GroupResult) -> bool:
+        """Its forked ranks hashed strings while the hash seed is random: fresh ranks may disagree."""
+        method = self.call.start_method or default_start_method(self.call.backend)
+        if method != "fork" or hash_seed_fixed() or not hashed_strings(self.progress, self.call.world_size):
+            return False
+        return result.ok  # a failed rank is the answer already; a fresh start would cost seconds more
 
     @property
     def private_fds(self) -> tuple[int, ...]:

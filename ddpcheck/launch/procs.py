@@ -17,6 +17,7 @@ import shutil
 import signal
 import struct
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,25 @@ def _with_cut(data: bytes, cut: int) -> str:
     if cut:
         return f"[... {cut} earlier bytes of output cut; the last {len(data)} follow ...]\n{text}"
     return text
+
+
+SOCKET_PATH_MAX = 107  # bytes of an AF_UNIX socket path (sun_path less its NUL)
+SOCKET_ROOM = 36  # kept free below a rank's temp dir: multiprocessing's "/pymp-XXXXXXXX/listener-XXXXXXXX"
+FALLBACK_TMP = "/tmp"
+
+
+def short_tempdir(prefix: str) -> str:
+    """``mkdtemp`` for a directory ranks use as their TMPDIR, short enough for sockets below it.
+
+    DataLoader workers pass descriptors, and ``multiprocessing.Manager`` listens, on AF_UNIX sockets
+    under the temp dir; a path over 107 bytes hangs the workers or fails the Manager. CI runners' temp
+    dirs are long (~55 characters): under one the directory goes to ``/tmp`` instead."""
+    base = tempfile.gettempdir()
+    if len(os.path.join(base, prefix)) + 8 + SOCKET_ROOM > SOCKET_PATH_MAX and os.access(
+        FALLBACK_TMP, os.W_OK
+    ):
+        base = FALLBACK_TMP
+    return tempfile.mkdtemp(prefix=prefix, dir=base)
 
 
 def process_state(pid: int) -> str:

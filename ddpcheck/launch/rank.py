@@ -4,7 +4,8 @@ A rank makes itself safe to kill before anything else runs: its own process grou
 the terminal reaches only the parent, and the parent can kill the rank together with its DataLoader
 workers), a parent-death signal (so it dies with a SIGKILLed parent), and a stack dump on SIGUSR1
 (so a hang is reported with the rank's stack). It ends with ``os._exit`` so that no inherited object
-(the parent's store server, pytest's state) runs a destructor in the wrong process.
+(the parent's store server, pytest's state) runs a destructor in the wrong process; the exit handlers
+the rank registered itself, and its resource tracker, run first (:func:`run_exit_handlers`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 import numpy.random  # noqa: F401 - imported once in the parent, not in every forked rank (~8 ms each)
 
 from ddpcheck.launch.preload import refresh_rank_state
-from ddpcheck.launch.procs import write_frame
+from ddpcheck.launch.procs import reap, write_frame
 from ddpcheck.launch.target import TargetRef
 from ddpcheck.messages import exception_text, one_line
 
@@ -68,6 +69,7 @@ class RankSpec:
     run_id: str = ""
     close_fds: tuple[int, ...] = ()  # the parent's own descriptors a rank must not keep open
     ready_timeout_s: float = 0.0  # a group started on hold may wait this long for its store (0: timeout_s)
+    watch_hashing: bool = False  # flag str hashing in ``progress`` (see watch_str_hashing)
 
 
 def torchrun_env(rank: int, world_size: int, port: int, run_id: str, workdir: str) -> dict[str, str]:
@@ -116,12 +118,12 @@ def shared_tmp() -> Iterator[str]:
     (litdata's optimized chunks, a cache keyed by path) is there again in the next topology, as it
     would be for a job restarted on the same machine. Removed on the way out, by its janitor if this
     process is killed."""
-    from ddpcheck.launch.procs import Janitor
+    from ddpcheck.launch.procs import Janitor, short_tempdir
 
     if os.environ.get(RUN_TMPDIR_ENV):  # nested (a pytest run inside a check): the outer one owns it
         yield os.environ[RUN_TMPDIR_ENV]
         return
-    path = tempfile.mkdtemp(prefix="ddpcheck-run-")
+    path = short_tempdir("ddpc-")
     janitor = Janitor(path)
     os.environ[RUN_TMPDIR_ENV] = path
     try:
@@ -155,6 +157,68 @@ def report_progress(text: str) -> None:
     if _progress_view is None or _progress_view.obj is not _progress_buffer:
         _progress_view = memoryview(_progress_buffer).cast("B")
     _progress_view[start : start + PROGRESS_BYTES] = raw.ljust(PROGRESS_BYTES, b"\0")
+
+
+def hash_seed_fixed() -> bool:
+    """Every freshly started interpreter hashes strings alike: ``PYTHONHASHSEED`` is a number in the
+    environment, which torchrun passes on to every rank."""
+    return os.environ.get("PYTHONHASHSEED", "").isdigit()
+
+
+def hash_flag_offset(world_size: int, rank: int) -> int:
+    """Where, after the ranks' progress texts, the byte saying "rank ``rank`` hashed a string" is."""
+    return PROGRESS_BYTES * world_size + rank
+
+
+def _seed_dependent(obj: Any, depth: int = 0) -> bool:
+    """``hash(obj)`` changes with the interpreter's hash seed: str, bytes and datetimes do (tuples
+    and frozensets through their items); ints and floats do not."""
+    import datetime
+
+    if isinstance(obj, (str, bytes, datetime.date, datetime.time)):
+        return True
+    if depth < 3 and isinstance(obj, (tuple, frozenset)):
+        return any(_seed_dependent(item, depth + 1) for item in obj)
+    return False
+
+
+def watch_str_hashing(flags: Any, offset: int) -> None:
+    """Set ``flags[offset]`` the first time code outside ddpcheck calls ``hash()`` on a str (or bytes,
+    a datetime, a tuple of them) in this process or a DataLoader worker forked from it.
+
+    A forked rank shares the parent's hash seed, so code that shards or orders by ``hash(name)``
+    agrees across ranks here and disagrees under torchrun, where every rank is a fresh interpreter
+    with its own seed. The seed cannot be changed in a running interpreter (interned strings and
+    every dict keyed by them hold hashes made with it); the parent runs such a group again with
+    freshly started ranks instead. Once set, the builtin is put back: no cost after the first hit.
+    """
+    import builtins
+
+    real = builtins.hash
+    paths = sysconfig.get_paths()
+    stdlib = tuple(os.path.join(paths[k], "") for k in ("stdlib", "platstdlib") if paths.get(k))
+    libraries = tuple(os.path.join(paths[k], "") for k in ("purelib", "platlib") if paths.get(k))
+    own = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
+
+    def counts(filename: str) -> bool:
+        """Not ddpcheck's own call, nor the standard library's caches (typing hashes forward refs)."""
+        if filename.startswith(own):
+            return False
+        return not filename.startswith(stdlib) or filename.startswith(libraries)
+
+    def hash(obj: Any, /) -> int:  # stands in for the builtin
+        if _seed_dependent(obj) and counts(sys._getframe(1).f_code.co_filename):
+            flags[offset] = b"\x01"
+            builtins.hash = real
+        return real(obj)
+
+    hash.__doc__ = real.__doc__
+    builtins.hash = hash
+
+
+def hashed_strings(flags: Any, world_size: int) -> list[int]:
+    """The ranks whose flag :func:`watch_str_hashing` set."""
+    return [r for r in range(world_size) if flags[hash_flag_offset(world_size, r)] != b"\x00"]
 
 
 def read_progress(buffer: Any, rank: int) -> str:
@@ -200,6 +264,59 @@ def fresh_random_state() -> None:
         # The CPU generator only, as at process start (accelerator generators are seeded when first
         # used). ``torch.seed()`` would also queue a CUDA seeding with a formatted stack: ~20 ms a rank.
         torch.default_generator.seed()
+
+
+EXIT_HANDLERS_S = 10.0  # at most, for a rank's own exit handlers and resource tracker at its end
+
+
+def fresh_exit_state() -> None:
+    """A forked rank starts with no exit handlers and no resource tracker, as a fresh process does.
+
+    The parent's ``atexit`` handlers (pytest's, logging's flush of the parent's buffers) must never
+    run in a rank; the rank's own (mosaicml-streaming removes its ``/dev/shm`` segments in one) run at
+    its end (:func:`run_exit_handlers`). A tracker inherited from the parent would clean the rank's
+    leaked segments only when the parent exits: the rank starts its own when it first needs one.
+    """
+    import atexit
+    from multiprocessing import resource_tracker
+
+    atexit._clear()
+    tracker: Any = resource_tracker._resource_tracker
+    if tracker._fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(tracker._fd)  # this process's copy only: the parent's tracker keeps running
+    tracker._fd = tracker._pid = None
+
+
+def run_exit_handlers(code: int, forked: bool) -> None:
+    """What a normal interpreter exit runs, within :data:`EXIT_HANDLERS_S`: ``atexit`` handlers
+    registered in this rank, multiprocessing's exit (finalizers; daemonic children stopped, others
+    joined), then the rank's resource tracker, which unlinks what the rank created and never freed.
+    A handler that hangs ends in ``os._exit(code)`` at the deadline."""
+    import atexit
+
+    started = time.monotonic()
+    watchdog = threading.Timer(EXIT_HANDLERS_S, os._exit, (code,))
+    watchdog.daemon = True
+    watchdog.start()
+    if code == 0:  # a failed rank's position says where it failed: keep it
+        report_progress("finished; running the rank's exit handlers")
+    with contextlib.suppress(BaseException):
+        atexit._run_exitfuncs()
+    if forked:  # registered in the parent, so cleared at the rank's start; a fresh process runs it last
+        with contextlib.suppress(BaseException):
+            import multiprocessing.util
+
+            multiprocessing.util._exit_function()  # type: ignore[attr-defined]
+    with contextlib.suppress(BaseException):
+        from multiprocessing import resource_tracker
+
+        tracker: Any = resource_tracker._resource_tracker
+        fd, pid = tracker._fd, tracker._pid
+        if fd is not None and pid is not None:  # started by this rank: EOF on its pipe makes it clean up
+            tracker._fd = tracker._pid = None
+            os.close(fd)
+            reap(pid, max(EXIT_HANDLERS_S - (time.monotonic() - started), 0.0))
 
 
 def _single_thread_torch() -> None:
@@ -422,6 +539,9 @@ def rank_main(spec: RankSpec, conn: Any, progress: Any, ready: Any = None) -> No
     _capture_output(spec)
     if spec.forked:
         _single_thread_torch()
+        fresh_exit_state()
+    if spec.watch_hashing:
+        watch_str_hashing(progress, hash_flag_offset(spec.world_size, spec.rank))
     fresh_random_state()
     install_stack_dumps(open(stack_path(spec.workdir, spec.rank), "w"))  # noqa: SIM115 - lives as the rank
     code = 0
@@ -448,6 +568,7 @@ def rank_main(spec: RankSpec, conn: Any, progress: Any, ready: Any = None) -> No
             pass
     if spec.init_group and code == 0:  # a failed rank leaves at once, as it would in a real job
         _final_barrier(spec)
+    run_exit_handlers(code, spec.forked)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # user code may have closed or replaced them
             stream.flush()

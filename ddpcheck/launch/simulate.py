@@ -22,7 +22,6 @@ import multiprocessing as mp
 import os
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -44,6 +43,7 @@ from ddpcheck.launch.procs import (
     process_state,
     read_span_tail,
     read_tail,
+    short_tempdir,
     wait_objects,
     write_frame,
 )
@@ -161,7 +161,7 @@ def simulate_ranks(
         raise ValueError(f"ranks must be a non-empty selection of 0..{world_size - 1}")
     started = time.monotonic()
     find_rank_state_holders()  # what each simulated rank refreshes once it knows its rank
-    workdir = tempfile.mkdtemp(prefix="ddpcheck-sim-")
+    workdir = short_tempdir("ddpc-s")
     janitor = Janitor(workdir)  # removes workdir and the children's groups should this process be SIGKILLed
     ranges = _parts(chosen)
     parts: list[_Part] = []
@@ -221,6 +221,9 @@ def simulate_ranks(
                     result.shortcuts[key] = value
         return result
     finally:
+        for part in parts:  # a child that said done runs its exit handlers (rank_side.run_exit_handlers)
+            if part.proc is not None and part.collected is not None and part.collected.done:
+                part.proc.join(timeout=rank_side.EXIT_HANDLERS_S + 1.0)
         for part in parts:
             if part.proc is not None and part.proc.pid is not None:
                 kill_group(part.proc.pid)
@@ -393,6 +396,7 @@ def _child_main(
         sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
     rank_side._single_thread_torch()
+    rank_side.fresh_exit_state()
     rank_side.install_stack_dumps(open(os.path.join(workdir, "ranks.stack"), "w"))  # noqa: SIM115
     rank_side._progress_buffer, rank_side._progress_rank = progress, 0
     port_holder = bind_loopback()  # MASTER_PORT names a loopback port that is ours, not a stranger's
@@ -404,6 +408,7 @@ def _child_main(
     except BaseException as exc:  # ddpcheck's own failure around the ranks, not a rank's
         with contextlib.suppress(BaseException):
             write_frame(fd, ("fatal", rank_side.error_message(exc)))
+    rank_side.run_exit_handlers(0, forked=True)  # every simulated rank's, as their processes would
     with contextlib.suppress(BaseException):
         sys.stdout.flush()
         sys.stderr.flush()

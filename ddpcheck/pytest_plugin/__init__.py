@@ -12,14 +12,15 @@ Nothing here imports torch until a marked test runs.
 from __future__ import annotations
 
 from ddpcheck.pytest_plugin.check import (
+    CheckSession,
     DdpCheck,
     DdpCheckFailed,
     LoaderSource,
     assert_ddp_safe,
     check_options,
+    current_session,
     failure_summary,
     loader_spec,
-    plugin_session,
     record,
     report_stem,
     result_properties,
@@ -28,14 +29,15 @@ from ddpcheck.pytest_plugin.check import (
 )
 
 __all__ = [
+    "CheckSession",
     "DdpCheck",
     "DdpCheckFailed",
     "LoaderSource",
     "assert_ddp_safe",
     "check_options",
+    "current_session",
     "failure_summary",
     "loader_spec",
-    "plugin_session",
     "record",
     "report_stem",
     "result_properties",

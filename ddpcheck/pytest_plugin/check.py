@@ -5,17 +5,24 @@
 Both run the full checker (``check_loader``: real gloo ranks at every world size) on a loader factory
 defined at module level in a test file, or on a loader file, and fail with the report table when a
 check fails or a rank crashes. Under the pytest plugin every check is also recorded on the running
-test (JUnit XML properties) and, with ``--ddpcheck-report DIR``, written there as JSON and Markdown.
+test (JUnit XML properties) and, with ``--ddpcheck-report DIR``, written there as JSON and Markdown,
+and bad input (a loader file that does not exist, no factory) fails the test with one line.
+
+The plugin's state for a session is a :class:`CheckSession` on the session's ``config.stash`` (one per
+pytest process: every xdist worker has its own). ``assert_ddp_safe`` takes no config, so while a test
+runs the plugin names that test's session in a context variable (:func:`running_item`), reset when the
+test ends: nothing outlives a test, and a pytest run inside a test (pytester) has its own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -64,8 +71,8 @@ def failure_summary(result: CheckResult) -> str:
 
 
 @dataclass
-class _Session:
-    """What the pytest plugin tells this module: where reports go and which test is running."""
+class CheckSession:
+    """One pytest session's ddpcheck state; the plugin keeps it on ``config.stash`` (``plugin.py``)."""
 
     report_dir: Path | None = None
     rootdir: Path | None = None  # relative loader paths resolve here (pytest's rootdir), not the cwd
@@ -73,32 +80,24 @@ class _Session:
     checks_per_item: dict[str, int] = field(default_factory=dict)
 
 
-_session: _Session | None = None
+_running: contextvars.ContextVar[CheckSession | None] = contextvars.ContextVar("ddpcheck", default=None)
+
+
+def current_session() -> CheckSession | None:
+    """The session of the test that is running now, None outside a test run by the plugin."""
+    return _running.get()
 
 
 @contextlib.contextmanager
-def plugin_session(report_dir: Path | None, rootdir: Path | None = None) -> Iterator[_Session]:
-    """Activate recording for one pytest session (the plugin enters it in ``pytest_configure``)."""
-    global _session
-    previous, _session = _session, _Session(report_dir=report_dir, rootdir=rootdir)
-    try:
-        yield _session
-    finally:
-        _session = previous
-
-
-@contextlib.contextmanager
-def running_item(item: Any) -> Iterator[None]:
-    """Mark ``item`` as the test whose checks are being recorded."""
-    session = _session
-    if session is None:
-        yield
-        return
+def running_item(session: CheckSession, item: Any) -> Iterator[None]:
+    """While ``item`` runs: its checks are recorded on it, in ``session`` (the plugin wraps each test)."""
+    token = _running.set(session)
     previous, session.item = session.item, item
     try:
         yield
     finally:
         session.item = previous
+        _running.reset(token)
 
 
 def report_stem(nodeid: str) -> str:
@@ -112,12 +111,15 @@ def report_stem(nodeid: str) -> str:
     return stem
 
 
-def loader_spec(source: LoaderSource, factory: str | None) -> tuple[str, str]:
-    """(loader file path, factory name) for a module-level factory function or a loader file path."""
+def loader_spec(source: LoaderSource, factory: str | None, rootdir: Path | None = None) -> tuple[str, str]:
+    """(loader file path, factory name) for a module-level factory function or a loader file path; a
+    relative path is taken from ``rootdir`` (default: the running test's session's), else the cwd."""
     __tracebackhide__ = True
     if isinstance(source, (str, os.PathLike)):
         given = Path(os.fspath(source)).expanduser()
-        rootdir = _session.rootdir if _session is not None else None
+        if rootdir is None:
+            session = current_session()
+            rootdir = session.rootdir if session is not None else None
         if not given.is_absolute() and rootdir is not None:
             given = rootdir / given  # as pytest resolves testpaths: `cd tests && pytest` finds the same file
         return str(given), factory or "make_loader"
@@ -184,13 +186,16 @@ def run_check(
     epochs: int = 2,
     factory: str | None = None,
     item: Any = None,
+    session: CheckSession | None = None,
     **options: Any,
 ) -> CheckResult:
     """Run the checker on ``source`` and record the result on ``item`` (default: the running test).
 
-    Returns the result whatever it says; :func:`assert_ddp_safe` is the failing variant.
+    Returns the result whatever it says; :func:`assert_ddp_safe` is the failing variant. ``session``:
+    the plugin's (default: the running test's); under it bad input fails the test with one line.
     """
     __tracebackhide__ = True
+    from ddpcheck.checker.options import BadInput
     from ddpcheck.session import check_loader
 
     dist = sys.modules.get("torch.distributed")
@@ -199,17 +204,29 @@ def run_check(
             "ddpcheck starts its own process groups: call assert_ddp_safe / ddpcheck.check from a plain "
             "test, not from inside a @pytest.mark.ddp test or another initialised process group"
         )
-    path, name = loader_spec(source, factory)
-    result = check_loader(path, check_options(world_sizes, epochs, name, options))
+    session = session if session is not None else current_session()
+    path, name = loader_spec(source, factory, session.rootdir if session is not None else None)
+    try:
+        result = check_loader(path, check_options(world_sizes, epochs, name, options))
+    except BadInput as exc:
+        if session is None:  # outside the plugin: the exception, for the caller to handle
+            raise
+        bad = str(exc)
+    else:
+        bad = ""
+    if bad:
+        import pytest
+
+        pytest.fail(f"ddpcheck: {bad}", pytrace=False)  # one line, no chained exception: it says what to fix
     if name != "make_loader":
         result = replace(result, loader=f"{result.loader}::{name}")
-    record(result, item)
+    record(result, item, session)
     return result
 
 
-def record(result: CheckResult, item: Any = None) -> list[Path]:
+def record(result: CheckResult, item: Any = None, session: CheckSession | None = None) -> list[Path]:
     """Attach ``result`` to the running test (JUnit properties) and write its report files, if asked."""
-    session = _session
+    session = session if session is not None else current_session()
     item = item if item is not None else (session.item if session else None)
     if item is None:
         return []
@@ -263,7 +280,8 @@ def assert_ddp_safe(
     factory ``factory`` names (default ``make_loader``). ``options`` are the other ``CheckOptions``
     fields (``backend``, ``patch``, ``timeout``, ``determinism``, ...; an unknown one is a TypeError
     that lists them). Raises :class:`DdpCheckFailed` (an AssertionError) with the report
-    table; bad input (no such file, no factory) raises ``ddpcheck.checker.options.BadInput`` with one line.
+    table. Bad input (no such file, no factory) fails the test with one line under the pytest plugin;
+    elsewhere it raises ``ddpcheck.checker.options.BadInput``, whose message is that line.
     """
     __tracebackhide__ = True
     result = run_check(factory_or_path, world_sizes=world_sizes, epochs=epochs, factory=factory, **options)
@@ -275,8 +293,9 @@ def assert_ddp_safe(
 class DdpCheck:
     """The ``ddpcheck`` fixture: checks loaders and records each result on the requesting test."""
 
-    def __init__(self, item: Any = None) -> None:
+    def __init__(self, item: Any = None, session: CheckSession | None = None) -> None:
         self._item = item
+        self._session = session
 
     def check(
         self,
@@ -295,8 +314,39 @@ class DdpCheck:
             epochs=epochs,
             factory=factory,
             item=self._item,
+            session=self._session,
             **options,
         )
+        if not result.ok:
+            raise DdpCheckFailed(result)
+        return result
+
+    def check_script(
+        self,
+        script: str | Path,
+        args: Sequence[str] = (),
+        *,
+        world_sizes: int | tuple[int, ...] | list[int] = (1, 2),
+        **options: Any,
+    ) -> CheckResult:
+        """Audit a training script as ``ddpcheck run -- SCRIPT ARGS`` does (a ``.py`` path, relative to
+        pytest's rootdir, or a module name run as ``python -m`` from there); fail the test with the
+        report table unless every check passes. ``options``: :func:`ddpcheck.check_script`'s."""
+        __tracebackhide__ = True
+        from ddpcheck.checker.options import BadInput
+        from ddpcheck.session.script import check_script
+
+        session = self._session if self._session is not None else current_session()
+        root = session.rootdir if session is not None and session.rootdir is not None else Path.cwd()
+        sizes = (world_sizes,) if isinstance(world_sizes, int) else tuple(world_sizes)
+        options.setdefault("cwd", str(root))
+        try:
+            result = check_script(str(script), args, world_sizes=sizes, **options)
+        except BadInput as exc:
+            import pytest
+
+            pytest.fail(f"ddpcheck: {exc}", pytrace=False)
+        record(result, self._item, session)
         if not result.ok:
             raise DdpCheckFailed(result)
         return result

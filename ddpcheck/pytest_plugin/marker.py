@@ -10,6 +10,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ddpcheck.layout import Layout, LayoutError, check_ranks, parse_meshes
+
 MARKER = "ddp"
 WORLD_ARG = "ddp_world_size"
 RANK_ARG = "ddp_rank"
@@ -43,75 +45,63 @@ class Overrides:
 class DdpSpec:
     """One marked test's process groups: a group per world size (or per mesh), all on ``backend``.
 
-    ``meshes``: specs such as ``dp=2,tp=2``; when given, the test runs once per mesh instead.
+    ``meshes``: parsed meshes (``dp=2,tp=2``); when given, the test runs once per mesh instead.
     """
 
     world_sizes: tuple[int, ...]
     backend: str = DEFAULT_BACKEND
     timeout: float = DEFAULT_TIMEOUT
-    meshes: tuple[str, ...] = ()
+    meshes: tuple[Layout, ...] = ()
 
 
-@dataclass(frozen=True)
 class MeshSpec:
     """A test's device mesh as plain data (names and sizes, outermost first): what ``ddp_mesh`` holds
-    outside the ranks; each rank builds the real ``DeviceMesh`` from it."""
+    outside the ranks; each rank builds the real ``DeviceMesh`` from it. Made from a Layout (as
+    :class:`DdpSpec` holds them) or a spec string, through the one parser
+    (:func:`ddpcheck.layout.parse_meshes`)."""
 
-    spec: str
+    def __init__(self, spec: str | Layout) -> None:
+        (self.layout,) = _parse(spec)
+        self.spec: str = self.layout.spec
 
     @property
     def dims(self) -> tuple[tuple[str, int], ...]:
-        return tuple((name, int(size)) for name, size in (part.split("=") for part in self.spec.split(",")))
+        return self.layout.dims
 
     @property
     def world_size(self) -> int:
-        size = 1
-        for _, n in self.dims:
-            size *= n
-        return size
+        return self.layout.world_size
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MeshSpec) and other.layout == self.layout
+
+    def __hash__(self) -> int:
+        return hash(self.layout)
 
     def __repr__(self) -> str:
         return f"<ddp_mesh {self.spec}: built inside each rank>"
 
 
-def mesh_id(spec: str) -> str:
-    """The parametrization id of one mesh: ``test_x[mesh-dp2-tp2]``."""
-    return "mesh-" + spec.replace("=", "").replace(",", "-")
+def mesh_id(mesh: str | Layout) -> str:
+    """The parametrization id of one mesh: ``test_x[mesh-dp2-tp2]`` (short and unique, as file names)."""
+    (layout,) = _parse(mesh)
+    return "mesh-" + layout.file_name
 
 
-def check_meshes(raw: object) -> tuple[str, ...]:
-    """``{"dp": 2, "tp": 2}``, ``"dp=2,tp=2"`` or a list of them -> specs; one line on a bad one."""
-    items = raw if isinstance(raw, (list, tuple)) else [raw]
-    out: list[str] = []
-    for item in items:
-        if isinstance(item, str):
-            pairs = [part.partition("=")[::2] for part in item.split(",")]
-        elif isinstance(item, dict):
-            pairs = [(str(k), v) for k, v in item.items()]
-        else:
-            raise MarkerError(
-                f"mesh must be a dict such as {{'dp': 2, 'tp': 2}} or a list of them, got {raw!r}"
-            )
-        dims: list[tuple[str, int]] = []
-        for name, size in pairs:
-            name = str(name).strip()
-            try:
-                number = int(size)
-            except (TypeError, ValueError):
-                number = 0
-            if not name.isidentifier() or number < 1 or isinstance(size, bool) or name in dict(dims):
-                raise MarkerError(
-                    f"mesh {item!r}: dimensions need distinct plain names and positive integer sizes"
-                )
-            dims.append((name, number))
-        if not dims:
-            raise MarkerError(f"mesh {item!r} has no dimension")
-        spec = ",".join(f"{name}={size}" for name, size in dims)
-        if spec not in out:
-            out.append(spec)
-    if not out:
+def _parse(raw: object) -> list[Layout]:
+    try:  # a marker's mesh need not name a data dimension: the test body decides what each one means
+        return parse_meshes(raw, need_data=False)
+    except LayoutError as exc:
+        raise MarkerError(str(exc)) from None
+
+
+def check_meshes(raw: object) -> tuple[Layout, ...]:
+    """``{"dp": 2, "tp": 2}``, ``"dp=2,tp=2"``, a Layout or a list of them -> Layouts; one line on a bad
+    one (the rules and their messages are the command line's: :func:`ddpcheck.layout.parse_mesh`)."""
+    meshes = tuple(_parse(raw))
+    if not meshes:
         raise MarkerError(f"no mesh given ({raw!r}); write e.g. mesh={{'dp': 2, 'tp': 2}}")
-    return tuple(out)
+    return meshes
 
 
 def param_id(world_size: int) -> str:
@@ -173,13 +163,24 @@ def spec_from_marker(args: Sequence[Any], kwargs: Mapping[str, Any], overrides: 
     timeout = check_timeout(kwargs.get("timeout", DEFAULT_TIMEOUT))
     if "mesh" in kwargs:  # --ddp-world-sizes leaves meshes alone: a mesh is its own size
         meshes = check_meshes(kwargs["mesh"])
-        per_mesh = tuple(MeshSpec(m).world_size for m in meshes)
+        per_mesh = tuple(m.world_size for m in meshes)
+        _real_ranks(per_mesh, mesh=True)
         return DdpSpec(per_mesh, overrides.backend or backend, overrides.timeout or timeout, meshes=meshes)
     raw = args[0] if args else kwargs.get("world_size", DEFAULT_WORLD_SIZE)
     sizes = raw if isinstance(raw, (list, tuple, range)) else (raw,)
-    world_sizes = check_world_sizes(sizes, raw)
+    world_sizes = overrides.world_sizes or check_world_sizes(sizes, raw)
+    _real_ranks(world_sizes, mesh=False)
     return DdpSpec(
-        world_sizes=overrides.world_sizes or world_sizes,
+        world_sizes=world_sizes,
         backend=overrides.backend or backend,
         timeout=overrides.timeout or timeout,
     )
+
+
+def _real_ranks(sizes: Iterable[int], *, mesh: bool) -> None:
+    """The command line's limit on forked ranks: every rank of a marked test is a process here."""
+    try:
+        for size in sizes:
+            check_ranks(size, mesh=mesh, instead="a ddp test forks every rank on this machine")
+    except LayoutError as exc:
+        raise MarkerError(str(exc)) from None

@@ -12,12 +12,12 @@ marked test runs, so a session without ``ddp`` tests pays nothing for having the
 from __future__ import annotations
 
 from collections.abc import Generator
-from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from ddpcheck.pytest_plugin.check import CheckSession
 from ddpcheck.pytest_plugin.marker import (
     MARKER,
     MARKER_HELP,
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from ddpcheck.pytest_plugin.check import DdpCheck
 
 _overrides_key = pytest.StashKey[Overrides]()
-_session_key = pytest.StashKey[ExitStack]()
+_session_key = pytest.StashKey[CheckSession]()  # this session's ddpcheck state: nothing module-global
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -78,8 +78,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from ddpcheck.pytest_plugin.check import plugin_session
-
     config.addinivalue_line("markers", MARKER_HELP)
     config.stash[_overrides_key] = overrides(config)
     report = config.getoption("ddpcheck_report")
@@ -88,19 +86,11 @@ def pytest_configure(config: pytest.Config) -> None:
         report_dir = Path(report).expanduser()
         if not report_dir.is_absolute():
             report_dir = config.invocation_params.dir / report_dir
-    stack = ExitStack()
-    stack.enter_context(plugin_session(report_dir, Path(config.rootpath)))
-    config.stash[_session_key] = stack
+    config.stash[_session_key] = CheckSession(report_dir=report_dir, rootdir=Path(config.rootpath))
     from ddpcheck.pytest_plugin.junit import SuiteProperties, needs_relocation
 
     if needs_relocation(config):
         config.pluginmanager.register(SuiteProperties(config), "ddpcheck-junit-properties")
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    stack = config.stash.get(_session_key, None)
-    if stack is not None:
-        stack.close()
 
 
 def _spec(node: Any, config: pytest.Config) -> DdpSpec | None:
@@ -176,9 +166,12 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
+    session = item.config.stash.get(_session_key, None)
+    if session is None:
+        return (yield)
     from ddpcheck.pytest_plugin.check import running_item
 
-    with running_item(item):
+    with running_item(session, item):
         return (yield)
 
 
@@ -228,4 +221,4 @@ def ddpcheck(request: pytest.FixtureRequest) -> DdpCheck:
     """
     from ddpcheck.pytest_plugin.check import DdpCheck
 
-    return DdpCheck(request.node)
+    return DdpCheck(request.node, request.config.stash.get(_session_key, None))

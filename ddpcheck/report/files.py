@@ -16,8 +16,7 @@ from pathlib import Path
 
 from ddpcheck.report.dispatch import render
 from ddpcheck.report.formats import check_format
-from ddpcheck.report.markdown import render_markdown
-from ddpcheck.report.svg import picture_files
+from ddpcheck.report.markdown import picture_names, render_markdown
 from ddpcheck.report.view import ReportView, build_view
 from ddpcheck.result import CheckResult
 
@@ -62,7 +61,7 @@ def write_reports(
     rendered = [(path, _render(view, fmt, stem)) for path, fmt in targets]
     extra = []
     if "markdown" in chosen:
-        extra = [(report_dir / item.name, item.picture.svg) for item in picture_files(view, stem)]
+        extra = [(report_dir / item.name, item.picture.svg) for item in picture_names(view, stem)]
     _make_dir(report_dir)
     with _locked(report_dir):
         for path, text in [*rendered, *extra]:

@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from html import escape
 
 from ddpcheck.checks.ids import SHORT_LABELS
+from ddpcheck.figures import PACKED_NOTE
 from ddpcheck.report.junit import xml_text
-from ddpcheck.report.svg import epoch_summary, failed_checks, pictures
+from ddpcheck.report.svg import epoch_summary, failed_checks, mixture_svg, pictures
 from ddpcheck.report.view import (
     NOT_RUN,
     RESUME_HEADERS,
@@ -112,6 +113,7 @@ def render_html(result: CheckResult | ReportView) -> str:
     parts += _causes(view)
     parts += _grid(view)
     parts += _pictures(view)
+    parts += _mixture(view)
     parts += _details(view)
     parts += _reasons(view.skipped, "Skipped (could not be judged)")
     parts += _reasons(view.not_applicable, "Not applicable")
@@ -233,8 +235,10 @@ def _pictures(view: ReportView) -> list[str]:
             blocks.append(f'<p class="muted">No pictures: {_e(data.note or "nothing was recorded")}.</p>')
         for picture in found:
             caption = picture.title
-            if picture.kind == "samples":
-                caption = "; ".join(epoch_summary(f) for f in data.epochs)
+            if picture.kind == "samples":  # rows packed per rank: no row count says anything of coverage
+                caption = (
+                    PACKED_NOTE if data.packed_rows else "; ".join(epoch_summary(f) for f in data.epochs)
+                )
             blocks.append(
                 f'<figure class="{picture.kind}">{picture.svg}<figcaption>{_e(caption)}</figcaption></figure>'
             )
@@ -294,3 +298,28 @@ def _resume(view: ReportView) -> list[str]:
             f'<table class="resume"><thead><tr>{head}</tr></thead><tbody>{"".join(lines)}</tbody></table>'
         )
     return ["<h2>Resume</h2>", *blocks] if blocks else []
+
+
+def _mixture(view: ReportView) -> list[str]:
+    """Per layout whose batches carry a source: each source's share per rank and worker, a table and a bar
+    picture (the expected shares as ticks)."""
+    blocks: list[str] = []
+    for table in view.mixtures:
+        head = "".join(f"<th>{_e(h)}</th>" for h in table.headers)
+        rows = []
+        for cells in table.cells():
+            tds = [f"<th>{_e(cells[0])}</th>", *(f'<td class="num">{_e(c)}</td>' for c in cells[1:])]
+            rows.append(f"<tr>{''.join(tds)}</tr>")
+        css = {"n/a": "na"}.get(table.status, table.status)
+        word = _e(STATUS_WORD.get(table.status, table.status))
+        svg = mixture_svg(table.sources, table.groups, table.label)
+        blocks.append(
+            f'<section class="mixture" id="{_e(table.anchor)}"><h3>{_e(table.label)} '
+            f'<span class="status {css}">{word}</span></h3>'
+            f'<p class="muted">expected from {_e(table.expected_from)}; shares summed over the epochs</p>'
+            f'<table class="mixture"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+            f'<figure class="mixture">{svg}'
+            f"<figcaption>{_e('Shares of each source, ' + table.label)}</figcaption>"
+            "</figure></section>"
+        )
+    return ["<h2>Mixture</h2>", *blocks] if blocks else []

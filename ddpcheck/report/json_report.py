@@ -26,7 +26,8 @@ Schema (``SCHEMA_VERSION = 3``); every key is always present::
       }],
       "runs": [{                     # one per layout: a world size or a device mesh
         "world_size": int,           # every rank of the layout
-        "label": str,                # "ws=2", or the mesh spec "dp=2,tp=2"
+        "label": str,                # "ws=2", or the mesh spec "dp=2,tp=2" (a script's: "train.py:42 ws=2")
+        "loader": str,               # a training script's loader ("train.py:42"); "" for a loader file
         "mesh": null | {"names": [str, ...], "shape": [int, ...], "data_dims": [str, ...]},
         "backend": str,
         "ok": bool,                  # WorldResult.ok
@@ -50,6 +51,12 @@ Schema (``SCHEMA_VERSION = 3``); every key is always present::
                     "before": int, "after": int,   # samples trained before the stop / after the restore
                     "skipped": int, "repeated": int,
                     "first_divergence": int | null, "note": str}]
+      }],
+      "mixture": [{                  # per layout whose batches carry a source (sample_source / "source")
+        "label": str, "status": str, "sources": [str, ...],
+        "expected_from": "source_weights()" | "single-process run",
+        "groups": [{"who": str,      # "expected", "single process", "all ranks", "rank 0", "rank 0 worker 1"
+                    "samples": int, "shares": [float, ...]}]   # summed over the epochs, one per source
       }]
     }
 
@@ -71,7 +78,7 @@ import os
 from typing import Any
 
 from ddpcheck.checks.verdict import Verdict
-from ddpcheck.report.view import Cause, ReportView, Row, as_view
+from ddpcheck.report.view import Cause, MixtureTable, ReportView, Row, as_view
 from ddpcheck.result import CheckResult, MetricRow, ResumeRow
 from ddpcheck.trace import RankFailure
 
@@ -138,6 +145,7 @@ def to_json_dict(result: CheckResult | ReportView) -> dict[str, Any]:
         },
         "causes": [_cause(cause) for cause in view.causes],
         "runs": [_run(row, view.columns) for row in view.rows],
+        "mixture": [_mixture(table) for table in view.mixtures],
     }
 
 
@@ -163,6 +171,7 @@ def _run(row: Row, order: tuple[str, ...]) -> dict[str, Any]:
     return {
         "world_size": run.world_size,
         "label": row.label,
+        "loader": run.loader,
         "mesh": mesh,
         "backend": run.backend,
         "ok": run.ok,
@@ -244,4 +253,18 @@ def _metric(row: MetricRow) -> dict[str, Any]:
         "dropped": row.dropped,
         "order_only": row.order_only,
         "cause": row.cause,
+    }
+
+
+def _mixture(table: MixtureTable) -> dict[str, Any]:
+    """One layout's mixture: sources, where the expectation came from, each group's samples and shares."""
+    return {
+        "label": table.label,
+        "status": table.status,
+        "sources": list(table.sources),
+        "expected_from": table.expected_from,
+        "groups": [
+            {"who": who, "samples": n, "shares": [round(x, 4) for x in shares]}
+            for who, n, shares in table.groups
+        ],
     }

@@ -9,11 +9,14 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 from urllib.parse import quote
 
 from tabulate import tabulate
 
-from ddpcheck.report.svg import picture_files
+from ddpcheck.layout import Layout, file_safe
+from ddpcheck.report.svg import PictureFile, picture_files
+from ddpcheck.report.table import padded_only, sample_ids
 from ddpcheck.report.view import (
     NOT_RUN,
     RESUME_HEADERS,
@@ -26,7 +29,7 @@ from ddpcheck.report.view import (
     resume_cells,
     trim_stack,
 )
-from ddpcheck.result import CheckResult
+from ddpcheck.result import CheckResult, WorldResult
 
 MD_STACK_LINES = 60  # collapsed by default, so more of the stack than in the terminal
 _CELL = {"pass": "✅ pass", "fail": "❌ **FAIL**", "skip": "⏭️ skip", "n/a": "⚪ n/a", "allowed": "⚠️ allowed"}
@@ -75,7 +78,11 @@ def render_markdown(result: CheckResult | ReportView, *, figure_stem: str | None
     if view.causes:
         blocks.append(_causes(view))
     blocks.append(_grid(view) if view.rows else "_No world sizes were run._")
-    blocks += [b for b in (_padding(view), _idle(view), _failed_checks(view), _rank_failures(view)) if b]
+    blocks += [
+        b
+        for b in (_padding(view), _idle(view), _mixture(view), _failed_checks(view), _rank_failures(view))
+        if b
+    ]
     blocks += [
         b for b in (_reasons(view.skipped, "Skipped"), _reasons(view.not_applicable, "Not applicable")) if b
     ]
@@ -87,8 +94,9 @@ def render_markdown(result: CheckResult | ReportView, *, figure_stem: str | None
 
 def _causes(view: ReportView) -> str:
     items = []
+    ids = sample_ids(view)
     for c in view.causes:
-        item = f"- **[{c.number}]** {md_escape(c.title)}  \n  explains: {md_escape(c.explains)}"
+        item = f"- **[{c.number}]** {md_escape(ids(c.title))}  \n  explains: {md_escape(c.explains)}"
         if c.fix:
             item += f"  \n  fix: {md_escape(c.fix)}"
         items.append(item)
@@ -115,12 +123,13 @@ def _idle(view: ReportView) -> str:
 
 
 def _padding(view: ReportView) -> str:
-    items = [f"- **{md_escape(row.label)}** {md_escape(row.padding)}" for row in view.padded]
-    return "\n".join(["### Padding", "", *items]) if items else ""
+    items = [f"- **{md_escape(row.label)}** {md_escape(row.padding)}" for row in padded_only(view)]
+    return "\n".join(["### Padding (samples repeated to even out the ranks)", "", *items]) if items else ""
 
 
 def _failed_checks(view: ReportView) -> str:
     items: list[str] = []
+    ids = sample_ids(view)
     for cause in view.causes:
         for finding in cause.findings:
             also = f" (also {md_escape(', '.join(finding.also))})" if finding.also else ""
@@ -128,9 +137,9 @@ def _failed_checks(view: ReportView) -> str:
             head = (
                 f"- **[{cause.number}]** **{md_escape(finding.where)}** {md_code(finding.check)}{tag}{also}"
             )
-            items.append(f"{head}: {md_escape(finding.detail)}")
+            items.append(f"{head}: {md_escape(ids(finding.detail))}")
             for name, text in finding.evidence:
-                items.append(f"  - {name}: {md_code(text)}")
+                items.append(f"  - {name}: {md_code(ids(text))}")
     return "\n".join(["### Details", "", *items]) if items else ""
 
 
@@ -159,11 +168,32 @@ def _reasons(reasons: Sequence[object], title: str) -> str:
     return "\n".join([f"### {title}", "", *items]) if items else ""
 
 
+def picture_key(run: WorldResult, with_backend: bool) -> str:
+    """A layout's part of its pictures' file names: short, unique and filesystem-safe whatever its label
+    (``ws2``, ``dp2-tp2``, ``dp1-2-1a2b3c4d``; a script's loader and the backend where they tell runs
+    apart)."""
+    layout = run.layout if run.layout is not None else Layout.plain(run.world_size)
+    parts = [file_safe(run.loader)] if run.loader else []
+    parts.append(layout.file_name)
+    if with_backend:
+        parts.append(file_safe(run.backend))
+    return "-".join(parts)
+
+
+def picture_names(view: ReportView, stem: str) -> list[PictureFile]:
+    """Every picture with the file name the Markdown report links it by: ``<stem>-<key>-<kind>.svg``,
+    the key from :func:`picture_key` (a label of any length or alphabet gives a short, distinct name)."""
+    return [
+        replace(item, name=f"{stem}-{picture_key(item.run, view.with_backend)}-{item.picture.kind}.svg")
+        for item in picture_files(view, stem)
+    ]
+
+
 def _pictures(view: ReportView, stem: str) -> str:
     blocks: list[str] = []
     last: object = None
     labels = {id(row.run): row.label for row in view.rows}
-    for item in picture_files(view, stem):
+    for item in picture_names(view, stem):
         if item.run is not last:
             blocks.append(f"**{md_escape(labels.get(id(item.run), ''))}**")
             last = item.run
@@ -208,3 +238,14 @@ def _divergence(view: ReportView) -> str:
 def _notes(result: CheckResult) -> str:
     items = [f"- {md_escape(note)}" for note in result.notes]
     return "\n".join(["### Notes", "", *items]) if items else ""
+
+
+def _mixture(view: ReportView) -> str:
+    """Each source's share per rank and worker, where batches carry a source (summed over the epochs)."""
+    parts = []
+    for table in view.mixtures:
+        source = md_escape(table.expected_from)
+        head = f"**{md_escape(table.label)}** {table.status.upper()}, expected from {source}"
+        cells = [[md_escape(c) for c in row] for row in table.cells()]
+        parts.append(f"{head}\n\n{_table(cells, [md_escape(h) for h in table.headers])}")
+    return "### Mixture\n\n" + "\n\n".join(parts) if parts else ""

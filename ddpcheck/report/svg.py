@@ -12,6 +12,7 @@ same shade merge into one sub-path, so a correct million-sample run draws in a f
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from html import escape
@@ -376,10 +377,12 @@ def work_svg(data: FigureData, failed: frozenset[str] = frozenset()) -> str:
     intro = f"Work in epoch 0 ({data.work_source}); {per}darker = more work in that step (vs the busiest)."
     body.append(_label(0, y, intro, color=MUTED))
     y += 14
-    top = max((max(row, default=0.0) for row in data.work), default=0.0) or 1.0
-    most = max(data.work_totals, default=0.0) or 1.0
+    work = [[_finite(v) for v in row] for row in data.work]
+    totals = [_finite(t) for t in data.work_totals]
+    top = max((max(row, default=0.0) for row in work), default=0.0) or 1.0
+    most = max(totals, default=0.0) or 1.0
     heavy = WORK_BALANCE in failed
-    for rank, row, total in zip(data.ranks, data.work, data.work_totals, strict=False):
+    for rank, row, total in zip(data.ranks, work, totals, strict=False):
         levels = [0 if v <= 0 else 1 + min(WORK_LEVELS - 1, int(v / top * WORK_LEVELS)) for v in row]
         scale = PLOT / max(len(row), 1)
         paths: dict[int, list[str]] = {}
@@ -410,6 +413,12 @@ def work_svg(data: FigureData, failed: frozenset[str] = frozenset()) -> str:
         body.append(_label(WIDTH - 4, y + 11, f"{total:,.0f}", anchor="end", color=MUTED))
         y += STRIP + GAP
     return _svg("work", y + 14, f"Work per {data.rank_noun} and step, {_where(data)}", body)
+
+
+def _finite(value: float) -> float:
+    """Work drawn as 0 where it is not a finite number >= 0: a picture must never raise (``int(nan)``);
+    the rank side refuses such hook values before they get here."""
+    return value if math.isfinite(value) and value > 0 else 0.0
 
 
 def replicas_svg(data: FigureData) -> str:
@@ -499,3 +508,52 @@ def picture_files(result: CheckResult | ReportView, stem: str) -> list[PictureFi
         for picture in pictures(row.run.figures, failed_checks(row.run)):
             out.append(PictureFile(f"{stem}-{row.anchor}-{picture.kind}.svg", row.run, picture))
     return out
+
+
+def mixture_svg(
+    sources: Sequence[str], groups: Sequence[tuple[str, int, Sequence[float]]], where: str
+) -> str:
+    """One stacked bar per group (expected, single process, all ranks, each rank and worker): each source's
+    share as a segment in its colour, the expected shares as ticks on every bar, a legend below."""
+    body: list[str] = []
+    y = 18
+    body.append(
+        _label(
+            0, y, "Share of each source (summed over the epochs); ticks: the expected shares.", color=MUTED
+        )
+    )
+    y += 14
+    expected = next((shares for who, _, shares in groups if who == "expected"), None)
+    ticks = []
+    at = 0.0
+    for share in expected or ():
+        at += share if math.isfinite(share) else 0.0
+        ticks.append(at)
+    for who, n, shares in groups:
+        body.append(_label(LEFT - 8, y + 11, who, anchor="end"))
+        x = float(LEFT)
+        for i, share in enumerate(shares):
+            width = PLOT * share if math.isfinite(share) and share > 0 else 0.0
+            if width > 0:
+                tip = f"{who}: {sources[i]} {share:.1%}"
+                body.append(
+                    f'<rect class="mixture-share" data-source="{_attr(sources[i])}" x="{x:.2f}" y="{y}" '
+                    f'width="{width:.2f}" height="{STRIP}" fill="{rank_color(i)}">'
+                    f"<title>{_text(tip)}</title></rect>"
+                )
+            x += width
+        for tick in ticks[:-1]:
+            tx = LEFT + PLOT * tick
+            body.append(
+                f'<line x1="{tx:.2f}" y1="{y - 2}" x2="{tx:.2f}" y2="{y + STRIP + 2}" stroke="{INK}"/>'
+            )
+        if n:
+            body.append(_label(WIDTH - 4, y + 11, f"{n:,}", anchor="end", color=MUTED))
+        y += STRIP + GAP
+    x = float(LEFT)
+    y += 12
+    for i, name in enumerate(sources):
+        body.append(f'<rect x="{x:.1f}" y="{y - 10}" width="10" height="10" fill="{rank_color(i)}"/>')
+        body.append(_label(x + 14, y, name))
+        x += 24 + 7 * len(name)
+    return _svg("mixture", y + 12, f"Mixture shares, {where}", body)

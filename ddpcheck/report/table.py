@@ -16,11 +16,13 @@ from typing import Literal
 import tabulate as tabulate_module
 from tabulate import tabulate
 
-from ddpcheck.checks.ids import SHORT_LABELS
+from ddpcheck.checks.ids import NO_OVERLAP, SHORT_LABELS
+from ddpcheck.messages import short_hash_ids
 from ddpcheck.report.view import (
     NOT_RUN,
     RESUME_HEADERS,
     STATUS_WORD,
+    FailureEntry,
     ReportView,
     Row,
     as_view,
@@ -38,13 +40,23 @@ Paint = Callable[[str, str], str]
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _COLORS = {"pass": "32", "fail": "1;31", "skip": "33", "n/a": "2", "allowed": "35"}
 _MIN_WRAP = 16  # narrowest a wrapped free-text column may get
+_MIN_NOTE = 28  # a note column narrower than this goes below its table (no word-per-line columns)
 _INDENT = "    "
 
 
 def render_table(
-    result: CheckResult | ReportView, *, color: bool = False, width: int = 100, layout: Layout = "auto"
+    result: CheckResult | ReportView,
+    *,
+    color: bool = False,
+    width: int = 100,
+    layout: Layout = "auto",
+    not_applicable_in: str | None = None,
 ) -> str:
-    """The whole terminal report as one string (no trailing newline); ``color`` adds ANSI colours."""
+    """The whole terminal report as one string (no trailing newline); ``color`` adds ANSI colours.
+
+    ``not_applicable_in``: where the reports are (a path); the reasons checks do not apply are then one
+    line pointing there instead of a section (the terminal's form; ``-v`` and the files list them all).
+    """
     if layout not in ("auto", "wide", "tall"):
         raise ValueError(f"layout must be 'auto', 'wide' or 'tall', not {layout!r}")
     if width < 40:
@@ -57,9 +69,10 @@ def render_table(
         _grid(view, paint, width, layout),
         _padding(view, width),
         _idle(view, width),
+        _mixture(view, width),
         _details(view, width),
         _reasons(view.skipped, width, "Skipped (could not be judged)"),
-        _reasons(view.not_applicable, width, "Not applicable"),
+        _not_applicable(view, width, not_applicable_in),
         _divergence(view, width),
         _resume(view, width),
         _notes(view.result, width),
@@ -159,18 +172,35 @@ def _tall_grid(view: ReportView, paint: Paint, width: int) -> str:
     checks = view.grid_columns
     headers = ["check", *(row.label.replace(" ", "\n") for row in view.rows)]
     rows = [[check, *(_status_cell(row, check, paint) for row in view.rows)] for check in checks]
-    rows.append(["ranks", *(_printable(row.ranks) for row in view.rows)])
     label_width = max(len(label) for label in ["check", "ranks", *checks])
     runs = len(view.rows)
     column = max((width - label_width - 2 * runs) // runs, 8)
-    return _table(rows, headers, maxcolwidths=[None] + [column] * runs)
+    texts = [_printable(row.ranks) for row in view.rows]
+    below = [_word_a_line(text, column) for text in texts]  # those go under the grid, whole
+    rows.append(["ranks", *(("below" if low else text) for text, low in zip(texts, below, strict=True))])
+    grid = _table(rows, headers, maxcolwidths=[None] + [column] * runs)
+    if not any(below):
+        return grid
+    lines = [grid, ""]
+    for row, text, low in zip(view.rows, texts, below, strict=True):
+        if low:
+            lines += _wrap(f"ranks at {row.label}: {text}", width)
+    return "\n".join(lines)
+
+
+def _word_a_line(text: str, column: int) -> bool:
+    """Whether ``text`` wrapped to ``column`` would leave a word alone on a line (a note read a word at a
+    time down the screen): such a text goes below its table instead."""
+    lines = textwrap.wrap(text, column, break_long_words=False, break_on_hyphens=False)
+    return len(lines) > 1 and any(len(line.split()) == 1 for line in lines)
 
 
 def _causes(view: ReportView, width: int) -> str:
     """Each distinct cause once, with the checks and layouts it explains and how to fix it."""
     lines: list[str] = []
+    ids = sample_ids(view)
     for cause in view.causes:
-        lines += _wrap(f"[{cause.number}] {cause.title}", width)
+        lines += _wrap(ids(f"[{cause.number}] {cause.title}"), width)
         lines += _wrap(f"-> {cause.explains}", width, _INDENT, _INDENT * 2)
         if cause.fix:
             lines += _wrap(f"fix: {cause.fix}", width, _INDENT, _INDENT * 2)
@@ -178,11 +208,12 @@ def _causes(view: ReportView, width: int) -> str:
 
 
 def _padding(view: ReportView, width: int) -> str:
-    """What padding costs where it repeated samples (it passes, but an evaluation counts them twice)."""
+    """What padding costs where it repeated samples (it passes, but an evaluation counts them twice);
+    not where ranks overlap: those repeats are no_overlap's failure, told in its own words."""
     lines: list[str] = []
-    for row in view.padded:
+    for row in padded_only(view):
         lines += _wrap(f"[{row.label}] {row.padding}", width)
-    return _section("Padding", lines)
+    return _section("Padding (samples repeated to even out the ranks)", lines)
 
 
 def _idle(view: ReportView, width: int) -> str:
@@ -196,24 +227,92 @@ def _idle(view: ReportView, width: int) -> str:
 def _details(view: ReportView, width: int) -> str:
     """The evidence, grouped by cause: each failing check once, at the first layout it fails at."""
     lines: list[str] = []
+    ids = sample_ids(view)
     for cause in view.causes:
         for finding in cause.findings:
             also = f" (also {', '.join(finding.also)})" if finding.also else ""
             tag = " (allowed)" if finding.status == "allowed" else ""
             head = f"[{cause.number}] {finding.where} {finding.check}{tag}{also}: {finding.detail}"
-            lines += _wrap(head, width)
+            lines += _wrap(ids(head), width)
             for name, text in finding.evidence:
-                lines += _wrap(f"{name}: {text}", width, _INDENT, _INDENT * 2)
-    for entry in view.failures:
-        failure = entry.failure
+                lines += _wrap(ids(f"{name}: {text}"), width, _INDENT, _INDENT * 2)
+    for entries in _same_failures(view.failures):
+        entry, failure = entries[0], entries[0].failure
         number = f"[{entry.cause}] " if entry.cause is not None else ""
-        lines += _wrap(f"{number}{entry.where} rank {failure.rank} {failure.kind}: {failure.message}", width)
+        ranks = _ranks_text(entries)
+        count = f" (x{len(entries)})" if len(entries) > 1 else ""
+        lines += _wrap(f"{number}{ranks} {failure.kind}: {failure.message}{count}", width)
         if failure.progress:
             lines += _wrap(f"progress: {failure.progress}", width, _INDENT, _INDENT * 2)
         if failure.stack.strip():
-            lines.append(f"{_INDENT}stack:")
+            lines.append(f"{_INDENT}stack{' (the first)' if len(entries) > 1 else ''}:")
             lines += [f"{_INDENT * 2}{line}" for line in trim_stack(failure.stack)]
     return _section("Details", lines)
+
+
+def sample_ids(view: ReportView) -> Callable[[str], str]:
+    """How sample ids read in text: content hashes as ``#1a2b3c4`` (not 19-digit integers), others as
+    they are (the JSON keeps every id whole)."""
+    return short_hash_ids if view.result.id_source == "content-hash" else str
+
+
+def padded_only(view: ReportView) -> list[Row]:
+    """The layouts whose repeats are padding alone: where ranks overlap, the samples seen twice are the
+    overlap's (counted by no_overlap), and listing them as padding would count one thing two ways."""
+    return [row for row in view.padded if row.cell(NO_OVERLAP).status in (None, "pass", "n/a")]
+
+
+def _same_failures(entries: Sequence[FailureEntry]) -> list[list[FailureEntry]]:
+    """Rank failures with the same kind, message and cause, together (in first-seen order): 24 ranks
+    failing one assert are one line with its count, not 24 copies."""
+    groups: dict[tuple[str, str, int | None], list[FailureEntry]] = {}
+    for entry in entries:
+        key = (entry.failure.kind, entry.failure.message, entry.cause)
+        groups.setdefault(key, []).append(entry)
+    return list(groups.values())
+
+
+def _ranks_text(entries: Sequence[FailureEntry]) -> str:
+    """``ws=2 rank 1``, ``ws=4 ranks 0-3``, ``ws=2, ws=3 rank 1``: where a failure was (layouts whose
+    failing ranks are the same share one mention)."""
+    by_where: dict[str, list[int]] = {}
+    for entry in entries:
+        by_where.setdefault(entry.where, []).append(entry.failure.rank)
+    by_ranks: dict[str, list[str]] = {}
+    for where, ranks in by_where.items():
+        noun = "rank" if len(set(ranks)) == 1 else "ranks"
+        by_ranks.setdefault(f"{noun} {_spans(ranks)}", []).append(where)
+    return "; ".join(f"{', '.join(wheres)} {ranks}" for ranks, wheres in by_ranks.items())
+
+
+def _spans(numbers: Sequence[int]) -> str:
+    """``0-23`` for a run of consecutive numbers, ``0, 2, 5-7`` otherwise."""
+    ordered = sorted(dict.fromkeys(numbers))
+    parts: list[str] = []
+    start = prev = ordered[0]
+    for n in [*ordered[1:], None]:
+        if n is not None and n == prev + 1:
+            prev = n
+            continue
+        parts.append(
+            str(start) if start == prev else f"{start}-{prev}" if prev > start + 1 else f"{start}, {prev}"
+        )
+        if n is not None:
+            start = prev = n
+    return ", ".join(parts)
+
+
+def _not_applicable(view: ReportView, width: int, where: str | None) -> str:
+    """Why checks do not apply: every reason, or (on a terminal) one line saying which and where."""
+    if where is None or not view.not_applicable:
+        return _reasons(view.not_applicable, width, "Not applicable")
+    checks = list(dict.fromkeys(reason.check for reason in view.not_applicable))
+    shown = ", ".join(checks[:4]) + (f" and {len(checks) - 4} more" if len(checks) > 4 else "")
+    n = len(view.not_applicable)
+    line = f"Not applicable: {shown}; the {n} reason{'s' if n != 1 else ''} are in {where} (-v prints them)"
+    if n == 1:
+        line = f"Not applicable: {shown}; the reason is in {where} (-v prints it)"
+    return "\n".join(_wrap(line, width))
 
 
 def _reasons(reasons: Sequence[object], width: int, title: str) -> str:
@@ -244,10 +343,23 @@ def _divergence(view: ReportView, width: int) -> str:
             for metric in run.divergence
         ]
         limits: list[int | None] = [24, None, None, None, None, None]
-        room = max(width - visible_width(_table(cells, headers, maxcolwidths=limits)) - 2, _MIN_WRAP)
-        for line, metric in zip(cells, run.divergence, strict=True):
-            line.append(divergence_cause(metric))
-        table = _table(cells, [*headers, "cause"], colalign=align, maxcolwidths=[*limits, room])
+        room = width - visible_width(_table(cells, headers, maxcolwidths=limits)) - 2
+        causes = [divergence_cause(metric) for metric in run.divergence]
+        if room < _MIN_NOTE and any(len(cause) > room for cause in causes):  # below, not a word a line
+            table = _table(cells, headers, colalign=align[:-1], maxcolwidths=limits)
+            notes = [
+                line
+                for metric, cause in zip(run.divergence, causes, strict=True)
+                if cause
+                for line in _wrap(f"cause ({metric.metric}): {cause}", width)
+            ]
+            blocks.append("\n".join([f"{row.label}:", table, *notes]))
+            continue
+        for line, cause in zip(cells, causes, strict=True):
+            line.append(cause)
+        table = _table(
+            cells, [*headers, "cause"], colalign=align, maxcolwidths=[*limits, max(room, _MIN_WRAP)]
+        )
         blocks.append(f"{row.label}:\n{table}")
     return _section("Divergence", "\n\n".join(blocks).splitlines())
 
@@ -271,3 +383,12 @@ def _notes(result: CheckResult, width: int) -> str:
     for note in result.notes:
         lines += _wrap(note, width, "- ", "  ")
     return _section("Notes", lines)
+
+
+def _mixture(view: ReportView, width: int) -> str:
+    """Each source's share per rank and worker, where batches carry a source (summed over the epochs)."""
+    blocks = []
+    for table in view.mixtures:
+        head = f"[{table.label}] {table.status.upper()}: expected from {table.expected_from}"
+        blocks.append("\n".join([*_wrap(head, width), _table(table.cells(), table.headers)]))
+    return _section("Mixture (shares of each source)", ["\n\n".join(blocks)]) if blocks else ""

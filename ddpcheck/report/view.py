@@ -9,12 +9,13 @@ here re-runs or re-judges a check.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from ddpcheck.checks.ids import ALL_CHECKS, PADDING_BOUND, SHORT_LABELS, WORK_BALANCE
+from ddpcheck.checks.ids import ALL_CHECKS, MIXTURE, PADDING_BOUND, SHORT_LABELS, WORK_BALANCE
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.messages import count_text
 from ddpcheck.result import CheckResult, ResumeRow, WorldResult
@@ -174,6 +175,11 @@ class ReportView:
     def summary(self, paint: Callable[[str, str], str] | None = None) -> str:
         return summary_line(self.result, paint, self.counts)
 
+    @functools.cached_property
+    def mixtures(self) -> tuple[MixtureTable, ...]:
+        """Per layout whose batches carry a source, each source's share per rank and worker (once)."""
+        return tuple(t for t in (mixture_table(row) for row in self.rows) if t is not None)
+
 
 def as_view(source: CheckResult | ReportView) -> ReportView:
     return source if isinstance(source, ReportView) else build_view(source)
@@ -247,6 +253,8 @@ def show_backend(result: CheckResult) -> bool:
 def world_label(run: WorldResult, with_backend: bool) -> str:
     """``ws=2`` for a world size, ``dp=2,tp=2`` for a mesh (with the backend when runs used several)."""
     label = run.layout.label if run.layout is not None and run.layout.mesh else f"ws={run.world_size}"
+    if run.loader:  # a training script's loader: its row group is named by the line that built it
+        label = f"{run.loader} {label}"
     return f"{label} {run.backend}" if with_backend else label
 
 
@@ -396,8 +404,15 @@ def evidence(verdict: Verdict, *, cause: bool = True) -> list[tuple[str, str]]:
         ("ranks", join_limited(verdict.ranks, str)),
         ("epochs", join_limited(verdict.epochs, str)),
         ("e.g.", examples),
+        ("logged", "; ".join(str(line) for line in _logged(verdict))),
     ]
     return [(label, text) for label, text in rows if text]
+
+
+def _logged(verdict: Verdict) -> list[object]:
+    """What the loader's library logged or warned where the check saw the failure (resume: restoring)."""
+    lines = verdict.data.get("logged", ())
+    return list(lines) if isinstance(lines, (list, tuple)) else []
 
 
 def trim_stack(stack: str, max_lines: int = STACK_LINES) -> list[str]:
@@ -570,3 +585,69 @@ def explains(cause: Cause, with_backend: bool) -> str:
     for name in names:
         merged.setdefault(worlds_label(runs_of[name], with_backend), []).append(name)
     return "; ".join(f"{', '.join(group)} at {where}" for where, group in merged.items())
+
+
+# ------------------------------------------------------------------ mixture shares
+
+
+@dataclass(frozen=True)
+class MixtureTable:
+    """One layout's mixture: per source the expected share, and each group's shares (summed over epochs).
+
+    ``groups`` are ``(who, samples, shares)``: "expected", "single process", "all ranks", "rank 0",
+    "rank 0 worker 1" ...; ``status`` the mixture verdict's."""
+
+    label: str
+    anchor: str
+    status: str
+    sources: tuple[str, ...]
+    expected_from: str
+    groups: tuple[tuple[str, int, tuple[float, ...]], ...]
+
+    @property
+    def headers(self) -> tuple[str, ...]:
+        return ("", "samples", *self.sources)
+
+    def cells(self) -> list[list[str]]:
+        """The groups as text cells: who, samples, each share as a percentage."""
+        return [[who, f"{n:,}" if n else "", *(f"{x:.1%}" for x in shares)] for who, n, shares in self.groups]
+
+
+def mixture_table(row: Row) -> MixtureTable | None:
+    """The mixture verdict's data as a table (None where batches carry no source)."""
+    verdict = next((v for v in row.run.verdicts if v.check == MIXTURE), None)
+    data = verdict.data if verdict is not None else {}
+    sources = data.get("sources")
+    if verdict is None or not isinstance(sources, list) or not sources:
+        return None
+
+    def group(who: str, counts: object) -> tuple[str, int, tuple[float, ...]] | None:
+        if not isinstance(counts, list) or len(counts) != len(sources):
+            return None
+        n = sum(int(c) for c in counts)
+        return (who, n, tuple(int(c) / n if n else 0.0 for c in counts))
+
+    expected = data.get("expected")
+    groups = [("expected", 0, tuple(float(x) for x in expected))] if isinstance(expected, list) else []
+    found = [
+        group("single process", data.get("reference_counts")),
+        group("all ranks", data.get("union_counts")),
+    ]
+    ranks = data.get("rank_counts")
+    workers = data.get("worker_counts")
+    by_rank: dict[int, list[tuple[int, object]]] = {}
+    for item in workers if isinstance(workers, list) else []:
+        if isinstance(item, list) and len(item) == 3:
+            by_rank.setdefault(int(item[0]), []).append((int(item[1]), item[2]))
+    for r, counts in enumerate(ranks if isinstance(ranks, list) else []):
+        found.append(group(f"rank {r}", counts))
+        found += [group(f"rank {r} worker {w}", c) for w, c in by_rank.get(r, [])]
+    groups += [g for g in found if g is not None]
+    return MixtureTable(
+        label=row.label,
+        anchor=f"mixture-{row.anchor}",
+        status=verdict.status,
+        sources=tuple(str(s) for s in sources),
+        expected_from=str(data.get("expected_from", "")),
+        groups=tuple(groups),
+    )

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ddpcheck.checker.loaderfile import LoaderSpec, optional_hook
@@ -65,16 +65,6 @@ if TYPE_CHECKING:
 ID_KEY = "__ids__"
 METRIC_HOOKS = ("forward", "metric")
 SIMULATE_SKIP = "needs real gloo ranks (the gathers are collectives); run without --simulate"
-
-
-@dataclass(frozen=True)
-class EvalOptions:
-    """How a rank builds its loader for evaluation. Plain data: it travels to ranks."""
-
-    patch: bool = False
-    set_epoch: bool = True
-    batch_size: int | None = None
-    layout: Layout | None = None  # None: the plain world size of the group
 
 
 # --------------------------------------------------------------------------- default hooks
@@ -261,20 +251,17 @@ def metric_values(value: Any) -> dict[str, float]:
         ) from None
 
 
-def evaluate_rank(spec: LoaderSpec, options: EvalOptions) -> Evaluation | None:
-    """Entry point inside a rank: evaluate epoch 0, gather twice, rank 0 computes the metric."""
+def evaluate_rank(spec: LoaderSpec, options: RecordOptions) -> Evaluation | None:
+    """Entry point inside a rank: evaluate epoch 0, gather twice, rank 0 computes the metric.
+
+    ``options`` are the data run's own record options (``CheckOptions.record_options``) in this group's
+    layout, never a copy rebuilt field by field: the loader is the one the data checks judged.
+    """
     from ddpcheck.reference.sync import sync_dicts_ddp
 
     rank, world_size = group_position()
     report_progress("evaluation: building the loader")
-    record = RecordOptions(
-        epochs=1,
-        set_epoch=options.set_epoch,
-        patch=options.patch,
-        batch_size=options.batch_size,
-        layout=options.layout,
-    )
-    loader, module = build_loader(spec, record, rank, world_size)
+    loader, module = build_loader(spec, options, rank, world_size)
     forward = optional_hook(module, "forward")
     metric = optional_hook(module, "metric") or default_metric
     facts = read_facts(loader)
@@ -308,9 +295,7 @@ class MetricEquivalence:
 
     def __init__(self, spec: LoaderSpec, options: CheckOptions) -> None:
         self.spec = spec
-        self.eval_options = EvalOptions(
-            patch=options.patch, set_epoch=options.set_epoch, batch_size=options.batch_size
-        )
+        self.record = replace(options.record_options(), epochs=1)  # the data run's, never a copy
         self.timeout = options.timeout
         self.tolerance = options.metric_tolerance
         self.simulate = options.simulate
@@ -331,7 +316,7 @@ class MetricEquivalence:
             TargetRef.of(evaluate_rank),
             layout.world_size,
             timeout=self.timeout,
-            kwargs={"spec": self.spec, "options": replace(self.eval_options, layout=layout)},
+            kwargs={"spec": self.spec, "options": replace(self.record, layout=layout)},
         )
         failures = rank_failures(group, METRIC_EQUIVALENCE)
         value = group.outcomes[0].value if group.outcomes and group.outcomes[0].ok else None

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import io
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -38,8 +39,8 @@ from ddpcheck.checker.loaderfile import (
     unwrap_loader,
 )
 from ddpcheck.checker.options import mesh_layouts
+from ddpcheck.checker.recording import LOAD_HOOK, SAVE_HOOK, group_position, has_state
 from ddpcheck.checker.recording import RESUME_HOOK as HOOK
-from ddpcheck.checker.recording import group_position, has_state
 from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
 from ddpcheck.checks.verdict import Verdict, failed, not_applicable, passed, skipped
 from ddpcheck.launch import GroupCall, GroupResult, TargetRef, report_progress, run_groups, run_ranks
@@ -53,8 +54,6 @@ if TYPE_CHECKING:
     from ddpcheck.checker.options import CheckOptions
     from ddpcheck.checker.recording import RecordOptions
 
-SAVE_HOOK = "save_state"
-LOAD_HOOK = "load_state"
 HOW_TO_ENABLE = (
     "the loader has no state to resume from: give the loader, its sampler or its batch sampler "
     "state_dict()/load_state_dict() (torchdata's StatefulDataLoader, ddpcheck's DDPSamplerWrapper), or "
@@ -94,6 +93,9 @@ class StopResult:
     error: str = ""
     next_pass: Batches | None = None
     read_rest: bool = True  # False: the boundary's next pass was exact, the other reading was not run
+    planned: Stop | None = None  # the job's stop this answers (a rank with fewer batches stops earlier)
+    saved_by: tuple[int, ...] | None = None  # the old ranks that saved a state (None: not known, a hook)
+    logged: tuple[str, ...] = ()  # what the library logged (WARNING and above) or warned while restoring
 
 
 @dataclass(frozen=True)
@@ -220,6 +222,31 @@ def _saved_state(outer: Any, module: Any, mechanism: str, args: dict[str, Any]) 
     return _save(_holder(outer, mechanism).state_dict())
 
 
+@contextmanager
+def _heard() -> Iterator[list[str]]:
+    """What is logged (WARNING and above, through any logger that reaches the root: torchtitan logs on
+    the root logger itself) or warned meanwhile, one line each: a library's own word on a restore."""
+    import logging
+    import warnings
+
+    lines: list[str] = []
+
+    class _Heard(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(one_line(record.getMessage(), 300))
+
+    handler = _Heard(logging.WARNING)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield lines
+            lines.extend(one_line(str(w.message), 300) for w in caught)
+    finally:
+        root.removeHandler(handler)
+
+
 def _finish(*args: Any, **kwargs: Any) -> StopResult:
     """:func:`_finish_once`; a restore that raises stops the DataLoader workers it started first: left
     to the loader's own shutdown, each would be joined for 5 s (torch's status interval) per refusal."""
@@ -266,19 +293,22 @@ def _finish_once(
             rest_iterable = _call_hook(optional_hook(module, HOOK), outer, epoch, step, seen)
             rest = _ids_of(rest_iterable, hook, facts, options, log)
     else:
-        if load is not None:
-            values = []
-            for data in states:
-                value, why = _load(data) if data is not None else (None, "")
-                values.append(value)
-                note = note or why
-            args = {"loader": outer, "states": values, **_hook_args(options, rank, world_size)}
-            call_by_name(load, args)
-        else:  # rank r loads old rank r's state; a rank with no old counterpart starts without one
-            own = states[rank] if rank < len(states) else None
-            if own is not None:
-                saved, note = _load(own)
-                _holder(outer, mechanism).load_state_dict(saved)
+        with _heard() as heard:
+            if load is not None:
+                values = []
+                for data in states:
+                    value, why = _load(data) if data is not None else (None, "")
+                    values.append(value)
+                    note = note or why
+                args = {"loader": outer, "states": values, **_hook_args(options, rank, world_size)}
+                call_by_name(load, args)
+            else:  # rank r loads old rank r's state; a rank with no old counterpart starts without one
+                own = states[rank] if rank < len(states) else None
+                if own is not None:
+                    saved, note = _load(own)
+                    _holder(outer, mechanism).load_state_dict(saved)
+        logged = tuple(dict.fromkeys(heard))
+        saved_by = tuple(i for i, data in enumerate(states) if data is not None)
         loop_set_epoch(outer, epoch, epoch_hook)
         rest = _ids_of(outer, hook, facts, options)
     after = None
@@ -286,7 +316,9 @@ def _finish_once(
     if not start_next and (stop.next_epoch or (stop.boundary and following and finished)):
         loop_set_epoch(outer, stop.epoch + 1, epoch_hook)
         after = _ids_of(outer, hook, facts, options)
-    return StopResult(stop, rest, after, error=note)
+    if mechanism == "hook":
+        return StopResult(stop, rest, after, error=note)
+    return StopResult(stop, rest, after, error=note, saved_by=saved_by, logged=logged)
 
 
 def _restore(
@@ -300,7 +332,7 @@ def _restore(
         return finish()
     starting = finish(start_next=True)
     if expected_next is not None and _first_difference(expected_next, starting.rest, in_order) is None:
-        return StopResult(stop, error=starting.error, next_pass=starting.rest, read_rest=False)
+        return replace(starting, rest=(), next_epoch=None, next_pass=starting.rest, read_rest=False)
     return replace(finish(following=expected_next is not None), next_pass=starting.rest)
 
 
@@ -339,6 +371,16 @@ def _takes_workers(spec: LoaderSpec, module: Any) -> bool:
     return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
+def local_stop(stop: Stop, counts: Sequence[int]) -> Stop:
+    """Where a rank with ``counts`` batches per epoch is when the job stops at ``stop``: a rank with
+    fewer batches than the stop's step has finished its epoch (its own boundary); None counts: as planned."""
+    if stop.epoch >= len(counts):
+        return stop
+    n = counts[stop.epoch]
+    step = min(stop.step, n)
+    return replace(stop, step=step, boundary=step == n)
+
+
 def _gather_states(states: dict[Stop, State], stops: Sequence[Stop]) -> dict[Stop, tuple[State, ...]]:
     """Every rank's state at every stop, for a ``load_state`` hook that reads them all."""
     import torch.distributed as dist
@@ -358,9 +400,13 @@ def resume_rank(
     epochs: int,
     mechanism: str,
     other_workers: tuple[int, ...] = (),
+    counts: tuple[tuple[int, ...], ...] = (),
 ) -> RankResume:
     """In a rank: the uninterrupted stream with states saved at ``stops``, then each stop resumed (and,
     for the topology stops, resumed into loaders with each of ``other_workers`` workers).
+
+    ``counts``: every rank's batches per epoch in the data run. Where ranks differ, a rank with fewer
+    batches than a stop's step stops after its last one (:func:`local_stop`), as in the stopped job.
 
     ``mechanism`` is what the data run found (``LoaderFacts.resumable``): probing again here could
     start the loader's iterator before its first ``set_epoch``.
@@ -373,7 +419,10 @@ def resume_rank(
     hook = optional_hook(module, "sample_ids")
     facts = read_facts(unwrap_loader(outer))
     epoch_hook = optional_hook(module, SET_EPOCH_HOOK)
-    wanted = {(s.epoch, s.step): s for s in stops}
+    local = {stop: local_stop(stop, counts[rank] if rank < len(counts) else ()) for stop in stops}
+    wanted: dict[tuple[int, int], list[Stop]] = {}
+    for stop, here in local.items():
+        wanted.setdefault((here.epoch, here.step), []).append(stop)
     states: dict[Stop, State] = {}
     seen: dict[Stop, int] = {}
     uninterrupted = []
@@ -382,49 +431,52 @@ def resume_rank(
         batches = []
         for batch_ids in _stream(outer, hook, facts, options):
             batches.append(batch_ids)
-            stop = wanted.get((epoch, len(batches)))
-            if stop is not None:
+            here = wanted.get((epoch, len(batches)), [])
+            for stop in here:
                 seen[stop] = len(batches)
-                if mechanism != "hook":
-                    try:
-                        args = _hook_args(options, rank, world_size)
-                        states[stop] = _saved_state(outer, module, mechanism, args)
-                    except Exception as exc:  # the loader's resume is broken: a verdict, not a crash
-                        failure = f"saving the state failed: {failure_text(exc)}"
-                        broken = StopResult(stop, error=f"restoring failed: {failure}")
-                        return RankResume(rank, mechanism, (), (broken,))
+            if here and mechanism != "hook":
+                try:
+                    args = _hook_args(options, rank, world_size)
+                    state = _saved_state(outer, module, mechanism, args)
+                except Exception as exc:  # the loader's resume is broken: a verdict, not a crash
+                    failure = f"saving the state failed: {failure_text(exc)}"
+                    broken = StopResult(local[here[0]], error=f"restoring failed: {failure}", planned=here[0])
+                    return RankResume(rank, mechanism, (), (broken,))
+                states.update(dict.fromkeys(here, state))
         uninterrupted.append(tuple(batches))
     reached = [stop for stop in stops if stop in seen]
-    everyone = _gather_states(states, reached) if mechanism != "hook" else {}
+    everyone = _gather_states(states, stops) if mechanism != "hook" else {}  # every stop: ranks align
     resumed = []
     for stop in reached:
-        report_progress(f"resume: restoring at epoch {stop.epoch}, step {stop.step}")
-        samples = sum(len(b) for b in uninterrupted[stop.epoch][: stop.step]) * world_size
+        here = local[stop]
+        report_progress(f"resume: restoring at epoch {here.epoch}, step {here.step}")
+        samples = sum(len(b) for b in uninterrupted[here.epoch][: here.step]) * world_size
         finish = partial(
-            _finish, spec, options, mechanism, stop, everyone.get(stop, ()), samples, rank, world_size
+            _finish, spec, options, mechanism, here, everyone.get(stop, ()), samples, rank, world_size
         )
         following = stop.epoch + 1
         expected = uninterrupted[following] if following < len(uninterrupted) else ()
         try:
-            result = _restore(finish, stop, expected, facts.in_order)
+            result = _restore(finish, here, expected, facts.in_order)
         except Exception as exc:
-            result = StopResult(stop, error=f"restoring failed: {failure_text(exc)}")
-        resumed.append(result)
+            result = StopResult(here, error=f"restoring failed: {failure_text(exc)}")
+        resumed.append(replace(result, planned=stop))
     settable = _takes_workers(spec, module)
     by_workers = []
     for workers in other_workers if settable else ():
         rests: list[StopResult | str] = []
         for stop in (s for s in reached if s.elastic):
+            here = local[stop]
             report_progress(
-                f"resume: restoring at epoch {stop.epoch}, step {stop.step} with {workers} workers"
+                f"resume: restoring at epoch {here.epoch}, step {here.step} with {workers} workers"
             )
-            samples = sum(len(b) for b in uninterrupted[stop.epoch][: stop.step]) * world_size
+            samples = sum(len(b) for b in uninterrupted[here.epoch][: here.step]) * world_size
             finish = partial(
                 _finish,
                 spec,
                 options,
                 mechanism,
-                replace(stop, next_epoch=False),
+                replace(here, next_epoch=False),
                 everyone.get(stop, ()),
                 samples,
                 rank,
@@ -432,7 +484,7 @@ def resume_rank(
                 workers,
             )
             try:
-                rests.append(_restore(finish, stop, None))
+                rests.append(replace(_restore(finish, here, None), planned=stop))
             except Exception as exc:
                 rests.append(failure_text(exc))
         by_workers.append((workers, tuple(rests)))
@@ -510,6 +562,8 @@ class _StopJudgement:
     before: int = 0
     after: int = 0
     finish_first: bool = False  # exact only for a loop that finishes the stopped epoch before the next
+    saved_by: tuple[int, ...] | None = None  # the old ranks that saved a state
+    logged: dict[int, tuple[str, ...]] = field(default_factory=dict)  # failing rank -> what it logged
 
     @property
     def ok(self) -> bool:
@@ -519,11 +573,16 @@ class _StopJudgement:
         if self.error or not self.ok:
             return self.error or self.cause
         if not self.finish_first:
-            return f"via {mechanism}"
+            return f"via {via(mechanism)}"
         return (
-            f"via {mechanism}, for a loop that finishes the stopped epoch (empty) before the next; a job "
-            "that starts the next epoch at once (Lightning, HF Trainer) gets another stream"
+            f"via {via(mechanism)}, for a loop that finishes the stopped epoch (empty) before the next; "
+            "a job that starts the next epoch at once (Lightning, HF Trainer) gets another stream"
         )
+
+
+def via(mechanism: str) -> str:
+    """How a report names where the state lives: the file's hooks by their names."""
+    return f"{SAVE_HOOK}/{LOAD_HOOK}" if mechanism == "hooks" else mechanism
 
 
 def failure_text(exc: BaseException) -> str:
@@ -644,7 +703,8 @@ def judge_resume(
     judgements: dict[Stop, _StopJudgement] = {}
     for rank in ranks:
         for result in rank.resumed:
-            j = judgements.setdefault(result.stop, _StopJudgement(result.stop))
+            planned = result.planned or result.stop  # ranks with fewer batches stop earlier in the epoch
+            j = judgements.setdefault(planned, _StopJudgement(planned))
             if result.error.startswith("restoring failed"):
                 j.error = j.error or f"rank {rank.rank}: {result.error}"
                 continue
@@ -670,8 +730,11 @@ def judge_resume(
             j.after += len(_flat(got))
             missing = Counter(_flat(expected)) - Counter(_flat(got))
             extra = Counter(_flat(got)) - Counter(_flat(expected))
+            j.saved_by = result.saved_by if j.saved_by is None else j.saved_by
             if differs is not None or next_changed:
                 j.ranks.append(rank.rank)
+                if result.logged:
+                    j.logged[rank.rank] = result.logged
                 j.skipped += sum(missing.values())
                 j.repeated += sum(extra.values())
                 if differs is not None:
@@ -684,9 +747,13 @@ def judge_resume(
         stop,
         j,
     ) in judgements.items():  # every rank trained one rank's remainder: one state restored everywhere
-        rests = [r.rest for rank in ranks for r in rank.resumed if r.stop == stop and not r.error]
+        rests = [
+            r.rest for rank in ranks for r in rank.resumed if (r.planned or r.stop) == stop and not r.error
+        ]
         if not j.ok and len(rests) > 1 and rests[0] and all(r == rests[0] for r in rests):
             j.cause = RANK0_STATE
+        elif not j.ok and len(ranks) > 1 and j.saved_by == (0,) and any(r != 0 for r in j.ranks):
+            j.cause = RANK0_SAVED  # the others find no state of their own in rank 0's
     rows = tuple(
         ResumeRow(
             world_size,
@@ -713,7 +780,7 @@ def judge_resume(
         return (
             passed(
                 RESUME,
-                f"resumed exactly via {mechanism} at {len(judgements)} stop points ({tried}), "
+                f"resumed exactly via {via(mechanism)} at {len(judgements)} stop points ({tried}), "
                 "next epochs unchanged",
             ),
             rows,
@@ -728,13 +795,16 @@ def judge_resume(
         else "changes the next epoch"
     )
     detail = (
-        f"stopped at epoch {first.stop.epoch} step {first.stop.step} and resumed via {mechanism}, rank "
+        f"stopped at epoch {first.stop.epoch} step {first.stop.step} and resumed via {via(mechanism)}, rank "
         f"{first.ranks[0]} {where}: {count_text(first.skipped, 'samples')} skipped, "
         f"{count_text(first.repeated, 'samples')} repeated"
         + (f" ({len(bad)} of {len(judgements)} stop points fail)" if len(bad) > 1 else "")
     )
     verdict = failed(RESUME, detail, cause=first.cause, ranks=tuple(first.ranks), epochs=(first.stop.epoch,))
-    return replace(verdict, fix=TOPOLOGY_FIXES.get(first.cause, "")), rows
+    data: dict[str, object] = {}
+    if first.logged:  # the library's own word on the restore (torchtitan: "DataLoader state is empty ...")
+        data["logged"] = [f"rank {r}: {line}" for r, lines in sorted(first.logged.items()) for line in lines]
+    return replace(verdict, fix=TOPOLOGY_FIXES.get(first.cause, ""), data=data), rows
 
 
 @dataclass(frozen=True)
@@ -866,6 +936,11 @@ RANK0_STATE = (
     "every rank restored the same state (only rank 0 saves, or every rank loads rank 0's file): the "
     "ranks restart from one rank's position and shard, so samples are trained twice or never"
 )
+RANK0_SAVED = (
+    "only rank 0 saves the data state and every rank restores from it: a loader that keys its state by "
+    "rank (torchtitan's ParallelAwareDataloader: 'dp_rank_<r>') finds none of its own on the other "
+    "ranks, which start their epoch over (or resume at rank 0's position) while rank 0 resumes"
+)
 GLOBAL_RANK_STATE = (
     "the state is keyed by the global rank, but the data is sharded by the data-parallel rank: a rank "
     "of the new mesh loads the state of an old rank that held another shard (load the state of the old "
@@ -890,6 +965,8 @@ TOPOLOGY_FIXES = {  # and the resume causes that have one
     "(data-parallel size x workers x batch size), or accept the few repeats with --allow elastic_resume",
     RANK0_STATE: "save every rank's state and load old rank r's into new rank r (the default), or write "
     "a load_state hook that reads every old rank's",
+    RANK0_SAVED: "save the data state on every rank, not only rank 0 (torchtitan's checkpointer saves "
+    "the dataloader on every rank, each dp rank under its own key), and load rank r's into rank r",
     GLOBAL_RANK_STATE: "key the saved state by the data-parallel rank (a load_state hook that picks the old "
     "rank with the same dp_rank)",
     WORKER_OFFSETS: "restore with the saved number of workers, or keep per-worker offsets that reshard "
@@ -980,7 +1057,7 @@ def stop_points(run_batches: Sequence[int], epochs: int, elastic: bool) -> tuple
     """The first, a middle and the last step of epoch 0, and the middle of a later epoch (its order
     must be restored too). Epoch 0's middle also runs the next epoch; its last step is a boundary.
     Topology restores (``elastic``) start from every one of them. ``run_batches``: each epoch's batch
-    count (smallest rank)."""
+    count (largest rank: a rank with fewer stops at its own last step, :func:`local_stop`)."""
     stops = []
     n = run_batches[0] if run_batches else 0
     if n >= 1:
@@ -1045,9 +1122,10 @@ class ResumeCheck:
             return Outcome(verdicts=(skipped(RESUME, "resume is checked with real ranks, not --simulate"),))
         if self.options.steps is not None:
             return Outcome(verdicts=(skipped(RESUME, "resume is not checked in --steps windows"),))
+        by_rank = {r.rank: tuple(len(e.batch_sizes) for e in r.epochs) for r in ctx.run.ranks}
+        per_rank = tuple(by_rank.get(rank, ()) for rank in range(layout.world_size))
         counts = [
-            min(len(r.epochs[e].batch_sizes) for r in ctx.run.ranks)
-            for e in range(len(ctx.run.ranks[0].epochs))
+            max(c[e] for c in by_rank.values() if e < len(c)) for e in range(len(ctx.run.ranks[0].epochs))
         ]
         stops = stop_points(counts, self.options.epochs, self.topology_stops)
         epochs = 2  # the stops' epochs and the one after epoch 0 (its middle and its boundary run it)
@@ -1058,6 +1136,7 @@ class ResumeCheck:
             "epochs": epochs,
             "mechanism": mechanism,
             "other_workers": self.options.resume_workers,
+            "counts": per_rank,
         }
         group = self._launch(resume_rank, layout, kwargs)  # every rank of a mesh restores
         failures = rank_failures(group, RESUME)

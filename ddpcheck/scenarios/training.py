@@ -40,7 +40,7 @@ import contextlib
 import random
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -79,17 +79,19 @@ Batches = tuple[tuple[Hashable, ...], ...]
 
 @dataclass(frozen=True)
 class TrainOptions:
-    """How ranks train. Plain data: it travels to ranks."""
+    """How ranks train. Plain data: it travels to ranks.
 
+    ``record`` is how a rank builds its loader: the data run's own record options
+    (``CheckOptions.record_options``, one epoch, the group's layout), never a copy rebuilt field by
+    field, so the loader trained is the one the data checks judged (``--factory-arg`` included).
+    """
+
+    record: RecordOptions = field(default_factory=lambda: RecordOptions(epochs=1))
     steps: int = 3
-    patch: bool = False
-    set_epoch: bool = True
-    batch_size: int | None = None
     accumulation: int = ACCUMULATION
     lr: float = LEARNING_RATE
     seed: int = SEED
-    layout: Layout | None = None  # the ranks' layout (None: a plain world size)
-    single: Layout | None = None  # the single process's (shaped like the meshes)
+    single: Layout | None = None  # the single process's layout (shaped like the meshes)
 
 
 @dataclass(frozen=True)
@@ -264,14 +266,7 @@ def train_rank(spec: LoaderSpec, options: TrainOptions) -> RankTraining:
 
     rank, world_size = group_position()
     seed_everything(options.seed)
-    record = RecordOptions(
-        epochs=1,
-        set_epoch=options.set_epoch,
-        patch=options.patch,
-        batch_size=options.batch_size,
-        layout=options.layout,
-    )
-    loader, module = build_loader(spec, record, rank, world_size)
+    loader, module = build_loader(spec, options.record, rank, world_size)
     make_model, loss_fn = optional_hook(module, "make_model"), optional_hook(module, "loss")
     reason = ""
     if make_model is None or loss_fn is None:
@@ -282,7 +277,7 @@ def train_rank(spec: LoaderSpec, options: TrainOptions) -> RankTraining:
     if reason:
         return RankTraining(rank, skip=reason)
     assert make_model is not None and loss_fn is not None
-    if options.set_epoch:
+    if options.record.set_epoch:
         loop_set_epoch(loader, 0, optional_hook(module, SET_EPOCH_HOOK))
     wanted = options.steps * options.accumulation
     facts = read_facts(loader)
@@ -331,15 +326,10 @@ def reference_loader(spec: LoaderSpec, options: TrainOptions, batch_size: int) -
     from ddpcheck.reference.patch import extract_loader_parameters
 
     seed_everything(options.seed)
-    record = RecordOptions(
-        epochs=1,
-        set_epoch=options.set_epoch,
-        patch=options.patch,
-        batch_size=batch_size,
-        layout=options.single,
-    )
+    record = replace(options.record, batch_size=batch_size, layout=options.single)
     loader, module = build_loader(spec, record, 0, 1)
     offered = {"rank": 0, "world_size": 1, "dp_rank": 0, "dp_world_size": 1, "mesh": None}
+    offered.update(record.factory_args)
     if "batch_size" in factory_kwargs(get_factory(module, spec), {**offered, "batch_size": batch_size}):
         return loader, module, ""
     if type(loader.batch_sampler) is BatchSampler and loader.batch_size is not None:
@@ -371,7 +361,7 @@ def train_reference_rank(
         loader, module, why = reference_loader(spec, options, size)
         if why:
             return ReferenceTraining(skip=why)
-        if options.set_epoch:
+        if options.record.set_epoch:
             loop_set_epoch(loader, 0, optional_hook(module, SET_EPOCH_HOOK))
         hook = optional_hook(module, "sample_ids")
         stream = batches_with_ids(loader, hook, read_facts(loader))
@@ -535,10 +525,8 @@ class TrainingEquivalence:
     def __init__(self, spec: LoaderSpec, options: CheckOptions) -> None:
         self.spec = spec
         self.options = TrainOptions(
+            record=replace(options.record_options(), epochs=1),  # the data run's, never a copy
             steps=options.train_steps,
-            patch=options.patch,
-            set_epoch=options.set_epoch,
-            batch_size=options.batch_size,
             single=shaped_like(mesh_layouts(options), 1),
         )
         self.timeout = options.timeout
@@ -564,7 +552,8 @@ class TrainingEquivalence:
         if self.simulate:
             return Outcome(verdicts=(skipped(TRAINING_EQUIVALENCE, SIMULATE_SKIP),))
         target = TargetRef.of(train_rank)
-        kwargs: dict[str, Any] = {"spec": self.spec, "options": replace(self.options, layout=layout)}
+        options = replace(self.options, record=replace(self.options.record, layout=layout))
+        kwargs: dict[str, Any] = {"spec": self.spec, "options": options}
         group = run_ranks(target, world_size, timeout=self.timeout, kwargs=kwargs)
         failures = rank_failures(group, TRAINING_EQUIVALENCE)
         if not group.ok:

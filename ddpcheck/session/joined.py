@@ -4,6 +4,10 @@ Every process of the launch is one rank: it records its own stream, rank 0 gathe
 judges them against a single-process reference that rank 0 computed in a fresh local group before
 joining, and writes the report; every rank then exits with the code rank 0 decided. This is how a
 multi-node check runs: ``torchrun --nnodes=2 --nproc-per-node=8 -m ddpcheck loader.py``.
+
+Judging is the local runs' own (:func:`ddpcheck.session.run.judge_world`: the data checks,
+``--max-idle``, ``--allow``). What a joined launch cannot do is said in the result: ``determinism``
+(the launch runs once) and the checks that start process groups of their own (:data:`SCENARIOS_NOTE`).
 """
 
 from __future__ import annotations
@@ -17,16 +21,23 @@ from typing import Any
 from ddpcheck.checker.loaderfile import BadLoaderFile, LoaderSpec, precheck
 from ddpcheck.checker.options import BadInput, CheckOptions, mesh_layouts, validate
 from ddpcheck.checker.recording import RankRecording, record_rank
-from ddpcheck.checks.replicas import judge_layout
+from ddpcheck.checks.replicas import data_parallel_view
+from ddpcheck.figures import figure_data
 from ddpcheck.launch.rank import error_message
 from ddpcheck.layout import Layout
-from ddpcheck.result import EXIT_BAD_INPUT, CheckResult, WorldResult
+from ddpcheck.result import EXIT_BAD_INPUT, CheckResult
 from ddpcheck.session.plan import reference_layout
 from ddpcheck.session.record import Job, record
-from ddpcheck.session.run import jsonable_options, raise_if_bad_input, reference_notes
+from ddpcheck.session.run import jsonable_options, judge_world, raise_if_bad_input, reference_notes
 from ddpcheck.trace import RankFailure, RunTrace
 
 DETERMINISM_SKIP = "a joined launch runs once: start the launch twice and compare to check determinism"
+SCENARIOS_NOTE = (
+    "a joined launch does not run metric_equivalence, training_equivalence, resume or elastic_resume: "
+    "each starts process groups of its own, which ddpcheck forks on one machine, while a joined launch's "
+    "ranks are the launcher's (other nodes, their devices); run `ddpcheck LOADER.py --world-sizes N` on "
+    "one machine for them"
+)
 
 
 @dataclass(frozen=True)
@@ -111,8 +122,7 @@ def check_joined(path: str, options: CheckOptions, target: JoinTarget) -> tuple[
         code = EXIT_BAD_INPUT
         if info.rank == 0 and not bad:
             assert reference is not None
-            seconds = time.monotonic() - started
-            result = _judge(path, options, reference, gathered, info.backend, seconds, layout)
+            result = _judge(path, options, reference, gathered, info.backend, started, layout)
             code = result.exit_code
         codes = [code]
         dist.broadcast_object_list(codes, src=0)
@@ -138,7 +148,7 @@ def _judge(
     reference: RunTrace,
     gathered: list[Any],
     backend: str,
-    seconds: float,
+    started: float,
     layout: Layout,
 ) -> CheckResult:
     recordings = [p[1] for p in gathered if p[0] == "ok" and isinstance(p[1], RankRecording)]
@@ -155,16 +165,15 @@ def _judge(
         set_epoch=options.set_epoch,
         failures=failures,
     )
-    verdicts = [
-        v if v.check != "determinism" else type(v)(v.check, "skip", DETERMINISM_SKIP)
-        for v in judge_layout(reference, run, None, layout)
-    ]
-    world = WorldResult(len(gathered), backend, tuple(verdicts), failures, seconds=seconds, layout=layout)
+    figures = figure_data(reference, data_parallel_view(layout, run))
+    world = judge_world(
+        reference, run, None, layout, options, figures=figures, started=started, no_rerun=DETERMINISM_SKIP
+    )
     return CheckResult(
         loader=str(path),
         runs=(world,),
         id_source=reference.id_source,
         epochs=options.epochs,
         options={**jsonable_options(options), "joined": True},
-        notes=tuple(reference_notes(reference, (layout.dp_world_size,))),
+        notes=(*reference_notes(reference, (layout.dp_world_size,)), SCENARIOS_NOTE),
     )

@@ -14,9 +14,9 @@ from typing import Any
 from ddpcheck.checker.identity import OBJECT_ITEMS
 from ddpcheck.checker.loaderfile import BadLoaderFile, LoaderSpec, defined_names, precheck
 from ddpcheck.checker.options import BadInput, CheckOptions, validate
-from ddpcheck.checks.ids import REPLICA_CONSISTENCY
+from ddpcheck.checks.ids import DETERMINISM, REPLICA_CONSISTENCY
 from ddpcheck.checks.replicas import data_parallel_view, judge_layout
-from ddpcheck.checks.verdict import Verdict, allow
+from ddpcheck.checks.verdict import Verdict, allow, skipped
 from ddpcheck.checks.work import with_max_idle
 from ddpcheck.figures import FigureData, ReplicaGroup, figure_data
 from ddpcheck.launch import shared_tmp
@@ -155,26 +155,10 @@ class _Session:
             self.say(f"{name}: reference window of {plan.window.options.steps} steps (1 process)")
         assert self.reference is not None
         judged = self._record_layout(plan, rerun)
-        options = self.options
-        verdicts = judge_layout(judged.reference, judged.run, judged.rerun, layout)
-        verdicts = [with_max_idle(v, options.max_idle) for v in verdicts]
-        figures = with_replicas(judged.figures, layout, verdicts)
-        failures = judged.run.failures + (judged.rerun.failures if judged.rerun else ())
-        # --- checks with their own rank-side runs (ddpcheck.scenarios): metric, training, resume ---
-        extra = Outcome()
-        for scenario in scenarios if judged.run.ok else ():
-            extra += scenario.world(DataRun(ws, judged.run, judged.reference, layout=layout))
-        result = WorldResult(
-            layout=layout,
-            world_size=ws,
-            backend=judged.run.backend,
-            verdicts=tuple(allowed(verdicts + list(extra.verdicts), options.allow)),
-            failures=failures + extra.failures,
-            divergence=extra.divergence,
-            resume=extra.resume,
-            seconds=time.monotonic() - started,
-            figures=figures,
-        )
+        result = judge_world(
+            judged.reference, judged.run, judged.rerun, layout, self.options, scenarios,
+            figures=judged.figures, started=started,
+        )  # fmt: skip
         status = status_text(result)
         if result.ok and self.options.elastic and self.options.resume:
             status = "ok so far (elastic resume is checked once every layout has run)"
@@ -218,6 +202,46 @@ class _Session:
         if note:
             notes.append(note)
         return _Judged(reference, run, rerun, figures, tuple(notes))
+
+
+def judge_world(
+    reference: RunTrace,
+    run: RunTrace,
+    rerun: RunTrace | None,
+    layout: Layout,
+    options: CheckOptions,
+    scenarios: Sequence[Scenario] = (),
+    *,
+    figures: FigureData | None = None,
+    started: float | None = None,
+    no_rerun: str = "",
+) -> WorldResult:
+    """One layout's result from its recordings: the one judging path of local and joined runs.
+
+    The data checks (``judge_layout``), ``--max-idle`` on ``work_balance``, the scenarios' checks (their
+    own rank-side runs: metric, training, resume; only when the run is ok), then ``--allow`` over all
+    of them. ``no_rerun``: why there is no determinism rerun, when none could be recorded (a joined
+    launch runs once). ``started``: the layout's ``time.monotonic()`` start, for its seconds.
+    """
+    verdicts = judge_layout(reference, run, rerun, layout)
+    if no_rerun and rerun is None:
+        verdicts = [skipped(DETERMINISM, no_rerun) if v.check == DETERMINISM else v for v in verdicts]
+    verdicts = [with_max_idle(v, options.max_idle) for v in verdicts]
+    failures = run.failures + (rerun.failures if rerun is not None else ())
+    extra = Outcome()
+    for scenario in scenarios if run.ok else ():
+        extra += scenario.world(DataRun(layout.world_size, run, reference, layout=layout))
+    return WorldResult(
+        layout=layout,
+        world_size=layout.world_size,
+        backend=run.backend,
+        verdicts=tuple(allowed(verdicts + list(extra.verdicts), options.allow)),
+        failures=failures + extra.failures,
+        divergence=extra.divergence,
+        resume=extra.resume,
+        seconds=time.monotonic() - started if started is not None else 0.0,
+        figures=with_replicas(figures, layout, verdicts) if figures is not None else None,
+    )
 
 
 def _by_data(

@@ -1,0 +1,269 @@
+"""``ddpcheck run [OPTIONS] -- SCRIPT [ARGS...]`` and ``ddpcheck judge DIR [--reference DIR1]``.
+
+``run`` is a torchrun drop-in that audits the training script as written: everything after ``--`` (or
+after ``-m MODULE``) is the script's own command line, so its options never meet ours. ``judge``
+judges traces recorded inside the user's own launch (``torchrun ... -m ddpcheck.record --out DIR``).
+The options they share with loader files keep their names, meanings and ``[tool.ddpcheck]`` defaults
+(the loader-file parser's own actions are reused, so both stay one definition). Exit codes as for
+loader files: 0 passed, 1 a check failed, 2 bad input, 3 the script failed or hung, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ddpcheck import hygiene
+from ddpcheck.record import model_steps, split_command
+
+if TYPE_CHECKING:
+    from ddpcheck.result import CheckResult
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+SHARED = (
+    "--world-sizes",
+    "--mesh",
+    "--data-dims",
+    "--sequence-dims",
+    "--epochs",
+    "--timeout",
+    "--allow",
+    "--max-idle",
+    "--steps",
+    "--no-determinism",
+    "--no-work",
+    "--work-cost",
+    "--format",
+    "--report-dir",
+    "--junit",
+    "--quiet",
+    "--verbose",
+    "--color",
+)
+JUDGE_SHARED = (
+    "--mesh",
+    "--data-dims",
+    "--sequence-dims",
+    "--allow",
+    "--max-idle",
+    "--format",
+    "--report-dir",
+    "--junit",
+    "--quiet",
+    "--verbose",
+    "--color",
+)
+
+
+def _copy_options(parser: argparse.ArgumentParser, names: Sequence[str]) -> None:
+    """The loader-file parser's own actions for the options both share: one definition of each."""
+    from ddpcheck.cli import build_parser
+
+    source = build_parser()
+    by_option = {option: action for action in source._actions for option in action.option_strings}
+    for name in names:
+        action = by_option.get(name)
+        if action is not None:
+            parser._add_action(copy.copy(action))
+
+
+def build_run_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ddpcheck run",
+        usage="ddpcheck run [OPTIONS] -- SCRIPT [ARGS...]\n       ddpcheck run [OPTIONS] -m MODULE [ARGS...]",
+        description=(
+            "Run a training script as torchrun would, at world size 1 and every requested layout, and "
+            "check every DataLoader it iterates."
+        ),
+    )
+    _copy_options(parser, SHARED)
+    parser.add_argument(
+        "--model-steps",
+        type=model_steps,
+        default=2,
+        metavar="N|all",
+        help="batches of each epoch the script's own loop receives (its model, eval and checkpoint code "
+        "run as written); the rest of the epoch is recorded past it. 'all': whole epochs",
+    )
+    parser.add_argument(
+        "--hooks",
+        default="",
+        metavar="FILE",
+        help="a file with loader-file hooks (sample_ids, batch_work, ...)",
+    )
+    return parser
+
+
+def build_judge_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ddpcheck judge",
+        description="Judge the traces one launch recorded (torchrun ... -m ddpcheck.record --out DIR).",
+    )
+    parser.add_argument("directory", help="the launch's trace directory")
+    parser.add_argument(
+        "--reference", default=None, metavar="DIR1", help="the same script recorded at one process"
+    )
+    _copy_options(parser, JUDGE_SHARED)
+    return parser
+
+
+def _layered(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """Defaults < ``[tool.ddpcheck]`` < ``DDPCHECK_*`` < command line, read as for loader files (keys
+    that only loader files use are accepted and left unused)."""
+    from ddpcheck import config
+    from ddpcheck.cli import build_parser
+
+    layered = config.load(build_parser())
+    mine = {action.dest for action in parser._actions}
+    defaults = {dest: value for dest, value in layered.values.items() if dest in mine}
+    return parser.parse_args(list(argv), namespace=argparse.Namespace(**defaults))
+
+
+def main_run(argv: Sequence[str]) -> int:
+    from ddpcheck.config import ConfigError
+
+    ours, path, module, script_args = split_command(argv)
+    parser = build_run_parser()
+    try:
+        args = _layered(parser, ours)
+    except ConfigError as exc:
+        return _error(str(exc))
+    if not path and not module:
+        parser.error("give the script after --: ddpcheck run [OPTIONS] -- train.py ARGS, or -m MODULE ARGS")
+    args.target = (path, module, tuple(script_args))
+    return _checked(args, _run_script)
+
+
+def main_judge(argv: Sequence[str]) -> int:
+    from ddpcheck.config import ConfigError
+
+    parser = build_judge_parser()
+    try:
+        args = _layered(parser, argv)
+    except ConfigError as exc:
+        return _error(str(exc))
+    return _checked(args, _judge)
+
+
+def _checked(args: argparse.Namespace, work: Any) -> int:
+    from ddpcheck.checker.options import BadInput
+
+    try:
+        outcome = work(args)
+    except BadInput as exc:
+        return _error(str(exc))
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        detail = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        if getattr(args, "verbose", False):
+            import traceback
+
+            traceback.print_exc()
+        return _error(
+            f"internal error: {detail}" + ("" if args.verbose else " (run with -v for the traceback)")
+        )
+    if isinstance(outcome, int):
+        return outcome
+    result, interrupted = outcome
+    hygiene.interrupts.publishing = True
+    return publish(result, args, interrupted)
+
+
+def _check_options(args: argparse.Namespace, **overrides: Any) -> Any:
+    from ddpcheck.checker.options import CheckOptions
+
+    values: dict[str, Any] = {
+        "world_sizes": tuple(getattr(args, "world_sizes", (1, 2, 4))),
+        "epochs": getattr(args, "epochs", 2),
+        "timeout": getattr(args, "timeout", 120.0),
+        "allow": tuple(getattr(args, "allow", ()) or ()),
+        "max_idle": getattr(args, "max_idle", None),
+        "steps": getattr(args, "steps", None),
+        "determinism": not getattr(args, "no_determinism", False),
+        "work": not getattr(args, "no_work", False),
+        "work_cost": getattr(args, "work_cost", "tokens"),
+        "meshes": tuple(getattr(args, "meshes", ()) or ()),
+        "data_dims": tuple(getattr(args, "data_dims", ()) or ()),
+        "sequence_dims": None if getattr(args, "sequence_dims", None) is None else tuple(args.sequence_dims),
+        "resume": False,
+    }
+    values.update(overrides)
+    return CheckOptions(**values)
+
+
+def _run_script(args: argparse.Namespace) -> tuple[CheckResult, bool]:
+    from ddpcheck.checker.script import ScriptTarget
+    from ddpcheck.session import Interrupted
+    from ddpcheck.session.script import ScriptOptions, audit_script
+
+    path, module, script_args = args.target
+    options = ScriptOptions(check=_check_options(args), model_steps=args.model_steps, hooks=args.hooks)
+    quiet = getattr(args, "quiet", False)
+
+    def progress(message: str) -> None:
+        hygiene.interrupts.checkpoint()
+        if not quiet:
+            print(f"ddpcheck: {message}", file=sys.stderr, flush=True)
+
+    target = ScriptTarget(path=path, module=module, args=script_args)
+    try:
+        return audit_script(target, options, progress=progress), False
+    except Interrupted as exc:
+        return exc.partial, True
+
+
+def _judge(args: argparse.Namespace) -> tuple[CheckResult, bool]:
+    from ddpcheck.checker.options import BadInput, mesh_layouts
+    from ddpcheck.session.script import judge_directory
+
+    options = _check_options(args, world_sizes=(1,))
+    meshes = mesh_layouts(options)
+    if len(meshes) > 1:
+        raise BadInput("a recorded launch is one layout: give at most one --mesh")
+    result = judge_directory(args.directory, args.reference, options, meshes[0] if meshes else None)
+    return result, False
+
+
+def publish(result: CheckResult, args: argparse.Namespace, interrupted: bool) -> int:
+    """Report files first (nothing is lost), then the printout, then the exit code."""
+    from ddpcheck.cli import terminal_width, use_color
+    from ddpcheck.report import ReportWriteError, render, render_table, write_reports
+
+    report_dir = getattr(args, "report_dir", Path("reports"))
+    try:
+        paths = write_reports(result, report_dir, junit_path=getattr(args, "junit", None))
+    except ReportWriteError as exc:
+        return _error(str(exc))
+    fmt: Any = getattr(args, "format", "table")
+    color = getattr(args, "color", "auto")
+    if fmt == "table":
+        text = render_table(result, color=use_color(color, sys.stdout), width=terminal_width())
+    else:
+        text = render(result, fmt)
+    try:
+        print(text, flush=True)
+    except OSError:
+        pass
+    if getattr(args, "verbose", False):
+        for run in result.runs:
+            for failure in run.failures:
+                if failure.stack:
+                    print(f"--- {run.label}, rank {failure.rank} ({failure.kind}) ---", file=sys.stderr)
+                    print(failure.stack.rstrip(), file=sys.stderr)
+    if not getattr(args, "quiet", False):
+        print(f"ddpcheck: reports: {', '.join(str(p) for p in paths)}", file=sys.stderr)
+    if interrupted:
+        print("ddpcheck: interrupted; the reports cover what finished", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return result.exit_code
+
+
+def _error(message: str) -> int:
+    print(f"ddpcheck: error: {message}", file=sys.stderr)
+    return EXIT_BAD_INPUT

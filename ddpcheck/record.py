@@ -1,0 +1,176 @@
+"""``python -m ddpcheck.record --out DIR [OPTIONS] -- train.py ARGS``: record a training script's loaders.
+
+Each process of a launch (``torchrun ... -m ddpcheck.record``, ``accelerate launch -m``, ``srun python
+-m``) runs the unmodified script as its own ``__main__`` and writes what its loaders yielded to
+``DIR/rank<R>.trace`` (plain data); nothing is judged here. ``ddpcheck judge DIR --reference DIR1``
+judges the files later, ``ddpcheck run`` starts such processes itself. Everything after ``--`` (or
+after ``-m MODULE``) belongs to the script, so its own ``--epochs`` never meets ours.
+
+Exit codes: 0 recorded; 2 bad usage or a script that does not exist; 3 the script raised or exited
+non-zero, or iterated no DataLoader (the trace file says which, with its error line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ddpcheck.launch.script import PARENT_ENV, STACK_ENV
+
+EXIT_BAD_INPUT = 2
+EXIT_SCRIPT_FAILED = 3
+TRACE_SUFFIX = ".trace"
+
+
+def split_command(argv: Sequence[str]) -> tuple[list[str], str, str, list[str]]:
+    """(our options, script path, module, the script's arguments): ``-- FILE ARGS`` or ``-m MODULE ARGS``.
+
+    The first ``--`` or ``-m`` ends our options; a bare FILE after our options works too."""
+    argv = list(argv)
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            rest = argv[i + 1 :]
+            if rest[:1] == ["-m"]:
+                return argv[:i], "", rest[1] if len(rest) > 1 else "", rest[2:]
+            return argv[:i], rest[0] if rest else "", "", rest[1:]
+        if arg == "-m":
+            return argv[:i], "", argv[i + 1] if i + 1 < len(argv) else "", argv[i + 2 :]
+    return argv, "", "", []
+
+
+def model_steps(text: str) -> int | None:
+    """``all`` or a positive number of batches per epoch that the script's own loop receives."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--model-steps takes a number of batches or 'all', got {text!r}"
+        ) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--model-steps must be at least 1 (or 'all'), got {text!r}")
+    return value
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m ddpcheck.record",
+        usage="python -m ddpcheck.record --out DIR [OPTIONS] -- SCRIPT [ARGS...] | -m MODULE [ARGS...]",
+        description="Record what a training script's DataLoaders yield on this rank (no judging).",
+    )
+    parser.add_argument("--out", required=True, help="directory for this launch's trace files")
+    parser.add_argument("--epochs", type=positive, default=2, help="epochs of the main loader to record")
+    parser.add_argument(
+        "--model-steps",
+        type=model_steps,
+        default=2,
+        metavar="N|all",
+        help="batches of each epoch the script's loop receives; the rest is recorded past it",
+    )
+    parser.add_argument("--steps", type=positive, default=None, help="windows of N batches (endless loaders)")
+    parser.add_argument("--hooks", default="", help="a file with loader-file hooks (sample_ids, batch_work)")
+    parser.add_argument("--digest", action="store_true", help="digest batch contents (mesh replicas)")
+    parser.add_argument("--no-work", action="store_true", help="do not measure token work")
+    parser.add_argument("--work-cost", choices=("tokens", "attention"), default="tokens")
+    return parser
+
+
+def trace_path(out: str, rank: int) -> str:
+    return os.path.join(out, f"rank{rank}{TRACE_SUFFIX}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ours, path, module, script_args = split_command(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(ours)
+    if not path and not module:
+        parser.error("give the script after --: -- train.py ARGS, or -m MODULE ARGS")
+    if path and not os.path.isfile(path):
+        print(f"ddpcheck.record: no such script: {path}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    _die_with_launcher()
+    _stack_dumps()
+    from ddpcheck.checker.script import ScriptRecordOptions, ScriptTarget, record_script
+
+    hooks = None
+    if args.hooks:
+        from ddpcheck.launch.target import load_file
+
+        try:
+            hooks = load_file(Path(args.hooks), "ddpcheck_script_hooks")
+        except Exception as exc:
+            print(
+                f"ddpcheck.record: cannot load --hooks {args.hooks}: {type(exc).__name__}: {exc}",
+                file=sys.stderr,
+            )
+            return EXIT_BAD_INPUT
+    options = ScriptRecordOptions(
+        epochs=args.epochs,
+        model_steps=args.model_steps,
+        steps=args.steps,
+        hooks=args.hooks,
+        digest=args.digest,
+        work=not args.no_work,
+        work_cost=args.work_cost,
+    )
+    target = ScriptTarget(path=path, module=module, args=tuple(script_args))
+    trace = record_script(target, options, hooks)
+    os.makedirs(args.out, exist_ok=True)
+    final = trace_path(args.out, trace.rank)
+    partial = f"{final}.{os.getpid()}.part"
+    with open(partial, "wb") as handle:
+        pickle.dump(trace, handle, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(partial, final)
+    if trace.status != "ok":
+        print(f"ddpcheck.record: rank {trace.rank}: {trace.message}", file=sys.stderr)
+        return EXIT_SCRIPT_FAILED
+    if not trace.loaders:
+        print(f"ddpcheck.record: rank {trace.rank}: the script iterated no DataLoader", file=sys.stderr)
+        return EXIT_SCRIPT_FAILED
+    return 0
+
+
+def _die_with_launcher() -> None:
+    """Under ``ddpcheck run``: die with it, even if it is SIGKILLed (its janitor kills our group too)."""
+    parent = os.environ.get(PARENT_ENV, "")
+    if not parent.isdigit() or sys.platform != "linux":
+        return
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(parent):
+        os._exit(1)
+
+
+def _stack_dumps() -> None:
+    where = os.environ.get(STACK_ENV, "")
+    if not where:
+        return
+    from ddpcheck.launch.rank import install_stack_dumps
+
+    install_stack_dumps(open(where, "a", buffering=1))  # noqa: SIM115 - open for the process's life
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.exit(code)

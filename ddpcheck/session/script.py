@@ -1,0 +1,678 @@
+"""Auditing a training script: ``ddpcheck run -- train.py ARGS`` and ``ddpcheck judge DIR``.
+
+The script runs unmodified, once per layout, on ranks started as torchrun starts them
+(:mod:`ddpcheck.launch.script`); each rank records every loader the script iterates
+(:mod:`ddpcheck.checker.script`) into a trace file. World size 1 (a run of the same script) is the
+single-process reference. Each loader is then judged by the same checks as a loader file, one row
+group per loader (``train.py:42``), and the causes speak of the script.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ddpcheck.checker.options import BadInput, CheckOptions, mesh_layouts, validate
+from ddpcheck.checker.script import ScriptTarget
+from ddpcheck.checks.ids import COVERAGE, DETERMINISM, RESHUFFLE, SINGLE_PROCESS_EQUIVALENCE
+from ddpcheck.checks.replicas import judge_layout
+from ddpcheck.checks.reshuffle import STALE_EPOCH
+from ddpcheck.checks.verdict import Verdict
+from ddpcheck.checks.work import with_max_idle
+from ddpcheck.launch.script import ScriptLaunch, launch_script
+from ddpcheck.layout import Layout
+from ddpcheck.messages import count_text, one_line
+from ddpcheck.result import CheckResult, WorldResult
+from ddpcheck.session.run import Interrupted, allowed, jsonable_options, layout_name, status_text
+from ddpcheck.trace import (
+    SCRIPT_TRACE_VERSION,
+    EpochTrace,
+    RankFailure,
+    RankTrace,
+    RunTrace,
+    ScriptLoader,
+    ScriptRankTrace,
+)
+
+Progress = Callable[[str], None]
+DEFAULT_MODEL_STEPS = 2
+TRACE_GLOB = "rank*.trace"
+
+
+@dataclass(frozen=True)
+class ScriptOptions:
+    """A script audit: the options shared with loader files (``check``), and the script's own."""
+
+    check: CheckOptions = field(default_factory=CheckOptions)
+    model_steps: int | None = DEFAULT_MODEL_STEPS  # None: the script's loop receives whole epochs
+    hooks: str = ""  # a file with loader-file hooks (sample_ids, batch_work, token_ids)
+    cwd: str = ""  # the script's working directory ("" = this process's)
+
+
+@dataclass
+class _Recorded:
+    """One launch read back: each rank's trace, or why there is none."""
+
+    layout: Layout
+    traces: dict[int, ScriptRankTrace]
+    failures: tuple[RankFailure, ...]
+    seconds: float = 0.0
+
+
+def check_script(
+    path_or_module: str,
+    args: Sequence[str] = (),
+    *,
+    world_sizes: Sequence[int] = (1, 2),
+    meshes: Sequence[str] = (),
+    epochs: int = 2,
+    model_steps: int | None = DEFAULT_MODEL_STEPS,
+    timeout: float = 120.0,
+    allow: Sequence[str] = (),
+    cwd: str = "",
+    hooks: str = "",
+    progress: Progress | None = None,
+    **options: Any,
+) -> CheckResult:
+    """Audit a training script as ``ddpcheck run`` does; returns the result (never raises on findings).
+
+    ``path_or_module``: a ``.py`` file, or a module name run as ``python -m`` (``"pkg.train"``);
+    ``args``: the script's own command line; ``model_steps``: batches per epoch its loop receives
+    (None: whole epochs). Other keywords are :class:`~ddpcheck.checker.options.CheckOptions` fields
+    (``steps``, ``max_idle``, ``data_dims``...). Raises BadInput for a missing script or bad options.
+
+    Example::
+
+        result = ddpcheck.check_script("train.py", ["--epochs", "1"], world_sizes=(1, 2))
+        assert result.ok, result.exit_code
+    """
+    base = cwd or os.getcwd()
+    as_file = path_or_module.endswith(".py") or os.path.isfile(os.path.join(base, path_or_module))
+    target = ScriptTarget(
+        path=path_or_module if as_file else "", module="" if as_file else path_or_module, args=tuple(args)
+    )
+    check = CheckOptions(
+        world_sizes=tuple(world_sizes),
+        meshes=tuple(meshes),
+        epochs=epochs,
+        timeout=timeout,
+        allow=tuple(allow),
+        resume=False,
+        **options,
+    )
+    return audit_script(target, ScriptOptions(check, model_steps, hooks, cwd), progress=progress)
+
+
+def audit_script(
+    target: ScriptTarget, options: ScriptOptions | None = None, *, progress: Progress | None = None
+) -> CheckResult:
+    """Run the script at world size 1 and every requested layout, and judge each loader it iterates.
+
+    Raises BadInput (exit 2) for a script that does not exist or bad options."""
+    options = options or ScriptOptions()
+    say = progress or (lambda _m: None)
+    validate(options.check)
+    meshes = mesh_layouts(options.check)
+    cwd = options.cwd or os.getcwd()
+    _precheck(target, cwd)
+    if options.hooks and not os.path.isfile(options.hooks):
+        raise BadInput(f"--hooks: no such file: {options.hooks}")
+    layouts = [Layout.plain(ws) for ws in sorted(set(options.check.world_sizes)) if ws > 1] + list(meshes)
+    workdir = tempfile.mkdtemp(prefix="ddpchk-")
+    session = _ScriptSession(target, options, cwd, workdir, say)
+    try:
+        session.carry_out(layouts)
+    except KeyboardInterrupt:
+        session.notes.append("interrupted: layouts after the last one shown were not checked")
+        raise Interrupted(session.result(interrupted=True)) from None
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return session.result()
+
+
+def _precheck(target: ScriptTarget, cwd: str) -> None:
+    if target.path:
+        path = target.path if os.path.isabs(target.path) else os.path.join(cwd, target.path)
+        if not os.path.isfile(path):
+            raise BadInput(f"no such script: {target.path}")
+        return
+    if not target.module:
+        raise BadInput(
+            "give the script to run: ddpcheck run -- train.py ARGS, or ddpcheck run -m MODULE ARGS"
+        )
+    sys.path.insert(0, cwd)
+    try:
+        found = importlib.util.find_spec(target.module)
+    except (ImportError, ValueError):
+        found = None
+    finally:
+        sys.path.remove(cwd)
+    if found is None:
+        raise BadInput(f"no module named {target.module!r} (looked from {cwd})")
+
+
+class _ScriptSession:
+    def __init__(self, target: ScriptTarget, options: ScriptOptions, cwd: str, workdir: str, say: Progress):
+        self.target, self.options, self.cwd, self.workdir, self.say = target, options, cwd, workdir, say
+        self.runs: list[WorldResult] = []
+        self.notes: list[str] = []
+        self.reference: _Recorded | None = None
+        self.launches = 0
+
+    def result(self, *, interrupted: bool = False) -> CheckResult:
+        options = {
+            **jsonable_options(self.options.check),
+            "script": self.target.shown,
+            "script_args": list(self.target.args),
+            "model_steps": "all" if self.options.model_steps is None else self.options.model_steps,
+        }
+        source = "index"
+        if self.reference is not None and self.reference.traces:
+            loaders = next(iter(self.reference.traces.values())).loaders
+            source = loaders[0].id_source if loaders else source
+        return CheckResult(
+            loader=self.target.shown,
+            runs=tuple(self.runs),
+            id_source=source,
+            epochs=self.options.check.epochs,
+            options=options,
+            notes=tuple(dict.fromkeys(self.notes)),
+            interrupted=interrupted,
+        )
+
+    def carry_out(self, layouts: Sequence[Layout]) -> None:
+        self.say(f"reference run (1 process) of {self.target.shown}")
+        reference = self._launch(Layout.plain(1))
+        self.reference = reference
+        single = Layout.plain(1)
+        problem = _launch_problem(reference)
+        if problem:
+            self.runs.append(
+                WorldResult(
+                    1,
+                    "gloo",
+                    failures=reference.failures or (_failure(problem),),
+                    layout=single,
+                    seconds=reference.seconds,
+                    loader=self.target.shown,
+                )
+            )
+            self.notes.append(problem)
+            self.say(f"the single-process run failed: {problem}")
+            return
+        self.notes.extend(_trace_notes(reference))
+        self.runs.extend(self._judge(reference, reference, None, single))
+        determinism = self.options.check.determinism
+        for layout in layouts:
+            window_reference = reference
+            if self.options.check.steps is not None and layout.dp_world_size > 1:  # the same global window
+                steps = self.options.check.steps * layout.dp_world_size
+                self.say(f"{layout_name(layout)}: reference window of {steps} steps (1 process)")
+                window_reference = self._launch(Layout.plain(1), steps=steps)
+            self.say(f"{layout_name(layout)}: running {count_text(layout.world_size, 'ranks')}")
+            run = self._launch(layout)
+            rerun = None
+            if determinism and run.traces and not run.failures:
+                self.say(f"{layout_name(layout)}: determinism rerun")
+                rerun = self._launch(layout)
+                determinism = False  # one rerun: the first layout with several ranks
+            self.notes.extend(_trace_notes(run))
+            results = self._judge(window_reference, run, rerun, layout)
+            self.runs.extend(results)
+            for result in results:
+                self.say(
+                    f"{result.loader} at {layout_name(layout)}: {status_text(result)} ({result.seconds:.2f}s)"
+                )
+
+    def _launch(self, layout: Layout, steps: int | None = None) -> _Recorded:
+        self.launches += 1
+        out = os.path.join(self.workdir, f"l{self.launches}")
+        check = replace(self.options.check, steps=steps) if steps is not None else self.options.check
+        command = ["-m", "ddpcheck.record", "--out", out, "--epochs", str(check.epochs)]
+        command += [
+            "--model-steps",
+            "all" if self.options.model_steps is None else str(self.options.model_steps),
+        ]
+        if check.steps is not None:
+            command += ["--steps", str(check.steps)]
+        if self.options.hooks:
+            command += ["--hooks", os.path.abspath(self.options.hooks)]
+        if layout.replicas > 1:
+            command.append("--digest")
+        if not check.work:
+            command.append("--no-work")
+        command += ["--work-cost", check.work_cost]
+        if self.target.module:
+            command += ["-m", self.target.module, *self.target.args]
+        else:
+            command += ["--", self.target.path, *self.target.args]
+        launch = launch_script(
+            command, layout.world_size, out, cwd=self.cwd, timeout=check.timeout, env=_cpu_environment()
+        )
+        return read_launch(launch, layout)
+
+    def _judge(
+        self, reference: _Recorded, run: _Recorded, rerun: _Recorded | None, layout: Layout
+    ) -> list[WorldResult]:
+        problem = _launch_problem(run)
+        if problem:
+            return [
+                WorldResult(
+                    layout.world_size,
+                    "gloo",
+                    failures=run.failures or (_failure(problem),),
+                    layout=layout,
+                    seconds=run.seconds,
+                    loader=self.target.shown,
+                )
+            ]
+        return judge_launch(reference, run, rerun, layout, self.options.check, run.seconds)
+
+
+def _cpu_environment() -> dict[str, str]:
+    """What makes a GPU user's script distributed on this machine too: without CUDA, Accelerate and
+    the HF Trainer fall back to one process per rank unless told to use the CPU."""
+    import torch
+
+    return {} if torch.cuda.is_available() else {"ACCELERATE_USE_CPU": "true"}
+
+
+def read_launch(launch: ScriptLaunch, layout: Layout) -> _Recorded:
+    """Each rank's trace file, and a failure for every rank that has none or failed."""
+    traces: dict[int, ScriptRankTrace] = {}
+    failures: list[RankFailure] = []
+    for entry in launch.ranks:
+        trace = _read_trace(os.path.join(launch.out, f"rank{entry.rank}.trace"))
+        if trace is not None:
+            traces[entry.rank] = trace
+        if entry.hung and _in_collective(entry.stacks):
+            failures.append(
+                RankFailure(
+                    entry.rank,
+                    "secondary",
+                    f"rank {entry.rank} waited in a collective for the other ranks",
+                    entry.stacks or entry.output,
+                )
+            )
+        elif entry.hung:
+            failures.append(
+                RankFailure(
+                    entry.rank,
+                    "hang",
+                    f"rank {entry.rank} did not finish within the deadline (--timeout){_where(entry.stacks)}",
+                    entry.stacks or entry.output,
+                )
+            )
+        elif trace is not None and trace.status != "ok":
+            failures.append(RankFailure(entry.rank, "error", trace.message, trace.stack))
+        elif trace is None and entry.killed_after_failure:
+            failures.append(
+                RankFailure(
+                    entry.rank,
+                    "secondary",
+                    f"rank {entry.rank} was stopped after another rank failed",
+                    entry.stacks or entry.output,
+                )
+            )
+        elif trace is None:
+            code = entry.returncode
+            why = f"killed by signal {-code}" if code is not None and code < 0 else f"exited with {code}"
+            failures.append(
+                RankFailure(
+                    entry.rank,
+                    "killed" if code and code < 0 else "error",
+                    f"rank {entry.rank} {why} before writing its trace: {_last_line(entry.output)}",
+                    entry.output,
+                )
+            )
+    return _Recorded(layout, traces, tuple(failures), launch.seconds)
+
+
+COLLECTIVE_FILES = ("distributed_c10d.py", "c10d_logger.py")
+
+
+def _in_collective(stacks: str) -> bool:
+    """The main thread's innermost frames are torch.distributed's: it waits for the other ranks."""
+    head = stacks.split("\n\n", 1)[0].splitlines()[1:3]
+    return any(name in line for line in head for name in COLLECTIVE_FILES)
+
+
+def _where(stacks: str) -> str:
+    """``, in train.py line 17`` where the stack names a line of the user's code, else ""; and what
+    ddpcheck was doing there when it was draining an epoch that never ended."""
+    from ddpcheck.checker.script import is_user_file, shown_path
+
+    main = stacks.split("\n\n", 1)[0]
+    draining = " in _drain" in main or " in drain_rest" in main
+    suffix = (
+        ": an epoch of its loader has not ended (an endless loader? judge it in windows with --steps N)"
+        if draining
+        else ""
+    )
+    for line in main.splitlines()[1:]:
+        parts = line.strip().split('"')
+        if len(parts) >= 3 and parts[0] == "File " and is_user_file(parts[1]):
+            return (
+                f", in {shown_path(parts[1])}{parts[2].split(' in ')[0].replace(', line', ' line')}{suffix}"
+            )
+    return suffix
+
+
+def _last_line(output: str) -> str:
+    lines = [line for line in output.strip().splitlines() if line.strip()]
+    return one_line(lines[-1], 300) if lines else "no output"
+
+
+def _read_trace(path: str) -> ScriptRankTrace | None:
+    try:
+        with open(path, "rb") as handle:
+            trace = pickle.load(handle)
+    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError):
+        return None
+    if not isinstance(trace, ScriptRankTrace) or trace.version != SCRIPT_TRACE_VERSION:
+        return None
+    return trace
+
+
+def _launch_problem(recorded: _Recorded) -> str:
+    """Why nothing of this launch can be judged ("" when it can)."""
+    if recorded.failures:
+        first = min(recorded.failures, key=lambda f: (f.kind == "secondary", f.rank))
+        return first.message
+    fallbacks = {t.fallback for t in recorded.traces.values() if t.fallback}
+    if fallbacks:
+        return sorted(fallbacks)[0]
+    if not any(t.loaders for t in recorded.traces.values()):
+        return "the script iterated no DataLoader"
+    return ""
+
+
+def _failure(message: str) -> RankFailure:
+    return RankFailure(0, "error", message)
+
+
+def _trace_notes(recorded: _Recorded) -> list[str]:
+    notes: list[str] = []
+    for trace in recorded.traces.values():
+        notes.extend(trace.notes)
+    ws = recorded.layout.world_size
+    if ws > 1 and recorded.traces and not any(t.joined_group for t in recorded.traces.values()):
+        notes.append(
+            f"at {layout_name(recorded.layout)} the script never joined a process group: its ranks train "
+            "independently (no gradient is averaged), each on what its own loader yields"
+        )
+    return notes
+
+
+# --- judging --------------------------------------------------------------------------------------------
+
+
+def judge_launch(
+    reference: _Recorded,
+    run: _Recorded,
+    rerun: _Recorded | None,
+    layout: Layout,
+    options: CheckOptions,
+    seconds: float = 0.0,
+    *,
+    standin: str = "",
+) -> list[WorldResult]:
+    """Every loader of ``run`` judged against the same loader of ``reference``: one WorldResult each.
+
+    ``standin`` (non-empty: why) means the reference is not a real single-process run; the checks
+    that need one are skipped with that reason."""
+    results = []
+    for name in _loader_names(reference, run):
+        ref = _run_trace(reference, name, 1)
+        current = _run_trace(run, name, layout.world_size)
+        again = _run_trace(rerun, name, layout.world_size) if rerun is not None else None
+        missing = _missing_ranks(run, name)
+        if current is None or missing:
+            why = (
+                f"ranks {', '.join(map(str, missing))} never iterate it"
+                if missing
+                else "the script did not iterate it at this layout"
+            )
+            results.append(
+                WorldResult(
+                    layout.world_size,
+                    "gloo",
+                    (Verdict("coverage", "n/a", why),),
+                    layout=layout,
+                    seconds=seconds,
+                    loader=name,
+                )
+            )
+            continue
+        reason = standin
+        if ref is None:
+            reason = reason or "the single-process run did not iterate this loader"
+            ref = standin_reference(current)
+        verdicts = judge_layout(ref, current, again, layout)
+        verdicts = [with_max_idle(v, options.max_idle) for v in verdicts]
+        verdicts = [_script_cause(v, current, name, reason, layout.world_size == 1) for v in verdicts]
+        verdicts = [_framework_sampler(v, ref, current) for v in verdicts]
+        results.append(
+            WorldResult(
+                world_size=layout.world_size,
+                backend="gloo",
+                verdicts=tuple(allowed(verdicts, options.allow)),
+                seconds=seconds,
+                layout=layout,
+                loader=name,
+            )
+        )
+    return results
+
+
+def _loader_names(reference: _Recorded, run: _Recorded) -> list[str]:
+    names: dict[str, None] = {}
+    for recorded in (reference, run):
+        for rank in sorted(recorded.traces):
+            for loader in recorded.traces[rank].loaders:
+                names.setdefault(loader.name)
+    return list(names)
+
+
+def _missing_ranks(recorded: _Recorded, name: str) -> list[int]:
+    having = {r for r, t in recorded.traces.items() if any(lo.name == name for lo in t.loaders)}
+    return [r for r in range(recorded.layout.world_size) if r not in having] if having else []
+
+
+def _run_trace(recorded: _Recorded | None, name: str, world_size: int) -> RunTrace | None:
+    if recorded is None:
+        return None
+    found: list[tuple[int, ScriptLoader]] = []
+    for rank in sorted(recorded.traces):
+        for loader in recorded.traces[rank].loaders:
+            if loader.name == name:
+                found.append((rank, loader))
+    if len(found) != world_size:
+        return None
+    epochs = min(len(lo.trace.epochs) for _, lo in found)
+    ranks = tuple(replace(lo.trace, rank=r, epochs=lo.trace.epochs[:epochs]) for r, lo in found)
+    sources = {lo.id_source for _, lo in found}
+    return RunTrace(
+        world_size=world_size,
+        backend="gloo",
+        ranks=ranks,
+        id_source=sources.pop() if len(sources) == 1 else "mixed",
+        set_epoch=all(lo.set_epoch for _, lo in found),
+    )
+
+
+def standin_reference(run: RunTrace) -> RunTrace:
+    """What every rank saw together, as if one process had seen it: a reference for the checks that
+    only need the epoch's samples (the ones that need a real single-process run are skipped)."""
+    epochs = []
+    for e in range(run.num_epochs):
+        seen: dict[Any, None] = {}
+        for trace in run.epoch(e):
+            seen.update(dict.fromkeys(trace.ids))
+        ids = list(seen)
+        epochs.append(EpochTrace(epoch=e, ids=ids, batch_sizes=[len(ids)] if ids else [], len_loader=None))
+    facts = run.ranks[0].facts if run.ranks else None
+    rank = RankTrace(rank=0, epochs=tuple(epochs)) if facts is None else RankTrace(0, tuple(epochs), facts)
+    return RunTrace(world_size=1, backend=run.backend, ranks=(rank,), id_source=run.id_source)
+
+
+NEEDS_REFERENCE = (COVERAGE, SINGLE_PROCESS_EQUIVALENCE)
+
+
+def _framework_sampler(verdict: Verdict, reference: RunTrace, run: RunTrace) -> Verdict:
+    """A stale-epoch finding (one process repeats its epoch although "its" sampler shuffles and
+    set_epoch is called) reads the sampler facts of the run's ranks. A loader file builds the same
+    sampler at every world size; a script's framework need not: Lightning wraps a custom sampler in its
+    shuffling DistributedSamplerWrapper only when distributed. Where the single-process run's own sampler
+    does not say it shuffles, its repeated order is that sampler's, not a stale epoch: nothing is compared
+    (fixtures/scripts/frameworks/lightning_good.py; stale_iterator.py, whose one-process sampler does
+    shuffle, still fails)."""
+    if verdict.check != RESHUFFLE or verdict.cause != STALE_EPOCH or not reference.ranks or not run.ranks:
+        return verdict
+    own, theirs = reference.ranks[0].facts, run.ranks[0].facts
+    if own.shuffles:
+        return verdict
+    return Verdict(
+        RESHUFFLE,
+        "pass",
+        f"one process keeps its order: there its {own.sampler or 'sampler'} does not say it shuffles (the "
+        f"script's framework builds a {theirs.sampler or 'sampler'} at {run.world_size} ranks); nothing to "
+        "compare",
+    )
+
+
+def _script_cause(verdict: Verdict, run: RunTrace, name: str, standin: str, single: bool) -> Verdict:
+    """Causes said of the script; checks a stand-in reference cannot decide, skipped with the reason."""
+    if standin and verdict.check in NEEDS_REFERENCE:
+        return Verdict(verdict.check, "skip", f"not judged without a single-process run: {standin}")
+    if verdict.check == DETERMINISM and verdict.status == "skip" and not single:
+        return verdict
+    if verdict.check == RESHUFFLE and not run.set_epoch:
+        repeated = verdict.epochs if verdict.failed else repeats_without_set_epoch(run)
+        if repeated:
+            cause = f"the loop never calls set_epoch on the sampler of the loader built at {name}"
+            fix = f"call set_epoch(epoch) on that loader's sampler at the start of every epoch ({name})"
+            detail = (
+                verdict.detail
+                if verdict.failed
+                else (
+                    f"epoch {repeated[1]} repeats epoch {repeated[0]} on every rank: its sampler shuffles, "
+                    "but only when set_epoch gives it a new epoch, and the script never calls it"
+                )
+            )
+            return replace(
+                verdict, status="fail", detail=detail, cause=cause, fix=fix, epochs=tuple(repeated)
+            )
+    return verdict
+
+
+def repeats_without_set_epoch(run: RunTrace) -> tuple[int, int] | None:
+    """The first pair of epochs that every rank sees in the same order, for a sampler that says it
+    shuffles and has a set_epoch the loop never called (the single-process run of the same script
+    repeats too, so the loader-file rule, which compares with one process, cannot see it)."""
+    if not run.ranks or run.num_epochs < 2:
+        return None
+    facts = run.ranks[0].facts
+    if not (facts.shuffles and facts.has_set_epoch) or facts.steps is not None:
+        return None
+    for e in range(run.num_epochs - 1):
+        pairs = [(t.epochs[e].ids, t.epochs[e + 1].ids) for t in run.ranks]
+        if all(len(a) >= 2 and list(a) == list(b) for a, b in pairs):
+            return (e, e + 1)
+    return None
+
+
+# --- ddpcheck judge DIR ---------------------------------------------------------------------------------
+
+
+def read_trace_dir(directory: str | Path, layout: Layout | None = None) -> _Recorded:
+    """The trace files of one recorded launch (``python -m ddpcheck.record --out DIR``)."""
+    folder = Path(directory)
+    if not folder.is_dir():
+        raise BadInput(f"no such directory: {directory}")
+    traces: dict[int, ScriptRankTrace] = {}
+    for path in sorted(folder.glob(TRACE_GLOB)):
+        trace = _read_trace(str(path))
+        if trace is None:
+            raise BadInput(f"{path} is not a ddpcheck trace of this version (record it again)")
+        traces[trace.rank] = trace
+    if not traces:
+        raise BadInput(
+            f"{directory} holds no trace files (rank*.trace): record with python -m ddpcheck.record"
+        )
+    sizes = {t.world_size for t in traces.values()}
+    if len(sizes) != 1:
+        raise BadInput(f"{directory} mixes launches of world sizes {sorted(sizes)}: one launch per directory")
+    world_size = sizes.pop()
+    layout = layout or Layout.plain(world_size)
+    if layout.world_size != world_size:
+        raise BadInput(
+            f"mesh {layout.spec} has {layout.world_size} ranks, but {directory} holds a launch of "
+            f"{world_size}"
+        )
+    failures = tuple(
+        RankFailure(t.rank, "error", t.message, t.stack) for t in traces.values() if t.status != "ok"
+    )
+    missing = [r for r in range(world_size) if r not in traces]
+    failures += tuple(RankFailure(r, "error", f"rank {r} wrote no trace file") for r in missing)
+    return _Recorded(layout, traces, failures)
+
+
+def judge_directory(
+    directory: str | Path,
+    reference: str | Path | None = None,
+    options: CheckOptions | None = None,
+    layout: Layout | None = None,
+) -> CheckResult:
+    """Judge one recorded launch; ``reference``: the same script recorded at one process."""
+    options = options or CheckOptions()
+    run = read_trace_dir(directory, layout)
+    notes = _trace_notes(run)
+    runs: list[WorldResult] = []
+    if reference is not None:
+        ref = read_trace_dir(reference)
+        if ref.layout.world_size != 1:
+            raise BadInput(f"--reference {reference} holds a launch of {ref.layout.world_size} ranks, not 1")
+        standin = ""
+    else:
+        ref = run
+        standin = "no --reference given (record the script at one process and pass that directory)"
+        notes.append(f"coverage and single-process equivalence are not judged: {standin}")
+    problem = _launch_problem(run)
+    if problem:
+        runs.append(
+            WorldResult(
+                run.layout.world_size,
+                "recorded",
+                failures=run.failures or (_failure(problem),),
+                layout=run.layout,
+                loader=str(directory),
+            )
+        )
+    else:
+        names_from = ref if reference is not None else run
+        results = judge_launch(names_from, run, None, run.layout, options, standin=standin)
+        runs.extend(replace(r, verdicts=tuple(_no_rerun(v) for v in r.verdicts)) for r in results)
+    return CheckResult(
+        loader=str(directory),
+        runs=tuple(runs),
+        epochs=options.epochs,
+        options={**jsonable_options(options), "judged": str(directory)},
+        notes=tuple(dict.fromkeys(notes)),
+    )
+
+
+def _no_rerun(verdict: Verdict) -> Verdict:
+    if verdict.check == DETERMINISM and verdict.status in ("skip", "n/a"):
+        return Verdict(
+            DETERMINISM, "skip", "a recorded launch runs once: record it twice to check determinism"
+        )
+    return verdict

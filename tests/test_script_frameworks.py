@@ -1,0 +1,289 @@
+"""``ddpcheck run`` on unmodified training scripts written with the frameworks, asserting the truth.
+
+Each case is a script in ``fixtures/scripts/frameworks/`` (the HF Trainer, Accelerate, Lightning, a
+DeviceMesh dp x tp script, a script whose own options collide with ddpcheck's) and the verdict its truth
+implies. The truth was measured without ddpcheck by ``fixtures/scripts/frameworks/truth.py``: each script
+run under a real ``python -m torch.distributed.run --standalone`` at 1 and 2 processes (4 for the mesh),
+logging the ids its own loop or model received; the facts are in ``truth_results.jsonl`` and explained in
+``NOTES.md``. :func:`test_expectations_follow_the_truth` holds every case's expected failures to those
+facts, so an expectation cannot drift from what the scripts really do.
+
+Every run starts fresh interpreters per rank that import the framework (seconds each on a CPU): the runs
+are marked slow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddpcheck.checks.ids import (
+    COVERAGE,
+    DETERMINISM,
+    NO_OVERLAP,
+    PADDING_BOUND,
+    REPLICA_CONSISTENCY,
+    RESHUFFLE,
+    SINGLE_PROCESS_EQUIVALENCE,
+)
+from ddpcheck.cli import main
+from tests.conftest import FIXTURES
+
+SCRIPTS = FIXTURES / "scripts" / "frameworks"
+TRUTH = SCRIPTS / "truth_results.jsonl"
+EXTRA = "the 'integrations' extra (pip install -c constraints.txt -e '.[integrations]')"
+FAST = ("--epochs", "2", "--timeout", "120")
+DP2_TP2 = "dp=2,tp=2"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One ``ddpcheck run`` and its truth.
+
+    ``loaders`` maps the truth's loader names to the source text of the line that built the loader
+    (ddpcheck names a loader ``script.py:LINE``; for the HF Trainer, which builds its loader inside
+    ``train()``, that is the ``trainer.train()`` line). ``must_fail`` maps a layout label ("2",
+    "dp=2,tp=2") to {truth loader name: checks that fail}; every other check passes, is skipped or does
+    not apply. ``may_fail`` holds direct consequences of the same bug (the same missing samples counted
+    by single_process_equivalence; padding_bound where every sample is shared)."""
+
+    name: str  # the truth's script name (truth_results.jsonl)
+    script: str
+    loaders: dict[str, str]
+    options: tuple[str, ...] = ("--world-sizes", "1,2")
+    script_args: tuple[str, ...] = ()
+    module: str = ""
+    exit_code: int = 0
+    must_fail: dict[str, dict[str, frozenset[str]]] = field(default_factory=dict)
+    may_fail: frozenset[str] = frozenset()
+    cause: str = ""  # a phrase of the failing checks' cause
+    one_process_shuffles: bool = True  # False: at one process the script's sampler does not shuffle
+    batch_size: int = 8  # per rank: padding copies stay under one batch per rank
+
+    @property
+    def layouts(self) -> tuple[str, ...]:
+        if "--mesh" in self.options:
+            return ("1", self.options[self.options.index("--mesh") + 1])
+        sizes = self.options[self.options.index("--world-sizes") + 1].split(",")
+        return ("1", *(size for size in sizes if size != "1"))
+
+
+CASES = [
+    Case("hf_trainer", "hf_trainer.py", {"train": "trainer.train()"}, module="transformers", batch_size=4),
+    Case(
+        "hf_trainer_workers",
+        "hf_trainer.py",
+        {"train": "trainer.train()"},
+        script_args=("--workers", "2"),
+        module="transformers",
+        batch_size=4,
+    ),
+    Case("accelerate_good", "accelerate_good.py", {"train": "return DataLoader("}, module="accelerate"),
+    Case(
+        "accelerate_uneven",  # 100 samples: Accelerate's even_batches pads by wrapping around
+        "accelerate_good.py",
+        {"train": "return DataLoader("},
+        script_args=("--samples", "100"),
+        module="accelerate",
+    ),
+    Case(
+        "accelerate_sharded_twice",
+        "accelerate_sharded_twice.py",
+        {"train": "loader = DataLoader("},
+        module="accelerate",
+        exit_code=1,
+        must_fail={"2": {"train": frozenset({COVERAGE})}},
+        may_fail=frozenset({SINGLE_PROCESS_EQUIVALENCE}),
+        cause="sharded twice",
+    ),
+    Case(
+        "lightning_good",
+        "lightning_good.py",
+        {"train": "sampler=EvensThenOdds(96)", "valid": "return DataLoader(Numbers(40)"},
+        module="lightning",
+        one_process_shuffles=False,  # Lightning shuffles the custom sampler only when distributed
+    ),
+    Case(
+        "lightning_no_distributed_sampler",
+        "lightning_no_distributed_sampler.py",
+        {"train": "return DataLoader(Numbers(96)", "valid": "return DataLoader(Numbers(40)"},
+        module="lightning",
+        exit_code=1,
+        must_fail={"2": {"train": frozenset({NO_OVERLAP}), "valid": frozenset({NO_OVERLAP})}},
+        may_fail=frozenset({PADDING_BOUND}),
+        cause="every rank sees the same stream",
+    ),
+    Case(
+        "mesh_dp_tp",
+        "mesh_dp_tp.py",
+        {"train": "loader = DataLoader("},
+        options=("--mesh", DP2_TP2, "--world-sizes", "1"),
+        script_args=("--tp", "2"),
+    ),
+    Case(
+        "mesh_global_rank",
+        "mesh_global_rank.py",
+        {"train": "loader = DataLoader("},
+        options=("--mesh", DP2_TP2, "--world-sizes", "1"),
+        script_args=("--tp", "2"),
+        exit_code=1,
+        must_fail={DP2_TP2: {"train": frozenset({COVERAGE, REPLICA_CONSISTENCY})}},
+        may_fail=frozenset({SINGLE_PROCESS_EQUIVALENCE}),
+        cause="global rank",
+    ),
+    Case(
+        "own_options",
+        "own_options.py",
+        {"train": "train = DataLoader(", "eval": "evaluate = DataLoader("},
+        script_args=("--epochs", "5", "--steps", "2", "--timeout", "60"),
+    ),
+    Case(
+        "stale_iterator",
+        "stale_iterator.py",
+        {"train": "loader = KeptIteratorLoader("},
+        exit_code=1,
+        must_fail={"1": {"train": frozenset({RESHUFFLE})}, "2": {"train": frozenset({RESHUFFLE})}},
+        cause="drawn before set_epoch",
+    ),
+]
+
+
+def loader_name(script: str, text: str) -> str:
+    """``script.py:LINE`` of the one line of the fixture that holds ``text``."""
+    lines = [n for n, line in enumerate((SCRIPTS / script).read_text().splitlines(), 1) if text in line]
+    assert len(lines) == 1, f"{script}: {text!r} must be on exactly one line, found {lines}"
+    return f"{script}:{lines[0]}"
+
+
+def truth_lines(name: str) -> list[dict[str, Any]]:
+    found = [line for line in map(json.loads, TRUTH.read_text().splitlines()) if line["script"] == name]
+    assert found, f"no truth for {name}: run fixtures/scripts/frameworks/truth.py {name}"
+    return found
+
+
+def layout_label(run: dict[str, Any]) -> str:
+    return run["label"].rsplit(" ", 1)[1].removeprefix("ws=")
+
+
+# --- the expectations are the truth's ------------------------------------------------------------------
+
+
+def implied_failures(case: Case) -> dict[str, dict[str, set[str]]]:
+    """The checks the measured facts say must fail, per layout and truth loader."""
+    out: dict[str, dict[str, set[str]]] = {}
+    for line in truth_lines(case.name):
+        label = case.layouts[-1] if line["nproc"] > 1 else "1"
+        for loader, facts in line["facts"].items():
+            failing: set[str] = set()
+            if facts["missed"]:
+                failing.add(COVERAGE)
+            # shared beyond padding: padding copies (Accelerate's even_batches wrapping around,
+            # DistributedSampler's) stay under one batch per rank
+            if facts["shared"] and facts["max_duplicates"] >= line["nproc"] * case.batch_size:
+                failing.add(NO_OVERLAP)
+            if facts.get("replicas_differ"):
+                failing.add(REPLICA_CONSISTENCY)
+            if not facts["deterministic"]:
+                failing.add(DETERMINISM)
+            # a train loader that repeats an epoch although its sampler shuffles and set_epoch is
+            # called; the sequential eval loaders repeat by design
+            shuffles = line["nproc"] > 1 or case.one_process_shuffles
+            if loader == "train" and facts["repeats"] and shuffles:
+                failing.add(RESHUFFLE)
+            if failing:
+                out.setdefault(label, {})[loader] = failing
+    return out
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_expectations_follow_the_truth(case: Case) -> None:
+    expected = {label: {lo: set(checks) for lo, checks in by.items()} for label, by in case.must_fail.items()}
+    assert implied_failures(case) == expected
+    assert case.exit_code == (1 if case.must_fail else 0)
+    for line in truth_lines(case.name):
+        for facts in line["facts"].values():
+            assert not facts["uneven"], "no fixture has uneven steps: equal_steps passes everywhere"
+
+
+def test_truth_confirms_the_framework_facts() -> None:
+    """What the HF Trainer does before a forward, measured from inside the run (NOTES.md): at every
+    epoch the prepared loader's sampler was set to that epoch, and without workers 12 samples (3
+    batches of 4) were fetched before the epoch's first forward: the gradient-accumulation window of 2
+    plus the batch Accelerate prefetches."""
+    for line in truth_lines("hf_trainer") + truth_lines("hf_trainer_workers"):
+        loaders = [n for n in line["notes"] if n["kind"] == "loader"]
+        assert [(n["epoch"], n["sampler_epoch"], n["type"]) for n in loaders] == [
+            (e, e, "DataLoaderShard") for e in range(3)
+        ]
+    for line in truth_lines("hf_trainer"):
+        fetched = [n["fetched"] for n in line["notes"] if n["kind"] == "first_forward"]
+        assert fetched == [12, 12, 12]
+
+
+# --- ddpcheck's verdicts -------------------------------------------------------------------------------
+
+
+def run_ddpcheck(case: Case, report_dir: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, dict[str, Any]]:
+    if case.module:
+        pytest.importorskip(case.module, reason=f"needs {case.module}: {EXTRA}")
+    monkeypatch.chdir(SCRIPTS)  # as a user runs it: loaders are named script.py:LINE
+    argv = ["run", *case.options, *FAST, "--quiet", "--format", "json", "--report-dir", str(report_dir)]
+    code = main([*argv, "--", case.script, *case.script_args])
+    return code, json.loads((report_dir / "ddpcheck.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_verdict(case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    code, report = run_ddpcheck(case, tmp_path, monkeypatch)
+    names = {truth: loader_name(case.script, text) for truth, text in case.loaders.items()}
+    truth_of = {name: truth for truth, name in names.items()}
+    failures = [f for run in report["runs"] for f in run.get("failures", [])]
+    assert not failures, failures
+    seen = {(layout_label(run), run["loader"]) for run in report["runs"]}
+    assert seen == {(label, name) for label in case.layouts for name in names.values()}
+    for run in report["runs"]:
+        label, loader = layout_label(run), run["loader"]
+        must = case.must_fail.get(label, {}).get(truth_of[loader], frozenset())
+        failing = {check for check, verdict in run["checks"].items() if verdict["status"] == "fail"}
+        assert must <= failing, f"{run['label']}: {sorted(must - failing)} should fail"
+        assert failing <= must | case.may_fail, f"{run['label']}: {sorted(failing - must)} should not fail"
+        if must and case.cause:
+            assert any(case.cause in run["checks"][check]["cause"] for check in must), run["checks"]
+    assert code == case.exit_code == report["exit_code"]
+    assert report["options"]["epochs"] == 2 and report["options"]["steps"] is None
+    assert report["options"]["script_args"] == list(case.script_args)
+
+
+@pytest.mark.slow
+def test_recorded_ids_are_what_the_model_received(tmp_path: Path) -> None:
+    """Under a real torchrun, ``-m ddpcheck.record --model-steps all`` records for each rank and epoch
+    exactly the ids the HF Trainer's model received as forward keyword arguments (two DataLoader workers,
+    Accelerate's prefetch, the gradient-accumulation window), in their order: the truth log and the trace
+    come from the same run."""
+    pytest.importorskip("transformers", reason=f"needs transformers: {EXTRA}")
+    out, truth = tmp_path / "traces", tmp_path / "truth"
+    truth.mkdir()
+    env = {**os.environ, "TRUTH_DIR": str(truth), "ACCELERATE_USE_CPU": "true"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+               "-m", "ddpcheck.record", "--out", str(out), "--model-steps", "all", "--epochs", "3",
+               "--", "hf_trainer.py", "--workers", "2", "--samples", "32"]  # fmt: skip
+    subprocess.run(command, cwd=SCRIPTS, env=env, check=True, timeout=300, capture_output=True)
+    for rank in (0, 1):
+        with open(out / f"rank{rank}.trace", "rb") as handle:
+            trace = pickle.load(handle)
+        lines = [json.loads(line) for line in (truth / f"rank{rank}.jsonl").read_text().splitlines()]
+        received = {line["epoch"]: line["ids"] for line in lines if "loader" in line}
+        assert trace.status == "ok"
+        (loader,) = trace.loaders
+        assert loader.name == loader_name("hf_trainer.py", "trainer.train()")
+        assert {e.epoch: list(e.ids) for e in loader.trace.epochs} == received
+        assert sorted(received) == [0, 1, 2] and all(len(ids) == 16 for ids in received.values())

@@ -1,0 +1,433 @@
+"""``ddpcheck run -- train.py``: the training script itself, checked against the truth its own loop saw.
+
+The truth of each fixture script (fixtures/scripts/truth_results.jsonl) was measured without ddpcheck:
+the script ran under a real ``torchrun`` and logged the ids its loop received (fixtures/scripts/truth.py).
+A verdict is held to it: a sample no rank saw fails coverage, a sample two ranks saw fails no_overlap,
+an epoch repeated by a sampler that declares shuffling fails reshuffle; a script with none passes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+SCRIPTS = ROOT / "fixtures" / "scripts"
+TRUTH = {
+    line["script"]: line["facts"]
+    for line in map(json.loads, (SCRIPTS / "truth_results.jsonl").read_text().splitlines())
+}
+FAST = ["--world-sizes", "1,2", "--no-determinism", "--timeout", "120"]
+
+
+def ddpcheck_run(
+    *args: str, cwd: Path = SCRIPTS, timeout: float = 240, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ddpcheck", "run", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def failing(report_dir: Path) -> dict[str, set[str]]:
+    """Loader name -> the checks that failed at any layout, read from the JSON report."""
+    data = json.loads((report_dir / "ddpcheck.json").read_text())
+    out: dict[str, set[str]] = {}
+    for run in data["runs"]:
+        checks = run["checks"].items()
+        out.setdefault(run["loader"], set()).update(c for c, v in checks if v["status"] == "fail")
+    return out
+
+
+def expected_failures(facts: dict[str, object], shuffles: bool) -> set[str]:
+    expected = set()
+    if facts["missed"]:
+        expected.add("coverage")
+    if facts["shared"]:
+        expected.add("no_overlap")
+    if facts["repeats"] and shuffles:
+        expected.add("reshuffle")
+    return expected
+
+
+# script -> (its train loader's line, does its train sampler declare shuffling, extra options)
+CASES = {
+    "ddp_good": (35, True),
+    "bug_no_set_epoch": (34, True),
+    "bug_set_epoch_once": (33, True),
+    "bug_no_distributed_sampler": (32, True),
+    "bug_seed_rank": (34, True),
+    "bug_iterable_not_split": (20, False),
+    "good_iterable_split": (23, False),
+    "bug_hash_sharding": (25, False),
+}
+
+
+@pytest.mark.parametrize("script", sorted(CASES))
+def test_the_verdict_on_each_script_is_its_truth(script: str, tmp_path: Path) -> None:
+    line, shuffles = CASES[script]
+    proc = ddpcheck_run(*FAST, "--report-dir", str(tmp_path), "--", f"{script}.py")
+    train = TRUTH[script]["train"]
+    expected = expected_failures(train, shuffles)
+    assert proc.returncode == (1 if expected else 0), proc.stdout + proc.stderr
+    found = failing(tmp_path)
+    assert expected <= found.get(f"{script}.py:{line}", set()), found
+    if "valid" in TRUTH[script]:  # the eval loader beside it: unshuffled, every sample once -> passes
+        assert found.get(f"{script}.py:{line + 1}") == set(), found
+
+
+def test_a_loop_without_set_epoch_is_named_by_the_line_that_built_its_loader(tmp_path: Path) -> None:
+    proc = ddpcheck_run(*FAST, "--report-dir", str(tmp_path), "--", "bug_no_set_epoch.py")
+    assert proc.returncode == 1
+    assert "the loop never calls set_epoch on the sampler of the loader built at bug_no_set_epoch.py:34" in (
+        proc.stdout
+    )
+
+
+def test_the_scripts_own_options_after_the_separator_are_its_own(tmp_path: Path) -> None:
+    """``--epochs 1`` after ``--`` is the script's: it then runs one epoch, and reshuffle cannot be judged."""
+    proc = ddpcheck_run(*FAST, "--report-dir", str(tmp_path), "--", "bug_no_set_epoch.py", "--epochs", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads((tmp_path / "ddpcheck.json").read_text())
+    assert data["options"]["script_args"] == ["--epochs", "1"]
+    reshuffle = [run["checks"]["reshuffle"] for run in data["runs"] if "reshuffle" in run["checks"]]
+    assert reshuffle and all(v["status"] == "skip" for v in reshuffle)
+
+
+def test_a_module_runs_as_python_dash_m(tmp_path: Path) -> None:
+    proc = ddpcheck_run(*FAST, "--report-dir", str(tmp_path), "-m", "trainpkg.train", "--epochs", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"trainpkg/train.py:{_line(SCRIPTS / 'trainpkg' / 'train.py', '= DataLoader(')}" in failing(
+        tmp_path
+    )
+
+
+def test_nccl_runs_on_gloo_without_a_gpu_and_the_report_says_so(tmp_path: Path) -> None:
+    proc = ddpcheck_run(*FAST, "--report-dir", str(tmp_path), "--", "nccl_on_cpu.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    notes = json.loads((tmp_path / "ddpcheck.json").read_text())["notes"]
+    assert any("nccl" in note and "gloo" in note for note in notes), notes
+
+
+def test_a_script_that_needs_cuda_gets_one_line_naming_the_call(tmp_path: Path) -> None:
+    proc = ddpcheck_run(*FAST, "--report-dir", str(tmp_path), "--", "cuda_hardcoded.py")
+    assert proc.returncode == 3
+    assert "cuda_hardcoded.py:12 (torch.cuda.set_device(local_rank)): the script needs CUDA" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_missing_script_is_exit_2_in_one_line(tmp_path: Path) -> None:
+    proc = ddpcheck_run("--report-dir", str(tmp_path), "--", "no_such_script.py")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "ddpcheck: error: no such script: no_such_script.py"
+    proc = ddpcheck_run("--report-dir", str(tmp_path), "-m", "no_such_package.train")
+    assert proc.returncode == 2 and "no module named 'no_such_package.train'" in proc.stderr
+
+
+def test_a_script_that_raises_before_any_loader_is_exit_3_with_its_own_line(tmp_path: Path) -> None:
+    proc = ddpcheck_run(*FAST, "--report-dir", str(tmp_path), "--", "faults/raises_before_loader.py")
+    assert proc.returncode == 3
+    assert "RuntimeError: config file missing: /nonexistent/config.yaml" in proc.stdout
+    assert (tmp_path / "ddpcheck.json").is_file()  # reports are written for failures too
+
+
+def test_a_script_that_iterates_no_loader_says_so(tmp_path: Path) -> None:
+    proc = ddpcheck_run(*FAST, "--report-dir", str(tmp_path), "--", "faults/no_loader.py")
+    assert proc.returncode == 3
+    assert "the script iterated no DataLoader" in proc.stdout
+
+
+@pytest.mark.slow
+def test_a_hung_rank_is_reported_with_its_line_and_nothing_outlives_the_run(tmp_path: Path) -> None:
+    temp = _own_temp(tmp_path)
+    proc = ddpcheck_run(
+        *FAST[:3],
+        "--timeout",
+        "12",
+        "--report-dir",
+        str(tmp_path),
+        "--",
+        "faults/hangs.py",
+        env={"TMPDIR": temp},
+    )
+    assert proc.returncode == 3, proc.stdout
+    assert "rank 1 did not finish within the deadline (--timeout), in faults/hangs.py line 16" in proc.stdout
+    assert _leftovers(temp) == set()
+
+
+def test_the_scripts_finally_blocks_run_on_every_rank_when_it_is_stopped(tmp_path: Path) -> None:
+    """A 100-epoch loop is stopped after the epochs recorded; its finally block still runs everywhere."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    proc = ddpcheck_run(
+        "--world-sizes",
+        "2",
+        "--no-determinism",
+        "--report-dir",
+        str(tmp_path),
+        "--",
+        "faults/finally_marker.py",
+        env={"MARKER_DIR": str(markers)},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(p.name for p in markers.iterdir()) == ["rank0", "rank1"]
+
+
+def test_an_endless_loader_is_judged_in_windows(tmp_path: Path) -> None:
+    proc = ddpcheck_run(*FAST, "--steps", "8", "--report-dir", str(tmp_path), "--", "faults/endless.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads((tmp_path / "ddpcheck.json").read_text())
+    assert [(run["loader"], run["world_size"]) for run in data["runs"]] == [
+        ("faults/endless.py:17", 1),
+        ("faults/endless.py:17", 2),
+    ]
+
+
+@pytest.mark.slow
+def test_an_endless_loader_without_windows_is_named_at_the_deadline(tmp_path: Path) -> None:
+    proc = ddpcheck_run(
+        "--world-sizes", "1", "--timeout", "10", "--report-dir", str(tmp_path), "--", "faults/endless.py"
+    )
+    assert proc.returncode == 3
+    assert "judge it in windows with --steps N" in proc.stdout
+
+
+@pytest.mark.slow
+def test_ctrl_c_writes_the_reports_exits_130_and_leaves_nothing(tmp_path: Path) -> None:
+    temp = _own_temp(tmp_path)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ddpcheck",
+            "run",
+            "--world-sizes",
+            "1,2",
+            "--timeout",
+            "100",
+            "--report-dir",
+            str(tmp_path),
+            "--",
+            "faults/hangs.py",
+        ],
+        cwd=SCRIPTS,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": temp},
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(_ranks(temp)) < 2:  # the world size 2 launch is up
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out + err
+    assert (tmp_path / "ddpcheck.json").is_file()
+    time.sleep(0.5)
+    assert _leftovers(temp) == set()
+
+
+@pytest.mark.slow
+def test_a_launch_recorded_under_torchrun_is_judged_later(tmp_path: Path) -> None:
+    """``torchrun -m ddpcheck.record`` writes plain traces; ``ddpcheck judge`` gives the run's verdict."""
+    for n in (1, 2):
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc-per-node={n}",
+                "-m",
+                "ddpcheck.record",
+                "--out",
+                str(tmp_path / f"ws{n}"),
+                "--",
+                "bug_seed_rank.py",
+            ],
+            cwd=SCRIPTS,
+            check=True,
+            capture_output=True,
+            timeout=180,
+        )
+    traces = sorted(p.name for p in (tmp_path / "ws2").iterdir())
+    assert traces == ["rank0.trace", "rank1.trace"]
+    report = tmp_path / "reports"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ddpcheck",
+            "judge",
+            str(tmp_path / "ws2"),
+            "--reference",
+            str(tmp_path / "ws1"),
+            "--report-dir",
+            str(report),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert {"coverage", "no_overlap"} <= failing(report)["bug_seed_rank.py:34"]
+    alone = subprocess.run(
+        [sys.executable, "-m", "ddpcheck", "judge", str(tmp_path / "ws2"), "--report-dir", str(report)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert alone.returncode == 1  # no_overlap needs no reference
+    data = json.loads((report / "ddpcheck.json").read_text())
+    coverage = [run["checks"]["coverage"] for run in data["runs"]]
+    assert coverage and all(v["status"] == "skip" for v in coverage)  # and coverage says why it cannot
+
+
+def test_judge_refuses_what_is_not_a_recorded_launch(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpcheck", "judge", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2
+    assert "holds no trace files" in proc.stderr
+    (tmp_path / "rank0.trace").write_bytes(pickle.dumps({"not": "a trace"}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpcheck", "judge", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and "is not a ddpcheck trace" in proc.stderr
+
+
+def test_the_python_api_checks_a_script(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ddpcheck
+
+    monkeypatch.chdir(SCRIPTS)
+    result = ddpcheck.check_script(
+        "bug_no_set_epoch.py", ["--epochs", "3"], world_sizes=(2,), determinism=False
+    )
+    assert result.exit_code == 1
+    assert [v.check for run in result.runs for v in run.verdicts if v.failed] == ["reshuffle", "reshuffle"]
+    module = ddpcheck.check_script("trainpkg.train", world_sizes=(2,), determinism=False)
+    assert module.ok
+
+
+@pytest.mark.slow
+def test_the_stored_truth_is_what_torchrun_shows_today() -> None:
+    """Re-measure two fixtures' truth under a real torchrun: the stored facts still hold."""
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "truth.py"), "bug_no_set_epoch", "bug_seed_rank"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    for line in proc.stdout.splitlines():
+        measured = json.loads(line)
+        stored = TRUTH[measured["script"]]["train"]
+        now = measured["facts"]["train"]
+        assert bool(now["missed"]) == bool(stored["missed"]) and now["repeats"] == stored["repeats"]
+
+
+def _line(path: Path, text: str) -> int:
+    """The number of the first line of ``path`` that contains ``text``."""
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def _own_temp(tmp_path: Path) -> str:
+    """A temp dir for one ddpcheck run alone: its ranks and files are told apart from other tests'."""
+    temp = tmp_path / "t"
+    temp.mkdir()
+    return str(temp)
+
+
+def _ranks(temp: str) -> list[str]:
+    """The script ranks of the run whose TMPDIR is ``temp`` (their --out lies below it)."""
+    return subprocess.run(
+        ["pgrep", "-f", f"ddpcheck.record --out {temp}"], capture_output=True, text=True
+    ).stdout.split()
+
+
+def _leftovers(temp: str) -> set[str]:
+    """That run's ranks still running, and whatever it left in its temp dir."""
+    return {f"pid {pid}" for pid in _ranks(temp)} | {p.name for p in Path(temp).iterdir()}
+
+
+def test_the_pytest_fixture_checks_a_script(pytester: pytest.Pytester) -> None:
+    """``ddpcheck.check_script`` in a test: passes on a correct script, fails with the table on a bug."""
+    for name in ("ddp_good.py", "bug_no_set_epoch.py", "_truth_log.py"):
+        (pytester.path / name).write_text((SCRIPTS / name).read_text())
+    pytester.makepyfile(
+        test_train="""
+        def test_good(ddpcheck):
+            result = ddpcheck.check_script("ddp_good.py", ["--epochs", "2"], world_sizes=2, determinism=False)
+            assert {run.loader for run in result.runs} == {"ddp_good.py:35", "ddp_good.py:36"}
+
+        def test_bug(ddpcheck):
+            ddpcheck.check_script("bug_no_set_epoch.py", world_sizes=2, determinism=False)
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=300)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*bug_no_set_epoch.py* fails reshuffle*"])
+
+
+@pytest.mark.parametrize("persistent", ["0", "1"])
+def test_the_rest_of_a_map_style_epoch_is_read_from_the_sampler_without_loading(
+    persistent: str, tmp_path: Path
+) -> None:
+    """2 model steps an epoch: the loaded samples are a few batches (prefetching workers included), not
+    the 2,000-sample epochs; the verdict is still judged on whole epochs (coverage passes)."""
+    counts = tmp_path / "counts"
+    counts.mkdir()
+    proc = ddpcheck_run(
+        *FAST, "--report-dir", str(tmp_path), "--", "good_workers_loads_little.py",
+        env={"COUNT_DIR": str(counts), "PERSISTENT": persistent},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    loaded = sum(len(p.read_text()) for p in counts.iterdir())
+    epochs_recorded = 2 * 3  # 2 epochs at world size 1, and at world size 2 on each of 2 ranks
+    assert loaded < 0.1 * 2000 * epochs_recorded, loaded  # 2 batches + what 2 workers prefetch
+    data = json.loads((tmp_path / "ddpcheck.json").read_text())
+    assert all(run["checks"]["coverage"]["status"] == "pass" for run in data["runs"])
+
+
+def test_drained_batches_keep_the_worker_that_would_have_loaded_them(tmp_path: Path) -> None:
+    """Recorded with whole epochs handed to the script, the workers are the truth the batches carry; with
+    2 model steps (the rest read from the sampler), every batch keeps the same worker and the same ids."""
+    traces = {}
+    for steps in ("all", "2"):
+        out = tmp_path / steps
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=1",
+            "-m",
+            "ddpcheck.record",
+            "--out",
+            str(out),
+            "--model-steps",
+            steps,
+            "--",
+            "worker_attribution.py",
+        ]
+        env = {**os.environ, "OUT": str(tmp_path / f"truth-{steps}.pkl")}
+        subprocess.run(command, cwd=SCRIPTS, env=env, check=True, capture_output=True, timeout=180)
+        traces[steps] = pickle.loads((out / "rank0.trace").read_bytes()).loaders[0].trace
+    truth = pickle.loads((tmp_path / "truth-all.pkl").read_bytes())  # the loop received every batch
+    workers = {steps: [w for e in t.epochs for w in e.worker_ids] for steps, t in traces.items()}
+    assert workers["all"] == truth
+    assert workers["2"] == truth
+    assert [list(e.ids) for e in traces["2"].epochs] == [list(e.ids) for e in traces["all"].epochs]
