@@ -38,10 +38,6 @@ __all__ = ["MAX_REAL_RANKS", "MAX_SIMULATED_RANKS", "build_parser", "main", "par
 EXIT_BAD_INPUT = 2  # == ddpcheck.result.EXIT_BAD_INPUT (not imported: it pulls in the checks package)
 EXIT_INTERRUPTED = 130
 MAX_JOINED_WORLD_SIZE = 1 << 20  # joining a launch: ranks live on many machines
-MAX_TIMEOUT = 7 * 24 * 3600.0  # one week
-MAX_EPOCHS = 10_000
-MAX_COUNT = 2**31 - 1  # steps, batch size: what a C int holds
-MAX_TRAIN_STEPS = 100_000
 OWN_REPORT_SUFFIXES = (".json", ".md", ".html", ".txt")
 
 
@@ -70,22 +66,21 @@ def _mesh(text: str) -> Layout:
 
 
 def _fraction(text: str) -> float:
+    """``--max-idle 0.2``: the syntax here; the rule (at least 0, below 1) is CheckOptions' (validate)."""
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a fraction such as 0.2, got {text!r}") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"a fraction must be at least 0 and below 1, got {text!r}")
-    return value
 
 
 def _worker_counts(text: str) -> tuple[int, ...]:
+    """``--resume-workers 0,2``: the syntax here; the bounds are CheckOptions' (validate)."""
     try:
         counts = tuple(dict.fromkeys(int(part) for part in text.split(",") if part.strip()))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers of workers such as 0,2, got {text!r}") from None
-    if not counts or any(n < 0 or n > 512 for n in counts):
-        raise argparse.ArgumentTypeError(f"numbers of workers must be from 0 to 512, got {text!r}")
+        counts = ()
+    if not counts:
+        raise argparse.ArgumentTypeError(f"expected numbers of workers such as 0,2, got {text!r}")
     return counts
 
 
@@ -134,20 +129,10 @@ def _int_in(low: int, high: int) -> Callable[[str], Any]:
     return _number(int, "an integer", lambda v: low <= v <= high, f"must be from {low} to {high}")
 
 
-_epochs = _int_in(1, MAX_EPOCHS)
-_count = _int_in(1, MAX_COUNT)
-_timeout = _number(
-    float,
-    "a number of seconds",
-    lambda v: 0 < v <= MAX_TIMEOUT,
-    f"must be positive and at most {MAX_TIMEOUT:.0f} seconds (one week)",
-)
-_non_negative_float = _number(
-    float, "a number", lambda v: 0 <= v < float("inf"), "must be a non-negative number", echo_text=True
-)
-_train_steps = _number(
-    int, "an integer", lambda v: 0 <= v <= MAX_TRAIN_STEPS, f"must be from 0 to {MAX_TRAIN_STEPS}"
-)
+# the run's numbers: syntax here, their bounds once in ddpcheck.checker.options.validate
+_integer = _number(int, "an integer", lambda v: True, "")
+_seconds = _number(float, "a number of seconds", lambda v: True, "")
+_float = _number(float, "a number", lambda v: True, "")
 _rank = _int_in(0, MAX_JOINED_WORLD_SIZE - 1)
 _joined_world_size = _int_in(1, MAX_JOINED_WORLD_SIZE)
 _port = _int_in(1, 65535)
@@ -211,6 +196,8 @@ class _VersionAction(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ddpcheck.checker import options as limits  # plain values, no torch: the bounds the help names
+
     parser = _Parser(
         prog="ddpcheck",
         description="Prove a PyTorch DataLoader is correct under DistributedDataParallel.",
@@ -269,10 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
     layout.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="process group backend")
     layout.add_argument(
         "--timeout",
-        type=_timeout,
+        type=_seconds,
         default=120.0,
         metavar="S",
-        help=f"seconds per process group (at most {MAX_TIMEOUT:.0f}, one week)",
+        help=f"seconds per process group (at most {limits.MAX_TIMEOUT:.0f}, one week)",
     )
     # --- loader: how it is built and iterated ---
     loader = parser.add_argument_group("loader", "how the factory is called and its loader iterated")
@@ -287,12 +274,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="keyword passed to the factory (repeatable; VALUE is a Python literal, else a string)",
     )
     loader.add_argument(
-        "--batch-size", type=_count, default=None, metavar="N", help="passed to factories that take it"
+        "--batch-size", type=_integer, default=None, metavar="N", help="passed to factories that take it"
     )
-    loader.add_argument("--epochs", type=_epochs, default=2, metavar="N", help="epochs recorded per run")
+    loader.add_argument("--epochs", type=_integer, default=2, metavar="N", help="epochs recorded per run")
     loader.add_argument(
         "--steps",
-        type=_count,
+        type=_integer,
         default=None,
         metavar="N",
         help="run N steps per rank per epoch window (for infinite or iteration-based samplers)",
@@ -365,14 +352,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     hooks.add_argument(
         "--metric-tolerance",
-        type=_non_negative_float,
+        type=_float,
         default=None,
         metavar="REL",
         help="relative tolerance for metric_equivalence (default: exact for integers, 1e-6 for floats)",
     )
     hooks.add_argument(
         "--train-steps",
-        type=_train_steps,
+        type=_integer,
         default=3,
         metavar="K",
         help="SGD steps compared by training_equivalence (0 turns it off)",
@@ -602,9 +589,10 @@ def _main(argv: Sequence[str] | None) -> int:
 
     words = list(sys.argv[1:] if argv is None else argv)
     if words[:1] in (["run"], ["judge"]):  # the training-script audit (ddpcheck.cli_run)
-        from ddpcheck.cli_run import main_judge, main_run
+        from ddpcheck.cli_run import LoaderCommand, main_judge, main_run
 
-        return main_run(words[1:]) if words[0] == "run" else main_judge(words[1:])
+        command = LoaderCommand(build_parser, use_color, terminal_width)
+        return main_run(words[1:], command) if words[0] == "run" else main_judge(words[1:], command)
     try:
         args = parse(argv)
         check_combination(args)
@@ -759,7 +747,7 @@ def _publish(result: CheckResult, args: argparse.Namespace, interrupted: bool) -
         return _error(str(exc))
     if args.format == "table":
         color = use_color(args.color, sys.stdout)
-        where = None if args.verbose else str(next((p for p in paths if p.suffix == ".md"), args.report_dir))
+        where = None if args.verbose else _shown_path(next((p for p in paths if p.suffix == ".md"), None))
         _print_out(render_table(result, color=color, width=terminal_width(), not_applicable_in=where))
     elif args.format == "github":
         _print_out(render(result, "github"))
@@ -773,6 +761,19 @@ def _publish(result: CheckResult, args: argparse.Namespace, interrupted: bool) -
         print("ddpcheck: interrupted; the reports cover what finished", file=sys.stderr)
         return EXIT_INTERRUPTED
     return result.exit_code
+
+
+def _shown_path(path: Path | None) -> str:
+    """A report's path as the terminal names it: relative to the working directory when below it, else
+    its name alone when the whole path would not fit a line (stderr's ``reports:`` line has it whole)."""
+    if path is None:
+        return "the report files"
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:
+        relative = str(path)
+    shown = str(path) if relative.startswith("..") else relative
+    return shown if len(shown) <= 40 else f"{path.name} (in the report directory)"
 
 
 def _print_out(text: str) -> None:

@@ -13,9 +13,10 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ddpcheck import hygiene
 from ddpcheck.record import model_steps, split_command
@@ -60,11 +61,20 @@ JUDGE_SHARED = (
 )
 
 
-def _copy_options(parser: argparse.ArgumentParser, names: Sequence[str]) -> None:
-    """The loader-file parser's own actions for the options both share: one definition of each."""
-    from ddpcheck.cli import build_parser
+@dataclass(frozen=True)
+class LoaderCommand:
+    """What ``ddpcheck run``/``judge`` take from the loader-file command (``ddpcheck.cli``), handed over by
+    it (this module never imports it): its parser, whose actions and defaults the shared options reuse,
+    and how it colours and fits the table."""
 
-    source = build_parser()
+    build_parser: Callable[[], argparse.ArgumentParser]
+    use_color: Callable[[str, TextIO], bool]
+    terminal_width: Callable[[], int]
+
+
+def _copy_options(parser: argparse.ArgumentParser, names: Sequence[str], command: LoaderCommand) -> None:
+    """The loader-file parser's own actions for the options both share: one definition of each."""
+    source = command.build_parser()
     by_option = {option: action for action in source._actions for option in action.option_strings}
     for name in names:
         action = by_option.get(name)
@@ -72,7 +82,7 @@ def _copy_options(parser: argparse.ArgumentParser, names: Sequence[str]) -> None
             parser._add_action(copy.copy(action))
 
 
-def build_run_parser() -> argparse.ArgumentParser:
+def build_run_parser(command: LoaderCommand) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ddpcheck run",
         usage="ddpcheck run [OPTIONS] -- SCRIPT [ARGS...]\n       ddpcheck run [OPTIONS] -m MODULE [ARGS...]",
@@ -81,7 +91,7 @@ def build_run_parser() -> argparse.ArgumentParser:
             "check every DataLoader it iterates."
         ),
     )
-    _copy_options(parser, SHARED)
+    _copy_options(parser, SHARED, command)
     parser.add_argument(
         "--model-steps",
         type=model_steps,
@@ -99,7 +109,7 @@ def build_run_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def build_judge_parser() -> argparse.ArgumentParser:
+def build_judge_parser(command: LoaderCommand) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ddpcheck judge",
         description="Judge the traces one launch recorded (torchrun ... -m ddpcheck.record --out DIR).",
@@ -108,49 +118,50 @@ def build_judge_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--reference", default=None, metavar="DIR1", help="the same script recorded at one process"
     )
-    _copy_options(parser, JUDGE_SHARED)
+    _copy_options(parser, JUDGE_SHARED, command)
     return parser
 
 
-def _layered(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+def _layered(
+    parser: argparse.ArgumentParser, argv: Sequence[str], command: LoaderCommand
+) -> argparse.Namespace:
     """Defaults < ``[tool.ddpcheck]`` < ``DDPCHECK_*`` < command line, read as for loader files (keys
     that only loader files use are accepted and left unused)."""
     from ddpcheck import config
-    from ddpcheck.cli import build_parser
 
-    layered = config.load(build_parser())
+    layered = config.load(command.build_parser())
     mine = {action.dest for action in parser._actions}
     defaults = {dest: value for dest, value in layered.values.items() if dest in mine}
     return parser.parse_args(list(argv), namespace=argparse.Namespace(**defaults))
 
 
-def main_run(argv: Sequence[str]) -> int:
+def main_run(argv: Sequence[str], command: LoaderCommand) -> int:
     from ddpcheck.config import ConfigError
 
     ours, path, module, script_args = split_command(argv)
-    parser = build_run_parser()
+    parser = build_run_parser(command)
     try:
-        args = _layered(parser, ours)
+        args = _layered(parser, ours, command)
     except ConfigError as exc:
         return _error(str(exc))
     if not path and not module:
         parser.error("give the script after --: ddpcheck run [OPTIONS] -- train.py ARGS, or -m MODULE ARGS")
     args.target = (path, module, tuple(script_args))
-    return _checked(args, _run_script)
+    return _checked(args, _run_script, command)
 
 
-def main_judge(argv: Sequence[str]) -> int:
+def main_judge(argv: Sequence[str], command: LoaderCommand) -> int:
     from ddpcheck.config import ConfigError
 
-    parser = build_judge_parser()
+    parser = build_judge_parser(command)
     try:
-        args = _layered(parser, argv)
+        args = _layered(parser, argv, command)
     except ConfigError as exc:
         return _error(str(exc))
-    return _checked(args, _judge)
+    return _checked(args, _judge, command)
 
 
-def _checked(args: argparse.Namespace, work: Any) -> int:
+def _checked(args: argparse.Namespace, work: Any, command: LoaderCommand) -> int:
     from ddpcheck.checker.options import BadInput
 
     try:
@@ -172,7 +183,7 @@ def _checked(args: argparse.Namespace, work: Any) -> int:
         return outcome
     result, interrupted = outcome
     hygiene.interrupts.publishing = True
-    return publish(result, args, interrupted)
+    return publish(result, args, interrupted, command)
 
 
 def _check_options(args: argparse.Namespace, **overrides: Any) -> Any:
@@ -230,9 +241,8 @@ def _judge(args: argparse.Namespace) -> tuple[CheckResult, bool]:
     return result, False
 
 
-def publish(result: CheckResult, args: argparse.Namespace, interrupted: bool) -> int:
+def publish(result: CheckResult, args: argparse.Namespace, interrupted: bool, command: LoaderCommand) -> int:
     """Report files first (nothing is lost), then the printout, then the exit code."""
-    from ddpcheck.cli import terminal_width, use_color
     from ddpcheck.report import ReportWriteError, render, render_table, write_reports
 
     report_dir = getattr(args, "report_dir", Path("reports"))
@@ -243,7 +253,9 @@ def publish(result: CheckResult, args: argparse.Namespace, interrupted: bool) ->
     fmt: Any = getattr(args, "format", "table")
     color = getattr(args, "color", "auto")
     if fmt == "table":
-        text = render_table(result, color=use_color(color, sys.stdout), width=terminal_width())
+        text = render_table(
+            result, color=command.use_color(color, sys.stdout), width=command.terminal_width()
+        )
     else:
         text = render(result, fmt)
     try:

@@ -42,7 +42,10 @@ class Position:
 
     @property
     def batch_text(self) -> str:
-        return f"batch {self.batch}" + (f"/{self.total}" if self.total else "")
+        """``batch 4/13``; past the announced length (the fetch that ends the epoch, or a ``len()`` that
+        undercounts) the total is left out: never ``batch 17/16``."""
+        within = self.total and self.batch is not None and self.batch <= self.total
+        return f"batch {self.batch}" + (f"/{self.total}" if within else "")
 
     def fraction(self, epochs: int) -> float | None:
         """How much of the rank's whole run (all epochs) is behind it; None when unknown."""
@@ -58,8 +61,6 @@ def parse_position(text: str) -> Position:
     match = _POSITION.match(text)
     if match:
         epoch, batch, total = (int(g) if g else None for g in match.groups())
-        if batch is not None and total is not None and batch > total:
-            total = None  # past the announced length (the end of the epoch, or a len() that undercounts)
         position = Position("", epoch, batch, total)
         return replace(position, label=f"epoch {epoch} {position.batch_text}")
     if text.startswith("finished"):

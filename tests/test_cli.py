@@ -234,3 +234,18 @@ def test_a_determinism_rerun_is_labelled_as_one() -> None:
     display.message("ddpcheck: mesh dp=1,tp=2: running 2 ranks")
     display.update(ranks, 2.0, False)  # another layout's first run
     assert "rerun" not in stream.getvalue().splitlines()[-1]
+
+
+def test_the_terminal_says_in_one_line_what_does_not_apply_and_v_lists_why(
+    clean_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fast = ["--no-determinism", "--no-resume", "--train-steps", "0", "--no-metrics", "-q"]
+    args = [str(GOOD), "--world-sizes", "1", "--report-dir", str(clean_env / "r"), *fast]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("Not applicable")]
+    assert lines == [next(line for line in out.splitlines() if line.startswith("Not applicable: "))]
+    assert "-v prints them" in out and "r/ddpcheck.md" in out
+    assert "### Not applicable" in (clean_env / "r" / "ddpcheck.md").read_text()  # the file lists them
+    assert main([*args, "-v"]) == 0
+    assert "Not applicable\n--------------" in capsys.readouterr().out

@@ -190,13 +190,13 @@ def test_option_sources_land_in_the_json_report(tmp_path: Path) -> None:
     "table,env,needle",
     [
         ("wrld-sizes = [1]", {}, "[tool.ddpcheck] wrld-sizes: unknown key"),
-        ("epochs = 0", {}, "[tool.ddpcheck] epochs: must be from 1 to"),
+        ("epochs = 0", {}, "[tool.ddpcheck] epochs: epochs must be from 1 to"),
         ('epochs = "two"', {}, "[tool.ddpcheck] epochs: expected an integer"),
         ("world-sizes = [1, true]", {}, "[tool.ddpcheck] world-sizes: expected a string or number"),
         ("load-data = 1", {}, "[tool.ddpcheck] load-data: expected true or false"),
         ('backend = "mpi"', {}, "[tool.ddpcheck] backend: invalid choice 'mpi'"),
         ("epochs = [", {}, "cannot read"),
-        ("", {"DDPCHECK_TIMEOUT": "inf"}, "DDPCHECK_TIMEOUT: must be positive and at most"),
+        ("", {"DDPCHECK_TIMEOUT": "inf"}, "DDPCHECK_TIMEOUT: timeout must be positive and at most"),
         ("", {"DDPCHECK_LOAD_DATA": "maybe"}, "DDPCHECK_LOAD_DATA: expected 1/0"),
     ],
 )

@@ -23,9 +23,11 @@ from ddpcheck.checks.packed import TOKENS_EXTRA
 from ddpcheck.checks.replicas import GLOBAL_RANK, SHARDED_TWICE_MESH
 from ddpcheck.figures import PACKED_NOTE
 from ddpcheck.report.html import render_html
-from ddpcheck.report.view import build_view, evidence
+from ddpcheck.report.markdown import render_markdown
+from ddpcheck.report.table import render_table
+from ddpcheck.report.view import build_view, evidence, resume_summary
 from ddpcheck.result import CheckResult
-from ddpcheck.scenarios.resume import RANK0_SAVED, RANK0_STATE
+from ddpcheck.scenarios.resume import RANK0_SAVED, RANK0_STATE, WORKER_OFFSETS
 from ddpcheck.session import check_loader
 from tests.conftest import FIXTURES, RESUME_FIXTURES
 
@@ -168,9 +170,9 @@ def test_every_rank_restoring_rank_0s_state_keeps_its_cause() -> None:
 TOKENS = FIXTURES / "tokens"
 
 
-def _packed(name: str) -> CheckResult:
+def _packed(name: str, **kw: object) -> CheckResult:
     pytest.importorskip("torchtitan", reason="pip install --no-deps torchtitan==0.3.0 spmd_types==0.2.3")
-    return _check(str(TOKENS / name), meshes=("dp=2,tp=2",), resume=False)
+    return _check(str(TOKENS / name), meshes=("dp=2,tp=2",), resume=False, **kw)
 
 
 def test_a_loader_packing_each_dp_ranks_documents_passes_on_tokens() -> None:
@@ -190,11 +192,13 @@ def test_a_loader_packing_each_dp_ranks_documents_passes_on_tokens() -> None:
     assert figures is not None and figures.packed_rows and PACKED_NOTE in figures.note
 
 
-def test_without_token_ids_a_packed_loader_is_judged_on_token_counts() -> None:
-    result = _packed("torchtitan_packed_dp_counts.py")
+@pytest.mark.parametrize("cost", ["tokens", "attention"])
+def test_without_token_ids_a_packed_loader_is_judged_on_token_counts(cost: str) -> None:
+    result = _packed("torchtitan_packed_dp_counts.py", work_cost=cost)
     assert result.exit_code == 0
     verdict = _verdict(result, "dp=2,tp=2", SINGLE_PROCESS_EQUIVALENCE)
     assert verdict.status == "pass" and "compared by token count" in verdict.detail
+    assert verdict.data["tokens"] == 896  # segments' work squared under attention cost: counted back
 
 
 def test_a_packed_loader_that_gives_documents_to_two_ranks_still_fails() -> None:
@@ -221,3 +225,46 @@ def test_the_html_picture_of_packed_rows_does_not_count_rows_as_missing() -> Non
         html.split('<figure class="samples">', 1)[1].split("<figcaption>", 1)[1].split("</figcaption>")[0]
     )
     assert "missing" not in caption and "judged on the tokens" in caption
+
+
+# ----------------------------------------------------------------------------- item 11
+
+
+def test_a_restore_into_the_same_worker_count_is_not_made_and_the_terminal_summarises() -> None:
+    """Truth (fixtures/streaming/NOTES.md): hf_iterable_stateful.py is exact at the same topology,
+    refused with "State doesn't contain key '_num_yielded'" on workers 2 -> 0, broken on most world-size
+    changes. The loader has 2 workers: "--resume-workers 0,2" restores into 0 only."""
+    pytest.importorskip("torchdata", reason="torchdata comes with the 'integrations' extra")
+    result = check_loader(
+        str(FIXTURES / "streaming" / "hf_iterable_stateful.py"),
+        CheckOptions(
+            world_sizes=(1, 2), epochs=2, timeout=120, determinism=False, elastic=True, resume_workers=(0, 2)
+        ),
+    )
+    rows = [row for r in result.runs for row in r.resume]
+    changes = {row.topology for row in rows}
+    assert "workers 2 -> 2" not in changes and "workers 2 -> 0" in changes
+    assert {row.outcome for row in rows if row.topology == "workers 2 -> 0"} == {"refused"}
+    assert all(v.cause != WORKER_OFFSETS for r in result.runs for v in r.verdicts)  # no worker count changed
+    text = render_table(result, width=100, not_applicable_in="reports/ddpcheck.md")
+    section = text.split("Resume and elastic restores", 1)[1].split("\n\n", 1)[0]
+    assert "stop at step" not in section  # the full table is in the files, not the terminal
+    summary = {s.topology: s for s in resume_summary(build_view(result))}
+    assert summary["workers 2 -> 0"].refused == summary["workers 2 -> 0"].restores == 8
+    assert summary["2 -> 2"].exact == summary["2 -> 2"].restores == 4
+    assert section.count("_num_yielded") == 1 and "(8 restores)" in section  # identical notes once
+    assert "every restore, one line each: reports/ddpcheck.md" in section
+    assert "| workers 2 -\\> 0 " in render_markdown(result)  # the full table stays in the report files
+
+
+def test_an_unchanged_data_parallel_layout_is_an_exact_restore() -> None:
+    """Truth (fixtures/resume/truth_mesh_restore.py, NOTES.md): from dp=2,tp=2 into dp=2, each new dp
+    rank's rest equals the old dp rank's uninterrupted stream after steps 1, 4 and 8."""
+    pytest.importorskip("torchdata", reason="torchdata comes with the 'integrations' extra")
+    options = CheckOptions(
+        world_sizes=(), meshes=("dp=2,tp=2", "dp=2"), epochs=2, timeout=120, determinism=False, elastic=True
+    )
+    result = check_loader(str(RESUME_FIXTURES / "mesh_state_by_dp_rank.py"), options)
+    rows = [row for r in result.runs for row in r.resume if row.topology == "dp=2,tp=2 -> dp=2"]
+    assert rows and {row.outcome for row in rows} == {"exact"}, [(r.outcome, r.note) for r in rows]
+    assert "data-parallel layout is unchanged" in rows[0].note

@@ -15,6 +15,11 @@ if TYPE_CHECKING:  # recording imports torch: options are read (the command line
     from ddpcheck.launch import ProgressCallback
 
 BACKENDS = ("gloo", "nccl")
+MAX_EPOCHS = 10_000
+MAX_TIMEOUT = 7 * 24 * 3600.0  # one week
+MAX_COUNT = 2**31 - 1  # steps, batch size: what a C int holds
+MAX_TRAIN_STEPS = 100_000
+MAX_WORKERS = 512  # DataLoader workers a resume may be restored into
 
 
 class BadInput(ValueError):
@@ -97,6 +102,16 @@ def mesh_layouts(options: CheckOptions) -> list[Layout]:
         raise BadInput(str(exc), "meshes") from None
 
 
+def _number(value: object, kind: type | tuple[type, ...] = (int, float)) -> bool:
+    """A real number of ``kind`` (a bool is no number here)."""
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
+def _integer(value: object, low: int, high: int, what: str, option: str) -> None:
+    if not _number(value, int) or not low <= value <= high:  # type: ignore[operator]
+        raise BadInput(f"{what} must be from {low} to {high}, got {value!r}", option)
+
+
 def _settled(mesh: MeshLike, options: CheckOptions) -> bool:
     """A Layout already parsed with these options' data and sequence dimensions (validate's output)."""
     if not isinstance(mesh, Layout) or not mesh.data_dims:
@@ -122,43 +137,59 @@ def validate(options: CheckOptions) -> CheckOptions:
                 f"world sizes must be at most {MAX_SIMULATED_RANKS} (simulated ranks), got {ws}",
                 "world_sizes",
             )
-    if not isinstance(options.epochs, int) or options.epochs < 1:
-        raise BadInput(f"epochs must be at least 1, got {options.epochs!r}")
-    if options.timeout <= 0:
-        raise BadInput(f"timeout must be positive, got {options.timeout!r}")
+    _integer(options.epochs, 1, MAX_EPOCHS, "epochs", "epochs")
+    timeout = options.timeout
+    if not _number(timeout) or not 0 < timeout <= MAX_TIMEOUT:
+        raise BadInput(
+            f"timeout must be positive and at most {MAX_TIMEOUT:.0f} seconds (one week), got {timeout!r}",
+            "timeout",
+        )
     if options.backend not in BACKENDS:
-        raise BadInput(f"unknown backend {options.backend!r}; choose one of {', '.join(BACKENDS)}")
+        raise BadInput(f"unknown backend {options.backend!r}; choose one of {', '.join(BACKENDS)}", "backend")
     if options.backend == "nccl" and not options.simulate:
         import torch
 
         if not torch.cuda.is_available():
-            raise BadInput("backend nccl needs CUDA, and this machine has no CUDA device; use --backend gloo")
-    tolerance = options.metric_tolerance
-    if tolerance is not None and not (isinstance(tolerance, (int, float)) and 0 <= tolerance < float("inf")):
-        raise BadInput(f"metric tolerance must be a non-negative number, got {tolerance!r}")
+            raise BadInput(
+                "backend nccl needs CUDA, and this machine has no CUDA device; use --backend gloo", "backend"
+            )
+    if options.batch_size is not None:
+        _integer(options.batch_size, 1, MAX_COUNT, "batch size", "batch_size")
+    if options.steps is not None:
+        _integer(options.steps, 1, MAX_COUNT, "steps", "steps")
     steps = options.train_steps
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
-        raise BadInput(f"train steps must be a non-negative integer (0 turns it off), got {steps!r}")
+    if not _number(steps, int) or not 0 <= steps <= MAX_TRAIN_STEPS:  # type: ignore[operator]
+        raise BadInput(
+            f"train steps must be a non-negative integer up to {MAX_TRAIN_STEPS} (0 turns it off), "
+            f"got {steps!r}",
+            "train_steps",
+        )
+    tolerance = options.metric_tolerance
+    if tolerance is not None and not (_number(tolerance) and 0 <= tolerance < float("inf")):
+        raise BadInput(
+            f"metric tolerance must be a non-negative number, got {tolerance!r}", "metric_tolerance"
+        )
     workers = options.resume_workers
     if not isinstance(workers, tuple) or any(
-        isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in workers
+        not _number(n, int) or not 0 <= n <= MAX_WORKERS for n in workers
     ):
-        raise BadInput(f"resume workers must be numbers of DataLoader workers (0 or more), got {workers!r}")
+        raise BadInput(
+            f"resume workers must be numbers of DataLoader workers from 0 to {MAX_WORKERS}, got {workers!r}",
+            "resume_workers",
+        )
     if options.work_cost not in ("tokens", "attention"):
-        raise BadInput(f"work cost must be tokens or attention, got {options.work_cost!r}")
+        raise BadInput(f"work cost must be tokens or attention, got {options.work_cost!r}", "work_cost")
     idle = options.max_idle
-    if idle is not None and (
-        isinstance(idle, bool) or not isinstance(idle, (int, float)) or not 0 <= idle < 1
-    ):
-        raise BadInput(f"max idle must be a fraction in [0, 1), got {idle!r}")
-    window = options.steps
-    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
-        raise BadInput(f"steps must be a positive integer, got {window!r}")
+    if idle is not None and not (_number(idle) and 0 <= idle < 1):
+        raise BadInput(
+            f"max idle must be a fraction at least 0 and below 1 (e.g. 0.2), got {idle!r}", "max_idle"
+        )
     from ddpcheck.checks.ids import ALL_CHECKS
 
     unknown = sorted(set(options.allow) - set(ALL_CHECKS))
     if unknown:
         raise BadInput(
-            f"unknown check id for --allow: {', '.join(unknown)}; choose from {', '.join(ALL_CHECKS)}"
+            f"unknown check id for --allow: {', '.join(unknown)}; choose from {', '.join(ALL_CHECKS)}",
+            "allow",
         )
     return replace(options, meshes=tuple(meshes))

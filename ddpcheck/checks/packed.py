@@ -15,6 +15,7 @@ the ranks only (the single process's own tail), never more.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -89,7 +90,7 @@ def _row_room(trace: RunTrace) -> int:
         for e in rank.epochs:
             for units, size in zip(e.work or (), e.batch_sizes, strict=False):
                 if size:
-                    widest = max(widest, int(sum(units)) // int(size))
+                    widest = max(widest, _segment_tokens(units, trace) // int(size))
     return max(widest - 1, 0)
 
 
@@ -111,8 +112,14 @@ def _ordered(tokens: Counter[tuple[Hashable, int]]) -> tuple[object, ...]:
         return tuple(sorted(tokens, key=repr))
 
 
-def _count(epochs: list[EpochTrace]) -> int:
-    return int(sum(sum(units) for e in epochs for units in e.work or ()))
+def _segment_tokens(units: tuple[float, ...], trace: RunTrace) -> int:
+    """Tokens in one batch's packed segments: their work, or its square root under --work-cost attention."""
+    squared = bool(trace.ranks) and trace.ranks[0].facts.work.endswith("squared")
+    return sum(round(math.sqrt(u)) if squared else round(u) for u in units)
+
+
+def _count(epochs: list[EpochTrace], trace: RunTrace) -> int:
+    return sum(_segment_tokens(units, trace) for e in epochs for units in e.work or ())
 
 
 def token_gaps(ctx: Context) -> list[TokenGap]:
@@ -131,7 +138,7 @@ def token_gaps(ctx: Context) -> list[TokenGap]:
                 epoch, want.total(), lost.total(), extra.total(), copies, room, True, shown, len(ranks)
             )
         else:
-            have, expected = _count(ranks), _count(ref)
+            have, expected = _count(ranks, run), _count(ref, reference)
             lost_n, extra_n = max(expected - have, 0), max(have - expected, 0)
             gap = TokenGap(epoch, expected, lost_n, extra_n, 0, room, False, (), len(ranks))
         gaps.append(gap)
@@ -153,7 +160,11 @@ def packed_coverage(ctx: Context) -> Verdict | None:
     if not gaps:
         return None
     bad = [g for g in gaps if g.lost > g.lost_allowed]
-    data = {"tokens": gaps[0].expected, "exact": gaps[0].exact, "tokens_lost": max(g.lost for g in gaps)}
+    data: dict[str, object] = {
+        "tokens": gaps[0].expected,
+        "exact": gaps[0].exact,
+        "tokens_lost": max(g.lost for g in gaps),
+    }
     if not bad:
         worst = max(g.lost for g in gaps)
         detail = (
@@ -188,7 +199,7 @@ def packed_equivalence(ctx: Context) -> Verdict | None:
     gaps = token_gaps(ctx)
     if not gaps:
         return None
-    data = {
+    data: dict[str, object] = {
         "tokens": gaps[0].expected,
         "exact": gaps[0].exact,
         "tokens_extra": max(g.extra for g in gaps),

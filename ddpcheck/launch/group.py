@@ -300,10 +300,33 @@ def _rerun_fresh(results: list[GroupResult], again: list[int], calls: list[Group
         fresh.append((k, replace(call, target=target, start_method="spawn")))
     if not fresh:
         return results
-    for (k, _), result in zip(fresh, run_groups([c for _, c in fresh]), strict=True):
+    hide = all(isinstance(c.target, TargetRef) and c.target.module != "__main__" for _, c in fresh)
+    with _main_script_hidden() if hide else contextlib.nullcontext():
+        rerun = run_groups([c for _, c in fresh])
+    for (k, _), result in zip(fresh, rerun, strict=True):
         result.fresh_interpreters = FRESH_NOTE
         results[k] = result
     return results
+
+
+@contextlib.contextmanager
+def _main_script_hidden() -> Iterator[None]:
+    """Spawned ranks do not run the parent's ``__main__`` again: a script that calls ddpcheck without
+    an ``if __name__ == "__main__"`` guard would otherwise start a whole check in every rank. Ranks
+    find their target by module name, so they never need the script."""
+    main = sys.modules.get("__main__")
+    saved: dict[str, Any] = {
+        k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__
+    }
+    try:
+        if main is not None:
+            main.__dict__.pop("__file__", None)
+            main.__dict__["__spec__"] = None
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.pop("__spec__", None)
+            main.__dict__.update(saved)
 
 
 def _collect_groups(groups: list[_Group]) -> list[GroupResult]:

@@ -183,8 +183,9 @@ def _seed_dependent(obj: Any, depth: int = 0) -> bool:
 
 
 def watch_str_hashing(flags: Any, offset: int) -> None:
-    """Set ``flags[offset]`` the first time code outside ddpcheck calls ``hash()`` on a str (or bytes,
-    a datetime, a tuple of them) in this process or a DataLoader worker forked from it.
+    """Set ``flags[offset]`` the first time the user's own code (not ddpcheck, the standard library or
+    an installed package) calls ``hash()`` on a str (or bytes, a datetime, a tuple of them) in this
+    process or a DataLoader worker forked from it.
 
     A forked rank shares the parent's hash seed, so code that shards or orders by ``hash(name)``
     agrees across ranks here and disagrees under torchrun, where every rank is a fresh interpreter
@@ -196,15 +197,15 @@ def watch_str_hashing(flags: Any, offset: int) -> None:
 
     real = builtins.hash
     paths = sysconfig.get_paths()
-    stdlib = tuple(os.path.join(paths[k], "") for k in ("stdlib", "platstdlib") if paths.get(k))
-    libraries = tuple(os.path.join(paths[k], "") for k in ("purelib", "platlib") if paths.get(k))
-    own = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
+    own = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the ddpcheck package
+    keys = ("stdlib", "platstdlib", "purelib", "platlib")
+    skip = tuple(os.path.join(d, "") for d in {own, *(paths.get(k, "") for k in keys)} if d)
 
     def counts(filename: str) -> bool:
-        """Not ddpcheck's own call, nor the standard library's caches (typing hashes forward refs)."""
-        if filename.startswith(own):
-            return False
-        return not filename.startswith(stdlib) or filename.startswith(libraries)
+        """The user's own files only: libraries hash strings for their caches and keys all the time
+        (attrs, pandas, pydantic, HF datasets' split names, generated ``__hash__`` code in
+        ``<string>``), and every hit costs a fresh start of the group (seconds a rank)."""
+        return not filename.startswith(skip) and not filename.startswith("<")
 
     def hash(obj: Any, /) -> int:  # stands in for the builtin
         if _seed_dependent(obj) and counts(sys._getframe(1).f_code.co_filename):

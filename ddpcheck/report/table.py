@@ -30,6 +30,8 @@ from ddpcheck.report.view import (
     fmt_diff,
     fmt_number,
     resume_cells,
+    resume_notes,
+    resume_summary,
     trim_stack,
 )
 from ddpcheck.result import CheckResult
@@ -74,7 +76,7 @@ def render_table(
         _reasons(view.skipped, width, "Skipped (could not be judged)"),
         _not_applicable(view, width, not_applicable_in),
         _divergence(view, width),
-        _resume(view, width),
+        _resume(view, width, not_applicable_in),
         _notes(view.result, width),
     ):
         if block:
@@ -364,7 +366,49 @@ def _divergence(view: ReportView, width: int) -> str:
     return _section("Divergence", "\n\n".join(blocks).splitlines())
 
 
-def _resume(view: ReportView, width: int) -> str:
+RESUME_SUMMARY_HEADERS = ("topology", "restores", "exact", "resharded", "refused", "failed", "worst loss")
+
+
+def _resume(view: ReportView, width: int, files: str | None) -> str:
+    """Resume and elastic restores: per topology change a line of counts (and the worst silent loss),
+    the refusals' and failures' notes once each. The full table of every restore is in the report files
+    (``files``: where they are); with no ``files`` given (``-v``) it follows here too."""
+    summary = _resume_summary(view, width, files)
+    if not summary or files is not None:
+        return summary
+    return summary + "\n\n" + _resume_table(view, width)
+
+
+def _resume_summary(view: ReportView, width: int, files: str | None) -> str:
+    found = resume_summary(view)
+    if not found:
+        return ""
+    cells = [
+        [
+            s.topology,
+            str(s.restores),
+            *(_count(n) for n in (s.exact, s.resharded, s.refused, s.failed)),
+            s.worst or "-",
+        ]
+        for s in found
+    ]
+    room = max(
+        width - visible_width(_table([c[:-1] for c in cells], RESUME_SUMMARY_HEADERS[:-1])) - 2, _MIN_WRAP
+    )
+    lines = _table(cells, RESUME_SUMMARY_HEADERS, maxcolwidths=[None] * 6 + [room]).splitlines()
+    for note, count, where in resume_notes(view):
+        times = f" ({count} restores)" if count > 1 else ""
+        lines += _wrap(f"{', '.join(where)}{times}: {note}", width, "- ", "  ")
+    if files is not None:
+        lines += _wrap(f"every restore, one line each: {files}", width)
+    return _section("Resume and elastic restores", lines)
+
+
+def _count(n: int) -> str:
+    return str(n) if n else "-"
+
+
+def _resume_table(view: ReportView, width: int) -> str:
     blocks: list[str] = []
     for row in view.rows:
         if not row.run.resume:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -467,6 +468,66 @@ def resume_cells(row: ResumeRow) -> list[str]:
     outcome = row.outcome or row.status
     counts = [str(n) for n in (row.before, row.after, row.skipped, row.repeated)]
     return [row.topology, str(row.epoch), str(row.step), outcome, *counts, first]
+
+
+@dataclass(frozen=True)
+class TopologySummary:
+    """Every restore of one topology change (``2 -> 1``, ``workers 2 -> 0``, ``dp=2,tp=2 -> dp=2``),
+    over every layout that made one: how many ended each way, and the worst silent loss."""
+
+    topology: str
+    restores: int
+    exact: int
+    resharded: int
+    refused: int
+    failed: int
+    worst: str  # "loses 24 and repeats 24 (epoch 0 step 6)"; "" when nothing was lost or repeated
+
+
+def resume_summary(view: ReportView) -> list[TopologySummary]:
+    """The resume and elastic restores per topology change, in the order they first appear."""
+    rows: dict[str, list[ResumeRow]] = {}
+    for row in view.rows:
+        for stop in row.run.resume:
+            rows.setdefault(stop.topology, []).append(stop)
+    out = []
+    for topology, stops in rows.items():
+        outcomes = Counter(restore_outcome(stop) for stop in stops)
+        bad = [s for s in stops if restore_outcome(s) == "failed" and (s.skipped or s.repeated)]
+        worst = ""
+        if bad:
+            top = max(bad, key=lambda s: (s.skipped + s.repeated, -s.epoch, -s.step))
+            said = (
+                f"loses {top.skipped}" if top.skipped else "",
+                f"repeats {top.repeated}" if top.repeated else "",
+            )
+            worst = f"{' and '.join(w for w in said if w)} (epoch {top.epoch} step {top.step})"
+        exact, resharded, refused, failed = (outcomes[k] for k in ("exact", "resharded", "refused", "failed"))
+        out.append(TopologySummary(topology, len(stops), exact, resharded, refused, failed, worst))
+    return out
+
+
+def restore_outcome(row: ResumeRow) -> str:
+    """exact, resharded, refused or failed (a row judged before outcomes were named: by its status)."""
+    return row.outcome or {"pass": "exact", "fail": "failed"}.get(row.status, row.status)
+
+
+def resume_notes(view: ReportView) -> list[tuple[str, int, tuple[str, ...]]]:
+    """The notes of refused and failed restores, identical ones once: (note, how many, topologies).
+    A failure note that only restates its row's numbers ("not elastic: 2 -> 1 at ...") is left to the
+    summary's worst loss."""
+    found: dict[str, tuple[int, list[str]]] = {}
+    for row in view.rows:
+        for stop in row.run.resume:
+            if restore_outcome(stop) not in ("refused", "failed") or not stop.note:
+                continue
+            if stop.note.startswith("not elastic: "):
+                continue
+            count, where = found.get(stop.note, (0, []))
+            if stop.topology not in where:
+                where.append(stop.topology)
+            found[stop.note] = (count + 1, where)
+    return [(note, count, tuple(where)) for note, (count, where) in found.items()]
 
 
 def skip_reasons(result: CheckResult, status: str = "skip") -> list[Reason]:

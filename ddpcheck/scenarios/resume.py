@@ -431,18 +431,18 @@ def resume_rank(
         batches = []
         for batch_ids in _stream(outer, hook, facts, options):
             batches.append(batch_ids)
-            here = wanted.get((epoch, len(batches)), [])
-            for stop in here:
+            at = wanted.get((epoch, len(batches)), [])
+            for stop in at:
                 seen[stop] = len(batches)
-            if here and mechanism != "hook":
+            if at and mechanism != "hook":
                 try:
                     args = _hook_args(options, rank, world_size)
                     state = _saved_state(outer, module, mechanism, args)
                 except Exception as exc:  # the loader's resume is broken: a verdict, not a crash
                     failure = f"saving the state failed: {failure_text(exc)}"
-                    broken = StopResult(local[here[0]], error=f"restoring failed: {failure}", planned=here[0])
+                    broken = StopResult(local[at[0]], error=f"restoring failed: {failure}", planned=at[0])
                     return RankResume(rank, mechanism, (), (broken,))
-                states.update(dict.fromkeys(here, state))
+                states.update(dict.fromkeys(at, state))
         uninterrupted.append(tuple(batches))
     reached = [stop for stop in stops if stop in seen]
     everyone = _gather_states(states, stops) if mechanism != "hook" else {}  # every stop: ranks align
@@ -462,8 +462,9 @@ def resume_rank(
             result = StopResult(here, error=f"restoring failed: {failure_text(exc)}")
         resumed.append(replace(result, planned=stop))
     settable = _takes_workers(spec, module)
+    own = _workers_of(outer, spec, module)
     by_workers = []
-    for workers in other_workers if settable else ():
+    for workers in (w for w in other_workers if w != own) if settable else ():  # own count: the resume above
         rests: list[StopResult | str] = []
         for stop in (s for s in reached if s.elastic):
             here = local[stop]
@@ -495,7 +496,7 @@ def resume_rank(
         tuple(uninterrupted),
         tuple(resumed),
         keep,
-        workers=_workers_of(outer, spec, module),
+        workers=own,
         in_order=facts.in_order,
         other_workers=tuple(by_workers),
         workers_settable=settable,
@@ -855,12 +856,16 @@ def judge_restore(
     epoch_items = set(_flat(b for r in old_firsts for b in r.uninterrupted[stop.epoch]))
     row = replace(row, before=len(before))
     passes = [r.next_pass for r in results]
+    rests_ = [r.rest for r in results]
     if not stop.boundary or any(p is None for p in passes):
-        return _covers(row, old_layout, new, before, [r.rest for r in results], epoch_items, pad_room)
-    starting = _covers(row, old_layout, new, [], passes, epoch_items, pad_room)  # type: ignore[arg-type]
+        same = _continues(old_layout, old, new, stop, rests_)
+        return _covers(row, old_layout, new, before, rests_, epoch_items, pad_room, continues=same)
+    same = _continues(old_layout, old, new, stop, passes, starting=True)  # type: ignore[arg-type]
+    starting = _covers(row, old_layout, new, [], passes, epoch_items, pad_room, continues=same)  # type: ignore[arg-type]
     if starting.outcome != "failed" or not all(r.read_rest for r in results):
         return starting
-    finishing = _covers(row, old_layout, new, before, [r.rest for r in results], epoch_items, pad_room)
+    same = _continues(old_layout, old, new, stop, rests_)
+    finishing = _covers(row, old_layout, new, before, rests_, epoch_items, pad_room, continues=same)
     if finishing.outcome == "failed":
         return starting
     damage = _damage(starting.skipped, starting.repeated, pad_room) or "differs"
@@ -868,6 +873,34 @@ def judge_restore(
         f"{finishing.note} if the loop finishes the stopped epoch first; starting the next at once {damage}"
     )
     return replace(finishing, note=note)
+
+
+def _continues(
+    old_layout: Layout,
+    old: Sequence[RankResume],
+    new: Topology,
+    stop: Stop,
+    rests: Sequence[Batches],
+    *,
+    starting: bool = False,
+) -> bool:
+    """The data-parallel layout is unchanged (``dp=2,tp=2 -> dp=2``, the same worker count) and every
+    data-parallel rank continues its own stream exactly: an exact restore, not a resharded one."""
+    if old_layout.dp_world_size != new.layout.dp_world_size or new.workers is not None:
+        return False
+    by_rank = {r.rank: r for r in old}
+    news = new.layout.representatives()
+    for dp, rank in enumerate(old_layout.representatives()):
+        before = by_rank.get(rank)
+        if before is None or dp >= len(news) or news[dp] >= len(rests):
+            return False
+        epoch = stop.epoch + 1 if starting else stop.epoch
+        if epoch >= len(before.uninterrupted):
+            return False
+        expected = before.uninterrupted[epoch] if starting else before.uninterrupted[epoch][stop.step :]
+        if _first_difference(expected, rests[news[dp]], before.in_order) is not None:
+            return False
+    return True
 
 
 def _damage(lost: int, repeated: int, pad_room: int) -> str:
@@ -887,8 +920,11 @@ def _covers(
     rests: Sequence[Batches],
     epoch_items: set[Hashable],
     pad_room: int,
+    *,
+    continues: bool = False,
 ) -> ResumeRow:
-    """``before`` + the new data-parallel ranks' ``rests`` cover ``epoch_items`` once; replicas agree."""
+    """``before`` + the new data-parallel ranks' ``rests`` cover ``epoch_items`` once; replicas agree.
+    ``continues``: every data-parallel rank continues its own stream (:func:`_continues`): exact."""
     layout, stop = new.layout, Stop(row.epoch, row.step)
     after = _flat(b for rank in layout.representatives() if rank < len(rests) for b in rests[rank])
     diverging = [
@@ -907,7 +943,12 @@ def _covers(
     if lost == 0 and repeated <= pad_room:
         same = old_layout == layout and new.workers is None
         note = "nothing lost, " + (f"{repeated} padding copies" if repeated else "nothing repeated")
-        return replace(row, outcome="exact" if same else "resharded", note=note)
+        if continues and not same:
+            note = (
+                f"the data-parallel layout is unchanged (dp world size {layout.dp_world_size}): every "
+                "data-parallel rank continues its own stream exactly"
+            )
+        return replace(row, outcome="exact" if same or continues else "resharded", note=note)
     where = f"at epoch {stop.epoch} step {stop.step}"
     if not before and stop.step:
         where = f"after epoch {stop.epoch}'s last step, epoch {stop.epoch + 1}"

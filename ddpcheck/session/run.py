@@ -13,7 +13,7 @@ from typing import Any
 
 from ddpcheck.checker.identity import OBJECT_ITEMS
 from ddpcheck.checker.loaderfile import BadLoaderFile, LoaderSpec, defined_names, precheck
-from ddpcheck.checker.options import BadInput, CheckOptions, validate
+from ddpcheck.checker.options import BadInput, CheckOptions, mesh_layouts, validate
 from ddpcheck.checks.ids import DETERMINISM, REPLICA_CONSISTENCY
 from ddpcheck.checks.replicas import data_parallel_view, judge_layout
 from ddpcheck.checks.verdict import Verdict, allow, skipped
@@ -21,7 +21,7 @@ from ddpcheck.checks.work import with_max_idle
 from ddpcheck.figures import FigureData, ReplicaGroup, figure_data
 from ddpcheck.launch import shared_tmp
 from ddpcheck.launch.preload import frozen_heap, preload_imports
-from ddpcheck.layout import Layout
+from ddpcheck.layout import Layout, LayoutError, check_ranks
 from ddpcheck.messages import count_text
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.scenarios import DataRun, Outcome, Scenario
@@ -47,6 +47,12 @@ def check_loader(
     """Run the loader file in every planned layout and judge it. Raises BadInput (exit 2)."""
     options = options or CheckOptions()
     validate(options)
+    if not options.simulate:  # the one limit on real ranks, as the command line and the marker apply it
+        try:
+            for layout in (*mesh_layouts(options), *(Layout.plain(ws) for ws in options.world_sizes)):
+                check_ranks(layout.world_size, mesh=bool(layout.mesh))
+        except LayoutError as exc:
+            raise BadInput(str(exc)) from None
     spec = LoaderSpec(path=str(path), factory=options.factory)
     try:
         precheck(spec)
@@ -415,6 +421,7 @@ def jsonable_options(options: CheckOptions) -> dict[str, Any]:
     """The run's options as the JSON report lists them."""
     out = {k: v for k, v in options.__dict__.items() if k not in ("extra", "factory_args", "on_progress")}
     out["world_sizes"] = list(options.world_sizes)
+    out["meshes"] = [m.spec if isinstance(m, Layout) else m for m in options.meshes]
     if options.factory_args:
         out["factory_args"] = dict(options.factory_args)
     out.update(options.extra)

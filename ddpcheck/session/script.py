@@ -23,15 +23,15 @@ from typing import Any
 from ddpcheck.checker.options import BadInput, CheckOptions, mesh_layouts, validate
 from ddpcheck.checker.script import ScriptTarget
 from ddpcheck.checks.ids import COVERAGE, DETERMINISM, RESHUFFLE, SINGLE_PROCESS_EQUIVALENCE
-from ddpcheck.checks.replicas import judge_layout
+from ddpcheck.checks.replicas import data_parallel_view
 from ddpcheck.checks.reshuffle import STALE_EPOCH
 from ddpcheck.checks.verdict import Verdict
-from ddpcheck.checks.work import with_max_idle
+from ddpcheck.figures import figure_data
 from ddpcheck.launch.script import ScriptLaunch, launch_script
-from ddpcheck.layout import Layout
+from ddpcheck.layout import Layout, LayoutError, check_ranks
 from ddpcheck.messages import count_text, one_line
 from ddpcheck.result import CheckResult, WorldResult
-from ddpcheck.session.run import Interrupted, allowed, jsonable_options, layout_name, status_text
+from ddpcheck.session.run import Interrupted, allowed, jsonable_options, judge_world, layout_name, status_text
 from ddpcheck.trace import (
     SCRIPT_TRACE_VERSION,
     EpochTrace,
@@ -126,6 +126,11 @@ def audit_script(
     if options.hooks and not os.path.isfile(options.hooks):
         raise BadInput(f"--hooks: no such file: {options.hooks}")
     layouts = [Layout.plain(ws) for ws in sorted(set(options.check.world_sizes)) if ws > 1] + list(meshes)
+    try:
+        for layout in layouts:  # every rank is a fresh interpreter on this machine
+            check_ranks(layout.world_size, mesh=bool(layout.mesh), instead="record it inside your own launch: torchrun ... -m ddpcheck.record")
+    except LayoutError as exc:
+        raise BadInput(str(exc)) from None
     workdir = tempfile.mkdtemp(prefix="ddpchk-")
     session = _ScriptSession(target, options, cwd, workdir, say)
     try:
@@ -456,19 +461,12 @@ def judge_launch(
         if ref is None:
             reason = reason or "the single-process run did not iterate this loader"
             ref = standin_reference(current)
-        verdicts = judge_layout(ref, current, again, layout)
-        verdicts = [with_max_idle(v, options.max_idle) for v in verdicts]
-        verdicts = [_script_cause(v, current, name, reason, layout.world_size == 1) for v in verdicts]
+        figures = figure_data(ref, data_parallel_view(layout, current))
+        judged = judge_world(ref, current, again, layout, options, figures=figures)  # as loader files are
+        verdicts = [_script_cause(v, current, name, reason, layout.world_size == 1) for v in judged.verdicts]
         verdicts = [_framework_sampler(v, ref, current) for v in verdicts]
         results.append(
-            WorldResult(
-                world_size=layout.world_size,
-                backend="gloo",
-                verdicts=tuple(allowed(verdicts, options.allow)),
-                seconds=seconds,
-                layout=layout,
-                loader=name,
-            )
+            replace(judged, verdicts=tuple(allowed(verdicts, options.allow)), seconds=seconds, loader=name)
         )
     return results
 
