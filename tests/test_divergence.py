@@ -160,9 +160,19 @@ def test_cli_flags_reach_the_options() -> None:
     args = build_parser().parse_args(["x.py", "--no-metrics"])
     assert (args.metrics, args.metric_tolerance, args.train_steps) == (False, None, 3)
     assert build_parser().parse_args(["x.py"]).metrics is None
-    for bad in (["--metric-tolerance", "-1"], ["--train-steps", "-2"]):
-        with pytest.raises(SystemExit):
-            build_parser().parse_args(["x.py", *bad])
+
+
+def test_bad_metric_and_training_flags_are_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    """Range rules live in one place (``validate``): the command says them in one line, exit 2."""
+    from ddpcheck.cli import main
+
+    for bad, said in (
+        (["--metric-tolerance", "-1"], "metric tolerance"),
+        (["--train-steps", "-2"], "train steps"),
+    ):
+        assert main(["x.py", *bad]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err, err
 
 
 def test_defined_names_reads_the_source_without_running_it(tmp_path: Path) -> None:

@@ -301,12 +301,30 @@ def _rerun_fresh(results: list[GroupResult], again: list[int], calls: list[Group
     if not fresh:
         return results
     hide = all(isinstance(c.target, TargetRef) and c.target.module != "__main__" for _, c in fresh)
-    with _main_script_hidden() if hide else contextlib.nullcontext():
+    with _main_script_hidden() if hide else contextlib.nullcontext(), _own_resource_tracker():
         rerun = run_groups([c for _, c in fresh])
     for (k, _), result in zip(fresh, rerun, strict=True):
         result.fresh_interpreters = FRESH_NOTE
         results[k] = result
     return results
+
+
+@contextlib.contextmanager
+def _own_resource_tracker() -> Iterator[None]:
+    """Spawning ranks starts multiprocessing's resource tracker in this process; one started for the
+    rerun is stopped with it (a process of ours must not outlive the run; a tracker that was already
+    running belongs to whoever started it and is left alone)."""
+    from multiprocessing import resource_tracker
+
+    tracker: Any = resource_tracker._resource_tracker
+    running = tracker._pid is not None
+    try:
+        yield
+    finally:
+        stop = getattr(tracker, "_stop", None)
+        if not running and tracker._pid is not None and callable(stop):
+            with contextlib.suppress(Exception):
+                stop()
 
 
 @contextlib.contextmanager

@@ -128,7 +128,8 @@ def audit_script(
     layouts = [Layout.plain(ws) for ws in sorted(set(options.check.world_sizes)) if ws > 1] + list(meshes)
     try:
         for layout in layouts:  # every rank is a fresh interpreter on this machine
-            check_ranks(layout.world_size, mesh=bool(layout.mesh), instead="record it inside your own launch: torchrun ... -m ddpcheck.record")
+            instead = "record it inside your own launch: torchrun ... -m ddpcheck.record"
+            check_ranks(layout.world_size, mesh=bool(layout.mesh), instead=instead)
     except LayoutError as exc:
         raise BadInput(str(exc)) from None
     workdir = tempfile.mkdtemp(prefix="ddpchk-")
