@@ -26,39 +26,14 @@ if TYPE_CHECKING:
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
+MESH_OPTIONS = ("--mesh", "--data-dims", "--sequence-dims")
+JUDGING_OPTIONS = ("--allow", "--max-idle")
+REPORT_OPTIONS = ("--format", "--report-dir", "--junit", "--quiet", "--verbose", "--color")
 SHARED = (
-    "--world-sizes",
-    "--mesh",
-    "--data-dims",
-    "--sequence-dims",
-    "--epochs",
-    "--timeout",
-    "--allow",
-    "--max-idle",
-    "--steps",
-    "--no-determinism",
-    "--no-work",
-    "--work-cost",
-    "--format",
-    "--report-dir",
-    "--junit",
-    "--quiet",
-    "--verbose",
-    "--color",
-)
-JUDGE_SHARED = (
-    "--mesh",
-    "--data-dims",
-    "--sequence-dims",
-    "--allow",
-    "--max-idle",
-    "--format",
-    "--report-dir",
-    "--junit",
-    "--quiet",
-    "--verbose",
-    "--color",
-)
+    "--world-sizes", *MESH_OPTIONS, "--epochs", "--timeout", *JUDGING_OPTIONS, "--steps", "--no-determinism",
+    "--no-work", "--work-cost", *REPORT_OPTIONS,
+)  # fmt: skip
+JUDGE_SHARED = (*MESH_OPTIONS, *JUDGING_OPTIONS, *REPORT_OPTIONS)
 
 
 @dataclass(frozen=True)
