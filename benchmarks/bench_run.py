@@ -45,7 +45,7 @@ def torchrun(*script_args: str) -> float:
 
 def ddpcheck(*options: str) -> float:
     with tempfile.TemporaryDirectory() as reports:
-        command = [sys.executable, "-m", "ddpcheck", "run", "--world-sizes", "1,2,4", "--epochs", "2", "--quiet"]
+        command = [sys.executable, "-m", "ddpcheck", "run", "--world-sizes", "1,2,4", "--epochs", "2", "-q"]
         return timed([*command, "--report-dir", reports, *options, "--", SCRIPT])
 
 
