@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -28,7 +27,6 @@ from ddpcheck.launch.rank import NATIVE_STACK_SIGNAL, PYTHON_STACK_WAIT_S, STACK
 STACK_ENV = "DDPCHECK_STACK_FILE"  # where a rank writes its stacks when asked (a hang)
 PARENT_ENV = "DDPCHECK_PARENT_PID"  # a rank dies with this process
 AFTER_FAILURE_GRACE_S = 10.0  # how long the other ranks may still finish once one has failed
-EXIT_GRACE_S = 20.0  # a rank that wrote its trace but does not exit (a thread left running) is killed
 OUTPUT_TAIL = 4000
 
 
@@ -190,7 +188,3 @@ def _size(path: str) -> int:
         return os.path.getsize(path)
     except OSError:
         return 0
-
-
-def stop_signal_names() -> dict[int, str]:
-    return {int(s): s.name for s in signal.Signals}
