@@ -37,12 +37,18 @@ _EXPORTS = {
     "check_script": "ddpcheck.session.script",
     "judge_directory": "ddpcheck.session.script",
     "CheckOptions": "ddpcheck.checker.options",
+    "BadInput": "ddpcheck.checker.options",
+    "CheckResult": "ddpcheck.result",
+    "WorldResult": "ddpcheck.result",
+    "Verdict": "ddpcheck.checks.verdict",
+    "Interrupted": "ddpcheck.session.run",
 }
 
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
-    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.checker.options import BadInput, CheckOptions
+    from ddpcheck.checks.verdict import Verdict
     from ddpcheck.pytest_plugin import assert_ddp_safe
     from ddpcheck.reference.dist import (
         connect,
@@ -62,7 +68,9 @@ if TYPE_CHECKING:
     )
     from ddpcheck.reference.sampler import DDPSamplerWrapper
     from ddpcheck.reference.sync import mp_sync, mp_sync_dict, sync_dicts_ddp
+    from ddpcheck.result import CheckResult, WorldResult
     from ddpcheck.session import check_loader
+    from ddpcheck.session.run import Interrupted
     from ddpcheck.session.script import check_script, judge_directory
 
 

@@ -335,6 +335,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="fail work_balance when ranks would wait more than this share of their steps (e.g. 0.2)",
     )
     work.add_argument("--no-work", action="store_true", help="measure no work (work_balance and packing n/a)")
+    work.add_argument(
+        "--no-mixture",
+        action="store_true",
+        help="read no sample sources (mixture n/a; sources cost a batch load)",
+    )
     # --- metric and training equivalence (ddpcheck.scenarios.metric, ddpcheck.scenarios.training) ---
     hooks = parser.add_argument_group(
         "metric and training equivalence",
@@ -628,6 +633,7 @@ NEGATED = {
     "resume": "no_resume",
     "preload": "no_preload",
     "work": "no_work",
+    "mixture": "no_mixture",
 }
 
 

@@ -313,3 +313,19 @@ def test_the_shares_reach_every_report() -> None:
     assert [g["who"] for g in mixture[0]["groups"]][:3] == ["expected", "single process", "all ranks"]
     page = render_html(result)
     assert 'class="ddp-figure mixture"' in page and page.count('class="mixture-share"') >= 9
+
+
+def test_no_mixture_flag_reads_no_sources_and_the_rerun_never_reads_them(tmp_path) -> None:
+    from ddpcheck import cli
+    from ddpcheck.session.plan import plan_run
+
+    fixture = str(FIXTURES / "mixture" / "bug_weights_per_rank.py")
+    report = tmp_path / "r"
+    code = cli.main([fixture, "--world-sizes", "1,2", "--no-mixture", "-q", "--report-dir", str(report)])
+    assert code == 1  # single-process equivalence still sees ranks drawing another mix
+    runs = json.loads((report / "ddpcheck.json").read_text())["runs"]
+    statuses = {name: check["status"] for run in runs[1:] for name, check in run["checks"].items()}
+    assert statuses[MIXTURE] == "n/a" and statuses["single_process_equivalence"] == "fail"
+    plan = plan_run(CheckOptions(world_sizes=(1, 2)))
+    reruns = [layout.rerun for layout in plan.layouts if layout.rerun is not None]
+    assert reruns and all(not job.options.mixture for job in reruns)  # judged on ids: no sources read

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -204,3 +206,15 @@ def test_the_command_line_does_not_repeat_the_options_rules() -> None:
     package = ROOT / "ddpcheck"
     shared = _messages(package / "cli.py") & _messages(package / "checker" / "options.py")
     assert shared == set()
+
+
+def test_results_and_errors_are_importable_from_the_package_without_torch() -> None:
+    code = (
+        "import sys, ddpcheck\n"
+        "assert 'torch' not in sys.modules\n"
+        "from ddpcheck import BadInput, CheckResult, Interrupted, Verdict, WorldResult, check_loader\n"
+        "from ddpcheck.result import CheckResult as C\n"
+        "assert CheckResult is C and issubclass(BadInput, ValueError) and Verdict.__name__ == 'Verdict'\n"
+        "assert set(dir(ddpcheck)) >= {'BadInput', 'CheckResult', 'Interrupted', 'Verdict', 'WorldResult'}\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import ROOT
 
@@ -27,6 +28,7 @@ TRUTH = {
     for line in map(json.loads, (SCRIPTS / "truth_results.jsonl").read_text().splitlines())
 }
 FAST = ["--world-sizes", "1,2", "--no-determinism", "--timeout", "120"]
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def ddpcheck_run(
@@ -117,6 +119,7 @@ def test_a_module_runs_as_python_dash_m(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.skipif(GPUS >= 2, reason=f"with {GPUS} GPUs nccl runs on them at world sizes 1 and 2")
 def test_nccl_runs_on_gloo_without_a_gpu_and_the_report_says_so(tmp_path: Path) -> None:
     proc = ddpcheck_run(*FAST, "--report-dir", str(tmp_path), "--", "nccl_on_cpu.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -124,11 +127,35 @@ def test_nccl_runs_on_gloo_without_a_gpu_and_the_report_says_so(tmp_path: Path) 
     assert any("nccl" in note and "gloo" in note for note in notes), notes
 
 
+@pytest.mark.skipif(GPUS > 0, reason=f"this machine has {GPUS} GPUs: the script runs on them")
 def test_a_script_that_needs_cuda_gets_one_line_naming_the_call(tmp_path: Path) -> None:
     proc = ddpcheck_run(*FAST, "--report-dir", str(tmp_path), "--", "cuda_hardcoded.py")
     assert proc.returncode == 3
     assert "cuda_hardcoded.py:12 (torch.cuda.set_device(local_rank)): the script needs CUDA" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_ranks_see_cuda_only_where_every_rank_has_a_gpu() -> None:
+    from ddpcheck.session.script import rank_environment
+
+    assert rank_environment(2, gpus=2) == {} and rank_environment(1, gpus=1) == {}
+    hidden = rank_environment(2, gpus=1)
+    assert hidden["CUDA_VISIBLE_DEVICES"] == "" and hidden["DDPCHECK_GPUS_FOUND"] == "1"
+    assert rank_environment(1, gpus=0)["ACCELERATE_USE_CPU"] == "true"
+
+
+@pytest.mark.skipif(GPUS == 0, reason=f"a CUDA script at world size 1 needs 1 GPU, found {GPUS}")
+def test_a_cuda_script_runs_on_the_gpus_there_are_and_skips_larger_world_sizes(tmp_path: Path) -> None:
+    proc = ddpcheck_run(*FAST, "--report-dir", str(tmp_path), "--", "cuda_hardcoded.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = {run["world_size"]: run for run in json.loads((tmp_path / "ddpcheck.json").read_text())["runs"]}
+    assert not runs[1].get("skipped"), runs[1]
+    if GPUS >= 2:
+        assert not runs[2].get("skipped"), runs[2]
+    else:
+        assert runs[2]["skipped"].startswith(
+            f"world size 2 needs 2 GPUs, found {GPUS}: cuda_hardcoded.py:12"
+        ), runs
 
 
 def test_a_missing_script_is_exit_2_in_one_line(tmp_path: Path) -> None:

@@ -36,6 +36,8 @@ from ddpcheck.trace import EpochTrace, IdBuffer, LoaderFacts, RankTrace, ScriptL
 
 MAX_ITEMS_PER_EPOCH = 50_000_000
 ENDLESS_FACTOR = 4  # an epoch past this many times its dataset is an endless loader (use --steps)
+NEEDS_CUDA = "the script needs CUDA"
+GPUS_ENV = "DDPCHECK_GPUS_FOUND"  # set when ddpcheck hid CUDA from the ranks: the GPUs there were
 
 
 @dataclass(frozen=True)
@@ -639,9 +641,15 @@ CUDA_SIGNS = (
 )
 
 
+HIDDEN_CUDA_SIGNS = ("invalid device ordinal", "no CUDA-capable device is detected")
+
+
 def needs_cuda(exc: BaseException) -> bool:
+    """The script failed for want of a GPU: CPU torch's errors, or (where ddpcheck hid the GPUs from
+    a world size larger than their number) a CUDA build's, which name a device it cannot see."""
     text = f"{type(exc).__name__}: {exc}"
-    return any(sign in text for sign in CUDA_SIGNS)
+    signs = CUDA_SIGNS + (HIDDEN_CUDA_SIGNS if GPUS_ENV in os.environ else ())
+    return any(sign in text for sign in signs)
 
 
 def user_line(exc: BaseException) -> str:
@@ -749,8 +757,9 @@ def _failure(exc: BaseException) -> _Outcome:
     where = user_line(exc)
     if needs_cuda(exc):
         call = where or "the script"
+        here = _no_gpu_text().replace("no GPU", "none")
         message = (
-            f"{call}: the script needs CUDA and this machine has none ({type(exc).__name__}: "
+            f"{call}: {NEEDS_CUDA} and {here} ({type(exc).__name__}: "
             f"{str(exc).splitlines()[0] if str(exc) else ''}); choose the device from "
             "torch.cuda.is_available(), or record it on GPUs: torchrun ... -m ddpcheck.record"
         )
@@ -778,7 +787,7 @@ def _patch_cuda_choices(notes: list[str]) -> list[str]:
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
         backend = kwargs.get("backend", args[0] if args else None)
         if not cuda and backend is not None and "nccl" in str(backend).lower():
-            said.append("the script asks for the nccl backend; this machine has no GPU, so it ran on gloo")
+            said.append(f"the script asks for the nccl backend; {_no_gpu_text()}, so it ran on gloo")
             if "backend" in kwargs:
                 kwargs["backend"] = "gloo"
             else:
@@ -805,9 +814,7 @@ def _patch_cuda_choices(notes: list[str]) -> list[str]:
 
             def init_device_mesh(device_type: str, *args: Any, **kwargs: Any) -> Any:
                 if str(device_type).startswith("cuda"):
-                    said.append(
-                        "the script builds a cuda DeviceMesh; this machine has no GPU, so it is a cpu mesh"
-                    )
+                    said.append(f"the script builds a cuda DeviceMesh; {_no_gpu_text()}, so it is a cpu mesh")
                     device_type = "cpu"
                 return original_mesh(device_type, *args, **kwargs)
 
@@ -816,6 +823,14 @@ def _patch_cuda_choices(notes: list[str]) -> list[str]:
         except ImportError:  # pragma: no cover
             pass
     return said
+
+
+def _no_gpu_text() -> str:
+    found = os.environ.get(GPUS_ENV)
+    if found is None or found == "0":
+        return "this machine has no GPU"
+    world = os.environ.get("WORLD_SIZE", "?")
+    return f"world size {world} needs {world} GPUs and this machine has {found}"
 
 
 def _accelerate_fallback() -> str:

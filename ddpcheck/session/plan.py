@@ -86,7 +86,7 @@ def _plan_layout(options: CheckOptions, layout: Layout, beside: bool, single: La
     rerun = None
     if options.determinism and not (ws == 1 and beside):  # judged on ids: no content to digest
         # judged on ids alone: it measures no work (token batches would be loaded again for nothing)
-        rerun = Job(replace(options, work=False), layout, _rerun_ranks(options, layout))
+        rerun = Job(replace(options, work=False, mixture=False), layout, _rerun_ranks(options, layout))
     return LayoutPlan(layout, window=window, run=run, rerun=rerun)
 
 

@@ -117,7 +117,9 @@ class _Session:
         self.say(f"reference run (1 process) of {self.spec.path}")
         rerun: RunTrace | None = None
         if plan.reference_rerun:  # world size 1's rerun records on the second core meanwhile
-            quiet = replace(plan.reference, options=replace(plan.reference.options, work=False))
+            quiet = replace(
+                plan.reference, options=replace(plan.reference.options, work=False, mixture=False)
+            )
             self.reference, rerun = record(self.spec, [plan.reference, quiet])  # the rerun measures no work
         else:
             self.reference = record(self.spec, [plan.reference])[0]

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpcheck.checker.options import BadInput, CheckOptions, mesh_layouts, validate
-from ddpcheck.checker.script import ScriptTarget
+from ddpcheck.checker.script import GPUS_ENV, NEEDS_CUDA, ScriptTarget
 from ddpcheck.checks.ids import COVERAGE, DETERMINISM, RESHUFFLE, SINGLE_PROCESS_EQUIVALENCE
 from ddpcheck.checks.replicas import data_parallel_view
 from ddpcheck.checks.reshuffle import STALE_EPOCH
@@ -65,6 +65,7 @@ class _Recorded:
     traces: dict[int, ScriptRankTrace]
     failures: tuple[RankFailure, ...]
     seconds: float = 0.0
+    environment: dict[str, str] = field(default_factory=dict)  # what ddpcheck set for the ranks
 
 
 def check_script(
@@ -260,15 +261,21 @@ class _ScriptSession:
             command += ["-m", self.target.module, *self.target.args]
         else:
             command += ["--", self.target.path, *self.target.args]
-        launch = launch_script(
-            command, layout.world_size, out, cwd=self.cwd, timeout=check.timeout, env=_cpu_environment()
-        )
-        return read_launch(launch, layout)
+        env = rank_environment(layout.world_size)
+        launch = launch_script(command, layout.world_size, out, cwd=self.cwd, timeout=check.timeout, env=env)
+        return replace(read_launch(launch, layout), environment=env)
 
     def _judge(
         self, reference: _Recorded, run: _Recorded, rerun: _Recorded | None, layout: Layout
     ) -> list[WorldResult]:
         problem = _launch_problem(run)
+        gpus = run.environment.get(GPUS_ENV)
+        if problem and NEEDS_CUDA in problem and gpus not in (None, "0"):
+            # the GPUs that exist ran the smaller layouts; this one is a GPU count, not a bug
+            why = f"world size {layout.world_size} needs {layout.world_size} GPUs, found {gpus}: {problem}"
+            return [
+                WorldResult(layout.world_size, "nccl", skipped=why, layout=layout, loader=self.target.shown)
+            ]
         if problem:
             return [
                 WorldResult(
@@ -283,12 +290,22 @@ class _ScriptSession:
         return judge_launch(reference, run, rerun, layout, self.options.check, run.seconds)
 
 
-def _cpu_environment() -> dict[str, str]:
-    """What makes a GPU user's script distributed on this machine too: without CUDA, Accelerate and
-    the HF Trainer fall back to one process per rank unless told to use the CPU."""
-    import torch
+def rank_environment(world_size: int, gpus: int | None = None) -> dict[str, str]:
+    """What makes a GPU user's script distributed here as under torchrun on enough GPUs.
 
-    return {} if torch.cuda.is_available() else {"ACCELERATE_USE_CPU": "true"}
+    With a GPU for every rank the script runs on them as written. With fewer (none, or one GPU and
+    world size 2) CUDA is hidden from the ranks, so ``cuda:local_rank`` cannot collide or point past
+    the last device: NCCL runs on gloo and a cuda mesh on the CPU (the rank side says so), and
+    Accelerate and the HF Trainer, which fall back to one process per rank without CUDA, are told
+    to use the CPU.
+    """
+    if gpus is None:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus >= world_size:
+        return {}
+    return {"CUDA_VISIBLE_DEVICES": "", "ACCELERATE_USE_CPU": "true", GPUS_ENV: str(gpus)}
 
 
 def read_launch(launch: ScriptLaunch, layout: Layout) -> _Recorded:
