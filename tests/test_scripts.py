@@ -179,6 +179,16 @@ def test_a_script_that_iterates_no_loader_says_so(tmp_path: Path) -> None:
     assert "the script iterated no DataLoader" in proc.stdout
 
 
+def test_a_script_that_spawns_its_own_ranks_is_refused_at_once_naming_the_call(tmp_path: Path) -> None:
+    started = time.monotonic()
+    proc = ddpcheck_run(*FAST, "--report-dir", str(tmp_path), "--", "faults/own_spawn.py")
+    assert proc.returncode == 3
+    assert "faults/own_spawn.py:32: the script starts its own ranks with torch.multiprocessing.spawn" in (
+        " ".join(proc.stdout.split())
+    )
+    assert time.monotonic() - started < 100  # refused, not waited out (--timeout is 120)
+
+
 @pytest.mark.slow
 def test_a_hung_rank_is_reported_with_its_line_and_nothing_outlives_the_run(tmp_path: Path) -> None:
     temp = _own_temp(tmp_path)

@@ -27,11 +27,13 @@ from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
 
+from ddpcheck.checker.batches import is_collated
+from ddpcheck.checker.face import OpenedLoader
+from ddpcheck.checker.hooks import LoaderHooks
 from ddpcheck.checker.identity import batch_digest, make_id_extractor
 from ddpcheck.checker.index_log import indices_of, log_of
-from ddpcheck.checker.loaderfile import BadLoaderFile, optional_hook
-from ddpcheck.checker.recording import is_collated, read_facts
-from ddpcheck.checker.work import TOKEN_HOOK, WORK_HOOK, WorkMeter, add_tally, looks_like_tokens
+from ddpcheck.checker.loaderfile import BadLoaderFile
+from ddpcheck.checker.work import WorkMeter, add_tally, looks_like_tokens
 from ddpcheck.trace import EpochTrace, IdBuffer, LoaderFacts, RankTrace, ScriptLoader, ScriptRankTrace
 
 MAX_ITEMS_PER_EPOCH = 50_000_000
@@ -392,9 +394,9 @@ class ScriptRecorder:
         self.stopped = False
         self.joined: bool | None = None  # in a process group when the first loader was iterated
         self.position: tuple[int, int] | None = None  # (rank, world size) then
-        self.sample_ids = optional_hook(hooks, "sample_ids") if hooks is not None else None
-        work = optional_hook(hooks, WORK_HOOK) if hooks is not None else None
-        tokens = optional_hook(hooks, TOKEN_HOOK) if hooks is not None else None
+        self.hooks = LoaderHooks.of(hooks)  # the same hooks an opened loader file's loader has
+        self.sample_ids = self.hooks.sample_ids
+        work, tokens = self.hooks.work, self.hooks.tokens
         self.work_hooks: tuple[Any, Any] | None = (work, tokens) if (work or tokens) else None
 
     # naming
@@ -429,7 +431,7 @@ class ScriptRecorder:
         if self._should_stop(record):
             self.stop_script(record)
         if record.facts is None:
-            record.facts = _facts(outer)
+            record.facts = _facts(OpenedLoader.wrap(outer, self.hooks, position=self.position))
             _mark_parts(outer, name)
         if record.iterations > 0 and record.set_epoch_calls > 0:
             record.epochs_after_set += 1
@@ -480,9 +482,9 @@ class ScriptRecorder:
         return tuple(out)
 
 
-def _facts(outer: Any) -> LoaderFacts:
+def _facts(opened: OpenedLoader) -> LoaderFacts:
     try:
-        return read_facts(outer)
+        return opened.facts
     except Exception:  # a loader that trains fine must never crash the recorder
         return LoaderFacts(dataset_kind="iterable")
 
@@ -693,6 +695,7 @@ def record_script(
     recorder = ScriptRecorder(options, hooks)
     notes: list[str] = []
     patched = _patch_cuda_choices(notes)
+    _refuse_own_launch()
     ACTIVE = recorder
     outcome = _Outcome()
     try:
@@ -823,6 +826,36 @@ def _patch_cuda_choices(notes: list[str]) -> list[str]:
         except ImportError:  # pragma: no cover
             pass
     return said
+
+
+OWN_LAUNCH = (
+    "the script starts its own ranks with torch.multiprocessing.{name}; ddpcheck run starts them as "
+    "torchrun does: call the training function once per process, with the rank and world size from "
+    "torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK), then run ddpcheck run -- SCRIPT"
+)
+
+
+def _refuse_own_launch() -> None:
+    """A script that spawns its ranks itself (the DDP tutorial's ``mp.spawn``) would start a second
+    world beside the one ddpcheck launched and wait in it until the deadline: refuse it at once."""
+    try:
+        import torch.multiprocessing as tmp
+        from torch.multiprocessing import spawn as spawn_module
+    except ImportError:  # pragma: no cover - every torch has it
+        return
+
+    def refusing(name: str) -> Callable[..., Any]:
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            where, _ = user_site(sys._getframe(1))
+            raise RecorderError(f"{where}: {OWN_LAUNCH.format(name=name)}")
+
+        return refuse
+
+    for name in ("spawn", "start_processes"):
+        if hasattr(tmp, name):
+            setattr(tmp, name, refusing(name))
+        if hasattr(spawn_module, name):
+            setattr(spawn_module, name, refusing(name))
 
 
 def _no_gpu_text() -> str:
