@@ -66,6 +66,7 @@ class Case:
     may_fail: frozenset[str] = frozenset()
     cause: str = ""  # a phrase of the failing checks' cause
     one_process_shuffles: bool = True  # False: at one process the script's sampler does not shuffle
+    shuffles: bool = True  # False: the stream never shuffles, at any number of processes
     batch_size: int = 8  # per rank: padding copies stay under one batch per rank
 
     @property
@@ -103,6 +104,26 @@ CASES = [
         must_fail={"2": {"train": frozenset({COVERAGE})}},
         may_fail=frozenset({SINGLE_PROCESS_EQUIVALENCE}),
         cause="sharded twice",
+    ),
+    Case(
+        "accelerate_dispatch",  # an IterableDataset: rank 0 reads, every rank gets a slice of each batch
+        "accelerate_dispatch.py",
+        {"train": "loader = DataLoader("},
+        module="accelerate",
+        shuffles=False,
+        batch_size=4,
+    ),
+    Case(
+        "accelerate_dispatch_split",
+        "accelerate_dispatch.py",
+        {"train": "loader = DataLoader("},
+        script_args=("--split",),
+        module="accelerate",
+        exit_code=1,
+        must_fail={"2": {"train": frozenset({COVERAGE})}},
+        may_fail=frozenset({SINGLE_PROCESS_EQUIVALENCE}),
+        shuffles=False,
+        batch_size=4,
     ),
     Case(
         "lightning_good",
@@ -195,7 +216,7 @@ def implied_failures(case: Case) -> dict[str, dict[str, set[str]]]:
                 failing.add(DETERMINISM)
             # a train loader that repeats an epoch although its sampler shuffles and set_epoch is
             # called; the sequential eval loaders repeat by design
-            shuffles = line["nproc"] > 1 or case.one_process_shuffles
+            shuffles = case.shuffles and (line["nproc"] > 1 or case.one_process_shuffles)
             if loader == "train" and facts["repeats"] and shuffles:
                 failing.add(RESHUFFLE)
             if failing:

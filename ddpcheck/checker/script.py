@@ -543,6 +543,7 @@ def install() -> None:
             name = recorder.name_for(self, caller)
             object.__setattr__(self, _NAME_ATTR, name)
             _mark_parts(self, name)
+            _watch_dispatcher(sys._getframe(1).f_locals.get("self"))
 
     DataLoader.__init__ = __init__  # type: ignore[method-assign]
     _wrap_iter(DataLoader)
@@ -562,14 +563,40 @@ def _wrap_iter(cls: type) -> None:
         klass.__iter__ = _iter_wrapper(own)  # type: ignore[method-assign,assignment]
 
 
-def _iter_wrapper(original: Callable[[Any], Iterator[Any]]) -> Callable[[Any], Iterator[Any]]:
+DISPATCHERS = ("accelerate.data_loader.DataLoaderDispatcher",)
+
+
+def _watch_dispatcher(owner: Any) -> None:
+    """Record a dispatching adapter where the model meets it. Accelerate's ``DataLoaderDispatcher``
+    (its default for an ``IterableDataset``) iterates the DataLoader it builds on rank 0 alone and
+    hands every rank a slice of each batch; the DataLoader's own stream is no rank's data. Adapters
+    that pass their DataLoader's batches through (``DataLoaderShard``) stay recorded at the DataLoader,
+    by its indices."""
+    kind = type(owner)
+    if owner is None or f"{kind.__module__}.{kind.__qualname__}" not in DISPATCHERS:
+        return
+    own = kind.__dict__.get("__iter__")
+    if own is not None and getattr(own, _ITER_ATTR, None) is None:
+        kind.__iter__ = _iter_wrapper(own)  # type: ignore[method-assign]
+
+
+def _recorded_outside(inside: Any) -> bool:
+    """``inside`` (the object whose method called ``__iter__``) is a loader recorded itself: what it
+    iterates is its inner business."""
     from torch.utils.data import DataLoader
 
+    if inside is None:
+        return False
+    kind = type(inside)
+    wrapped = getattr(kind.__dict__.get("__iter__"), _ITER_ATTR, None) is not None
+    return issubclass(kind, DataLoader) or wrapped
+
+
+def _iter_wrapper(original: Callable[[Any], Iterator[Any]]) -> Callable[[Any], Iterator[Any]]:
     def __iter__(self: Any) -> Iterator[Any]:
         recorder = ACTIVE
         caller = sys._getframe(1)
-        inside = caller.f_locals.get("self")
-        if recorder is None or (inside is not None and issubclass(type(inside), DataLoader)):
+        if recorder is None or _recorded_outside(caller.f_locals.get("self")):
             return original(self)
         return recorder.open_epoch(self, original(self))
 
