@@ -60,8 +60,8 @@ def expected_failures(facts: dict[str, object], shuffles: bool) -> set[str]:
         expected.add("coverage")
     if facts["shared"]:
         expected.add("no_overlap")
-    if facts["repeats"] and shuffles:
-        expected.add("reshuffle")
+    if (facts["repeats"] or facts.get("frozen")) and shuffles:
+        expected.add("reshuffle")  # the same order again, or the same shards only reordered
     return expected
 
 
@@ -75,6 +75,8 @@ CASES = {
     "bug_iterable_not_split": (20, False),
     "good_iterable_split": (23, False),
     "bug_hash_sharding": (25, False),
+    "good_subset_shards": (23, True),  # fixed Subset shards: reshuffle fails by design, nothing else
+    "bug_random_split_unseeded": (21, True),
 }
 
 
@@ -89,6 +91,12 @@ def test_the_verdict_on_each_script_is_its_truth(script: str, tmp_path: Path) ->
     assert expected <= found.get(f"{script}.py:{line}", set()), found
     if "valid" in TRUTH[script]:  # the eval loader beside it: unshuffled, every sample once -> passes
         assert found.get(f"{script}.py:{line + 1}") == set(), found
+
+
+def test_identity_follows_a_subset_to_its_sample(tmp_path: Path) -> None:
+    """Ranks sharding by Subsets count positions from 0 each: only the fixed shards fail (by design)."""
+    proc = ddpcheck_run(*FAST, "--report-dir", str(tmp_path), "--", "good_subset_shards.py")
+    assert failing(tmp_path) == {"good_subset_shards.py:23": {"reshuffle"}}, proc.stdout
 
 
 def test_a_loop_without_set_epoch_is_named_by_the_line_that_built_its_loader(tmp_path: Path) -> None:

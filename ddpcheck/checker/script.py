@@ -33,6 +33,7 @@ from ddpcheck.checker.hooks import LoaderHooks
 from ddpcheck.checker.identity import batch_digest, make_id_extractor
 from ddpcheck.checker.index_log import indices_of, log_of
 from ddpcheck.checker.loaderfile import BadLoaderFile
+from ddpcheck.checker.subsets import base_indices, to_base
 from ddpcheck.checker.work import WorkMeter, add_tally, looks_like_tokens
 from ddpcheck.trace import EpochTrace, IdBuffer, LoaderFacts, RankTrace, ScriptLoader, ScriptRankTrace
 
@@ -162,6 +163,7 @@ class _Epoch:
         self.meter: WorkMeter | None = None
         self.metered: bool | None = None  # decided on the first batch
         self.len_loader = _len_or_none(outer)
+        self.base = base_indices(getattr(outer, "dataset", None))  # a Subset's positions as samples
 
     # the iterator protocol the script sees
     def __iter__(self) -> _Epoch:
@@ -217,6 +219,7 @@ class _Epoch:
             ids = self.extract(batch)
         else:
             self.record.indexed = True
+            ids = to_base(ids, self.base)
         self.ids.extend(ids)
         self.sizes.append(len(ids))
         self.workers.append(worker)
@@ -299,6 +302,7 @@ class _Epoch:
             ids = indices_of(item)
             if ids is None:
                 continue
+            ids = to_base(ids, self.base)
             self.ids.extend(ids)
             self.sizes.append(len(ids))
             self.workers.append(worker)
