@@ -174,6 +174,23 @@ def test_a_missing_script_is_exit_2_in_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "no module named 'no_such_package.train'" in proc.stderr
 
 
+def test_a_script_that_is_no_python_is_exit_2_in_one_line_before_any_rank(tmp_path: Path) -> None:
+    (tmp_path / "syntax.py").write_text("def f(:\n")
+    (tmp_path / "binary.py").write_bytes(b"\x7fELF\x00\x01")
+    (tmp_path / "folder").mkdir()
+    expected = {
+        "syntax.py": "syntax.py:1: not valid Python: invalid syntax",
+        "binary.py": "binary.py:",  # the null bytes named in Python's own words, which vary by version
+        "folder": "folder is a folder: give the script file, or -m PACKAGE for a package",
+    }
+    for name, message in expected.items():
+        proc = ddpcheck_run("--report-dir", str(tmp_path / "r"), "--", name, cwd=tmp_path)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith(f"ddpcheck: error: {message}"), proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert not (tmp_path / "r").exists() or not any((tmp_path / "r").glob("*.trace"))
+
+
 def test_a_script_that_raises_before_any_loader_is_exit_3_with_its_own_line(tmp_path: Path) -> None:
     proc = ddpcheck_run(*FAST, "--report-dir", str(tmp_path), "--", "faults/raises_before_loader.py")
     assert proc.returncode == 3

@@ -148,8 +148,11 @@ def audit_script(
 def _precheck(target: ScriptTarget, cwd: str) -> None:
     if target.path:
         path = target.path if os.path.isabs(target.path) else os.path.join(cwd, target.path)
+        if os.path.isdir(path):
+            raise BadInput(f"{target.path} is a folder: give the script file, or -m PACKAGE for a package")
         if not os.path.isfile(path):
             raise BadInput(f"no such script: {target.path}")
+        _compiles(path, target.path)
         return
     if not target.module:
         raise BadInput(
@@ -164,6 +167,19 @@ def _precheck(target: ScriptTarget, cwd: str) -> None:
         sys.path.remove(cwd)
     if found is None:
         raise BadInput(f"no module named {target.module!r} (looked from {cwd})")
+
+
+def _compiles(path: str, shown: str) -> None:
+    """A script that is no Python (a syntax error, a binary file) is bad input, said before any rank
+    starts, as for a loader file."""
+    try:
+        with open(path, "rb") as handle:
+            source = handle.read()
+        compile(source, path, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        raise BadInput(f"{shown}:{exc.lineno or 1}: not valid Python: {exc.msg}") from None
+    except (ValueError, OSError) as exc:  # null bytes; unreadable
+        raise BadInput(f"{shown}: not a Python script ({one_line(str(exc), 200)})") from None
 
 
 class _ScriptSession:
