@@ -236,6 +236,31 @@ def test_coverage_tail_dropped_evenly_names_tail_cause() -> None:
     assert "8 samples of 40 are never seen by any rank in epoch 0" in verdict.detail
 
 
+def test_coverage_says_what_may_be_dropped_and_why_apart_from_the_ids() -> None:
+    """Not "at most 0 may be dropped: 0, 1, 4" (ids read as dropped): the bound, its reason, then the ids."""
+    orders = permutations(40, 2, seed=2)
+    padded = run([[o[r::4][:8] for o in orders] for r in range(4)], padding=True)
+    detail = check("coverage", reference(orders), padded).detail
+    assert "an honest split drops no samples here (no drop_last, and the sampler pads)" in detail
+    assert "; never seen: " in detail and "may be dropped" not in detail
+    tail = run([[o[r::4][:4] for o in orders] for r in range(4)], padding=False, drop_last=True, batch_size=4)
+    detail = check("coverage", reference(orders), tail).detail
+    assert (
+        "an honest split drops at most 15 samples an epoch: drop_last drops up to 3 (batch_size - 1) on each "
+        "rank; an even split without padding drops up to 3 (world size - 1)"
+    ) in detail, detail
+    equivalence = check("single_process_equivalence", reference(orders), padded).detail
+    assert "(an honest split drops no samples here" in equivalence and "never seen: " in equivalence
+
+
+def test_long_ids_read_short_in_details() -> None:
+    from ddpcheck.checks.wording import ids_text
+    from ddpcheck.messages import short_id
+
+    assert ids_text([3, 1087362260100484431]) == f"3, {short_id(1087362260100484431)}"
+    assert ids_text(["x" * 100]) == "x" * 37 + "..."
+
+
 def test_coverage_rank_aware_dataset_under_distributed_sampler() -> None:
     n, w = 40, 4
     ref = reference([list(range(n))] * 2)
@@ -706,6 +731,9 @@ def test_worker_sharding_generic_repeat_and_reference_duplicates() -> None:
 def test_worker_sharding_padding_repeat_on_one_rank_is_allowed() -> None:
     trace = run([[[0, 1, 2, 0]], [[3, 4, 5, 6]]], padding=True)  # 7 samples padded to 8, copy lands on rank 0
     verdict = check("worker_sharding", reference([list(range(7))]), trace)
+    assert verdict.status == "n/a" and "within the padding" in verdict.detail  # no workers to judge
+    workers = run([[[0, 1, 2, 0]], [[3, 4, 5, 6]]], padding=True, num_workers=2)
+    verdict = check("worker_sharding", reference([list(range(7))]), workers)
     assert verdict.status == "pass" and "within the padding" in verdict.detail
 
 

@@ -22,10 +22,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddpcheck.checker.options import CheckOptions
+from ddpcheck.checks.ids import ALL_CHECKS
 from ddpcheck.checks.verdict import Verdict, allow, not_applicable
 from ddpcheck.figures import NO_RANK, SEVERAL, FigureData, figure_data
+from ddpcheck.layout import parse_mesh
 from ddpcheck.report import render_html, render_markdown, write_reports
-from ddpcheck.report.view import count
+from ddpcheck.report.svg import picture_files
+from ddpcheck.report.view import build_view, count
 from ddpcheck.result import CheckResult, MetricRow, ResumeRow, WorldResult
 from ddpcheck.session import check_loader
 from ddpcheck.trace import EpochTrace, RankFailure, RankTrace, RunTrace
@@ -283,7 +286,7 @@ def test_html_shows_every_status_causes_divergence_and_resume(buggy: CheckResult
 
 def test_pictures_have_a_strip_per_rank_and_epoch(buggy: CheckResult) -> None:
     dom = _dom(render_html(buggy))
-    assert [s["data-world-size"] for s in dom.find("section", "world")] == ["1", "2"]
+    assert [s["data-world-size"] for s in dom.find("section", "world")] == ["2", "1"]  # failing first
     strips = dom.find("g", "strip")
     assert sorted((s["data-rank"], s["data-epoch"]) for s in strips) == sorted(
         [("0", "0"), ("0", "1")] + [(r, e) for r in "01" for e in "01"]
@@ -291,7 +294,7 @@ def test_pictures_have_a_strip_per_rank_and_epoch(buggy: CheckResult) -> None:
     assert len(dom.find("g", "missing")) == len(dom.find("g", "duplicated")) == 4
     assert len(dom.find("g", "steps-bar")) == 2 + 4
     assert len(dom.find("g", "owners")) == 2  # the assignment picture: ws=2 only, one row per epoch
-    assert len(dom.find("svg")) == 5
+    assert len(dom.find("svg")) == 5 + 1  # and the failed restore's
 
 
 def test_markdown_links_svg_files_written_next_to_it(tmp_path: Path, buggy: CheckResult) -> None:
@@ -395,7 +398,7 @@ def test_page_loads_in_chromium_with_the_expected_dom_and_no_console_errors(
         section = proc.stdout.split(f'data-world-size="{world}">', 2)[-1].split("</section>")[0]
         found = _dom(section).find("g", "strip")
         assert len(found) == ranks * 2, world  # one strip per rank per epoch
-    assert len(dom.find("svg")) == 5 and len(dom.find("table", "grid")) == 1
+    assert len(dom.find("svg")) == 5 + 1 and len(dom.find("table", "grid")) == 1
 
 
 def test_screenshot_renders(tmp_path: Path, buggy: CheckResult) -> None:
@@ -411,3 +414,98 @@ def test_screenshot_renders(tmp_path: Path, buggy: CheckResult) -> None:
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     assert (width, height) == (1100, 2400)
     assert len(data) > 50_000  # a blank page compresses to a few kilobytes; this one has text and pictures
+
+
+# ------------------------------------------------------------------ layout of the page (issue 31, item 14)
+
+
+def _wide() -> CheckResult:
+    """Every check at four world sizes, failures everywhere, crashed ranks: the widest grid there is."""
+    runs = []
+    for ws in (1, 2, 4, 8):
+        verdicts = tuple(
+            Verdict(c, "fail" if (i + ws) % 3 == 0 else "pass", "d", f"cause {c}")
+            for i, c in enumerate(ALL_CHECKS)
+        )
+        failures = tuple(
+            RankFailure(r, "error" if r == 1 else "secondary", "ValueError: boom") for r in range(ws)
+        )
+        runs.append(WorldResult(ws, "gloo", verdicts=verdicts, failures=failures))
+    return CheckResult("loader.py", tuple(runs))
+
+
+MEASURE = """<script>
+const view = document.documentElement.clientWidth, out = [];
+const box = document.querySelector("div.grid").getBoundingClientRect();
+for (const el of document.querySelectorAll("table.grid, table.grid th, table.grid td")) {
+  const r = el.getBoundingClientRect();
+  if (r.right > Math.min(view, box.right) + 0.5 || r.left < -0.5) out.push(el.textContent.trim());
+}
+document.body.setAttribute("data-cut", out.join("|"));
+document.body.setAttribute("data-scroll", String(document.documentElement.scrollWidth - view));
+</script>"""
+
+
+@pytest.mark.parametrize("width", [1400, 1000])
+def test_the_checks_table_fits_the_page(tmp_path: Path, width: int) -> None:
+    """Measured in the browser: no cell of the grid (the ranks column included) reaches past the page.
+    The report has no scripts; only this copy of it gets one, to measure."""
+    page = tmp_path / "measured.html"
+    page.write_text(render_html(_wide()).replace("</body>", MEASURE + "</body>"), "utf-8")
+    proc = _chromium(tmp_path, f"--window-size={width},900", "--dump-dom", page.as_uri())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    body = _dom(proc.stdout).find("body")[0]
+    assert body["data-cut"] == "" and body["data-scroll"] == "0", body
+
+
+def _with_restores(buggy: CheckResult) -> CheckResult:
+    ws1, ws2 = buggy.runs
+    restores = (
+        ResumeRow(2, 2, 0, 4, "pass", outcome="exact", before=8, after=8),
+        ResumeRow(2, 1, 0, 2, "pass", note="IndexError: cannot reshard", outcome="refused", before=4),
+        ResumeRow(2, 3, 1, 2, "fail", skipped=8, repeated=3, note="position lost", outcome="failed",
+                  before=4, after=12),
+    )  # fmt: skip
+    return replace(buggy, runs=(ws1, replace(ws2, resume=restores)))
+
+
+def test_failed_and_refused_restores_get_a_picture_before_the_details(buggy: CheckResult) -> None:
+    page = render_html(_with_restores(buggy))
+    dom = _dom(page)
+    drawn = dom.find("g", "restore")
+    assert [(g["data-topology"], g["class"]) for g in drawn] == [
+        ("2 -> 3", "restore failed"),
+        ("2 -> 1", "restore refused"),
+    ]
+    assert len(dom.find("rect", "lost")) == 1 and len(dom.find("rect", "repeated")) == 1
+    headings = re.findall(r"<h2>([^<]+)</h2>", page)
+    assert headings.index("Resume") < headings.index("Details") and headings[-1] != "Resume"
+    assert "2 -&gt; 3: 1 failed, 0 refused, worst loses 8 and repeats 3" in page
+
+
+def test_a_refused_restore_is_not_green(buggy: CheckResult) -> None:
+    page = render_html(_with_restores(buggy))
+    table = page.split('<table class="resume">', 1)[1].split("</table>", 1)[0]
+    outcome = {word: css for css, word in re.findall(r'<td class="status ([^"]+)">([^<]+)</td>', table)}
+    assert outcome == {"exact": "pass", "refused": "refused", "failed": "fail"}
+    assert "td.refused {" in page and "refused (grey) = the restore raised a clear error" in page
+
+
+def test_mesh_labels_give_short_distinct_picture_names(tmp_path: Path, buggy: CheckResult) -> None:
+    """Long, non-ASCII or digit-regrouped mesh labels: each layout's pictures keep their own short names."""
+    ws1, _ = buggy.runs
+    labels = (
+        "dp=12",
+        "dp1=2",
+        "dp=2,tp=3",
+        "dp=2,tp\u00e9=3",
+        "dp=2," + ",".join(f"d{i}x=1" for i in range(60)),
+    )
+    runs = tuple(replace(ws1, layout=parse_mesh(label)) for label in labels)
+    files = picture_files(replace(buggy, runs=runs), "ddpcheck")
+    names = [f.name for f in files]
+    assert len(names) == len(set(names)) and all(len(n) < 80 for n in names), names
+    anchors = [row.anchor for row in build_view(replace(buggy, runs=runs)).rows]
+    assert len(set(anchors)) == len(labels)
+    write_reports(replace(buggy, runs=runs), tmp_path, formats=("markdown",))
+    assert len(list(tmp_path.glob("*.svg"))) == len(names)

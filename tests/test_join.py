@@ -147,3 +147,20 @@ def test_rank_without_world_size_is_bad_usage(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "pass --rank and --world-size together" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_rendezvous_timeout_is_a_one_line_environment_error(tmp_path: Path) -> None:
+    """Rank 1 of a launch whose rank 0 never listens: the launch's fault (exit 2), named, never "internal"."""
+    port = _free_port()  # closed again: nobody listens there
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpcheck", str(GOOD), "--rank", "1", "--world-size", "2",
+         "--master-addr", "127.0.0.1", "--master-port", str(port), "--timeout", "2",
+         "--report-dir", str(tmp_path), "--quiet"],
+        env=_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr[-2000:]
+    assert "internal error" not in lines[0] and "Traceback" not in proc.stderr
+    assert f"rendezvous at 127.0.0.1:{port} within 2 s" in lines[0]
+    assert "MASTER_ADDR/MASTER_PORT" in lines[0]

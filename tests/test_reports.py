@@ -1194,7 +1194,9 @@ def test_overlap_repeats_are_not_listed_as_padding() -> None:
     result = CheckResult("l.py", (_world(2, pad), _world(4, pad, overlap)))
     table = render_table(result)
     padding = _section(table, "Padding (samples repeated to even out the ranks)")
-    assert padding == ["[ws=2] 4 of 64 samples seen twice (6%)"]  # not ws=4: its repeats are the overlap's
+    assert padding == [
+        "[ws=2] 4 padding copies of 64 samples (6%)"
+    ]  # not ws=4: its repeats are the overlap's
     assert "ws=4" not in render_markdown(result).split("### Padding")[1].split("###")[0]
 
 
@@ -1203,3 +1205,19 @@ def test_examples_are_named_for_what_they_are() -> None:
 
     assert listed("never seen", [0, 1, 4]) == "never seen: 0, 1, 4"
     assert listed("never seen", list(range(20)), limit=3) == "never seen: 0, 1, 2 ... (20 in all)"
+
+
+def test_padding_names_what_was_counted_in_singular_and_plural() -> None:
+    from ddpcheck.checks.ids import PADDING_BOUND
+    from ddpcheck.report.view import padding_text
+
+    def text(copies: int, samples: int, noun: str | None) -> str:
+        data: dict[str, object] = {"copies": copies, "samples": samples}
+        if noun is not None:
+            data["noun"] = noun
+        return padding_text(_world(2, Verdict(PADDING_BOUND, "pass", "ok", data=data)))
+
+    assert text(1, 64, "samples") == "1 padding copy of 64 samples (2%)"
+    assert text(3, 12, "batches") == "3 padding copies of 12 batches (25%)"
+    assert text(1, 1, "rows") == "1 padding copy of 1 row (100%)"
+    assert text(2, 10, None) == "2 padding copies of 10 samples (20%)"

@@ -41,6 +41,20 @@ def gap(ctx: Context, view: EpochView) -> Gap:
     return Gap(view.epoch, missing, allowed)
 
 
+def drop_text(ctx: Context, view: EpochView, noun: str) -> str:
+    """What an honest split may drop in an epoch, and why, in plain words (the bound a failure broke)."""
+    allowance = ctx.allowance(view)
+    if allowance.missing == 0:
+        return f"an honest split drops no {noun} here (no drop_last, and the sampler pads)"
+    why = []
+    if allowance.loader_drop:
+        per_rank = allowance.loader_drop // max(ctx.world_size, 1)
+        why.append(f"drop_last drops up to {per_rank} (batch_size - 1) on each rank")
+    if allowance.sampler_drop:
+        why.append(f"an even split without padding drops up to {allowance.sampler_drop} (world size - 1)")
+    return f"an honest split drops at most {count_text(allowance.missing, noun)} an epoch: {'; '.join(why)}"
+
+
 def missing_examples(view: EpochView) -> tuple[object, ...]:
     return few(view.missing_items())
 
@@ -77,12 +91,12 @@ def check_coverage(
     if g.counted_only:
         detail = (
             f"the ranks together yield {view.total} {noun} in epoch {g.epoch}{more}, {g.missing} fewer than "
-            f"the single process's {n}; at most {g.allowed} may be dropped"
+            f"the single process's {n}; {drop_text(ctx, view, noun)}"
         )
     else:
         detail = (
-            f"{count_text(g.missing, noun)} of {n} are never seen by any rank in epoch {g.epoch}{more}, "
-            f"at most {g.allowed} may be dropped: {ids_text(examples)}"
+            f"{count_text(g.missing, noun)} of {n} are never seen by any rank in epoch {g.epoch}{more} "
+            f"({drop_text(ctx, view, noun)})" + (f"; never seen: {ids_text(examples)}" if examples else "")
         )
     return Verdict(
         COVERAGE,

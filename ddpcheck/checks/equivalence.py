@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 
 from ddpcheck.checks.context import Context, EpochView, Item
-from ddpcheck.checks.coverage import gap, missing_examples
+from ddpcheck.checks.coverage import drop_text, gap, missing_examples
 from ddpcheck.checks.diagnose import missing_cause
 from ddpcheck.checks.ids import SINGLE_PROCESS_EQUIVALENCE as CHECK
 from ddpcheck.checks.packed import packed_equivalence
@@ -90,8 +90,8 @@ def check_single_process_equivalence(
         n = len(view.ref_items)
         detail = (
             f"the ranks together see {n - g.missing} of the {n} {noun} of single-process epoch {g.epoch}"
-            f"{more}, at most {g.allowed} may be dropped"
-            + (f"; missing: {ids_text(examples)}" if examples else "")
+            f"{more} ({drop_text(ctx, view, noun)})"
+            + (f"; never seen: {ids_text(examples)}" if examples else "")
         )
         return Verdict(
             CHECK,

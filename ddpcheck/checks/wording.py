@@ -5,6 +5,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Sequence
 
+from ddpcheck.messages import short_id
+
 MAX_EXAMPLES = 5
 
 
@@ -27,8 +29,20 @@ def first(items: Iterable[object], limit: int = MAX_EXAMPLES) -> tuple[object, .
     return tuple(out)
 
 
+MAX_ID_CHARS = 40
+
+
+def id_text(item: object) -> str:
+    """One id as a detail line shows it: a content hash (16+ digits) in its short form, a long id cut,
+    so a line of five examples stays one readable line."""
+    if type(item) is int and abs(item) >= 10**15:
+        return short_id(item)
+    text = str(item)
+    return text if len(text) <= MAX_ID_CHARS else text[: MAX_ID_CHARS - 3] + "..."
+
+
 def ids_text(items: Sequence[object]) -> str:
-    return ", ".join(str(i) for i in items)
+    return ", ".join(id_text(i) for i in items)
 
 
 def ranks_text(ranks: Sequence[int], limit: int = 6) -> str:

@@ -127,11 +127,13 @@ def check_worker_sharding(
             (max(v.ref_trace.batch_sizes, default=1) for v in ctx.views()), default=1
         )
     if ctx.facts.padding is True and not same_in_reference and max(per_epoch.values()) <= padding_room:
-        return passed(
-            WORKER_SHARDING,
-            f"ranks repeat at most {max(per_epoch.values())} samples per epoch, within the padding "
-            f"(at most {padding_room})",
+        within = (
+            f"ranks repeat at most {count_text(max(per_epoch.values()), ctx.noun)} an epoch, within the "
+            f"padding (at most {padding_room})"
         )
+        if ctx.facts.num_workers == 0:  # the same answer at every world size, padded or not
+            return not_applicable(WORKER_SHARDING, f"no DataLoader workers (and {within})")
+        return passed(WORKER_SHARDING, within)
     rep = found[0]
     workers = sorted(set().union(*rep.workers.values())) if rep.workers else []
     examples = few(rep.extra)

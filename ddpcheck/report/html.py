@@ -4,7 +4,9 @@ Self-contained on purpose (CI artifacts are opened offline, from a zip, or behin
 scripts, no external stylesheets, fonts or images; the CSS is inline and the pictures are inline SVG.
 Every piece of user text is HTML-escaped. The page reads top down: verdict and summary, the causes
 (each once, with what it explains and how to fix it), the grid (its cells link to the cause or the
-pictures), the pictures per layout, then the evidence, one card per cause.
+pictures; it fits the page: check names stand upright, long cells wrap), the pictures per layout with
+failing layouts first, the resume restores (a picture of the failed and refused ones above their
+table), then the evidence, one card per cause.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from html import escape
 from ddpcheck.checks.ids import SHORT_LABELS
 from ddpcheck.figures import PACKED_NOTE
 from ddpcheck.report.junit import xml_text
-from ddpcheck.report.svg import epoch_summary, failed_checks, mixture_svg, pictures
+from ddpcheck.report.svg import epoch_summary, failed_checks, mixture_svg, pictures, resume_svg
 from ddpcheck.report.view import (
     NOT_RUN,
     RESUME_HEADERS,
@@ -27,20 +29,28 @@ from ddpcheck.report.view import (
     fmt_diff,
     fmt_number,
     resume_cells,
+    resume_summary,
     trim_stack,
 )
 from ddpcheck.result import CheckResult
 
 HTML_STACK_LINES = 80
+OUTCOME_CSS = {"exact": "pass", "resharded": "pass", "refused": "refused", "failed": "fail"}
+RESUME_LEGEND = (
+    "exact = the stream continues exactly; resharded = another topology, the epoch still covered once; "
+    "refused (grey) = the restore raised a clear error, an honest answer rather than a pass or a loss; "
+    "failed = samples silently lost or repeated"
+)
 
 CSS = """
 :root { --ink:#1f2328; --muted:#59636e; --line:#d1d9e0; --bg:#ffffff; --soft:#f6f8fa;
   --pass:#1a7f37; --pass-bg:#dafbe1; --fail:#cf222e; --fail-bg:#ffebe9; --skip:#9a6700; --skip-bg:#fff8c5;
-  --na:#59636e; --na-bg:#eff2f5; --allowed:#8250df; --allowed-bg:#fbefff; }
+  --na:#59636e; --na-bg:#eff2f5; --allowed:#8250df; --allowed-bg:#fbefff; --refused:#424a53;
+  --refused-bg:#e6eaef; }
 * { box-sizing: border-box; }
 body { margin: 0; background: var(--bg); color: var(--ink); line-height: 1.45;
   font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; }
-main { max-width: 1040px; margin: 0 auto; padding: 24px 28px 48px; }
+main { max-width: 1200px; margin: 0 auto; padding: 24px 28px 48px; }
 h1 { font-size: 26px; margin: 0 0 6px; display: flex; align-items: center; gap: 12px; }
 h2 { font-size: 19px; margin: 32px 0 10px; padding-bottom: 6px; border-bottom: 1px solid var(--line); }
 h3 { font-size: 16px; margin: 22px 0 8px; }
@@ -62,12 +72,21 @@ ol.causes li.rank { border-color: var(--skip); background: var(--skip-bg); }
 table { border-collapse: collapse; margin: 6px 0 12px; font-size: 14px; }
 th, td { border: 1px solid var(--line); padding: 5px 9px; text-align: left; vertical-align: top; }
 th { background: var(--soft); font-weight: 600; }
-table.grid td.status { text-align: center; font-weight: 600; white-space: nowrap; }
+div.grid { max-width: 100%; overflow-x: auto; }
+table.grid { font-size: 13px; }
+table.grid th, table.grid td { padding: 4px 5px; }
+table.grid thead th.check { vertical-align: bottom; text-align: center; }
+table.grid thead th.check span { writing-mode: vertical-rl; transform: rotate(180deg); white-space: nowrap; }
+table.grid td.status { text-align: center; font-weight: 600; white-space: nowrap; padding: 4px 3px;
+  font-size: 12px; }
+table.grid tbody th, table.grid td.ranks, table.grid td.num { overflow-wrap: anywhere; min-width: 4em; }
+table.grid td.ranks { min-width: 8em; }
 td.pass { color: var(--pass); background: var(--pass-bg); }
 td.fail { color: var(--fail); background: var(--fail-bg); }
 td.skip { color: var(--skip); background: var(--skip-bg); }
 td.na { color: var(--na); background: var(--na-bg); font-weight: 400; }
 td.allowed { color: var(--allowed); background: var(--allowed-bg); }
+td.refused { color: var(--refused); background: var(--refused-bg); font-weight: 400; }
 td.notrun { color: var(--muted); }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .legend { color: var(--muted); font-size: 13px; }
@@ -113,12 +132,12 @@ def render_html(result: CheckResult | ReportView) -> str:
     parts += _causes(view)
     parts += _grid(view)
     parts += _pictures(view)
+    parts += _resume(view)  # restores that lose samples are as much a finding as the pictures above
     parts += _mixture(view)
     parts += _details(view)
+    parts += _divergence(view)
     parts += _reasons(view.skipped, "Skipped (could not be judged)")
     parts += _reasons(view.not_applicable, "Not applicable")
-    parts += _divergence(view)
-    parts += _resume(view)
     if res.notes:
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in res.notes) + "</ul>")
     parts.append("</main></body></html>")
@@ -144,7 +163,10 @@ def _causes(view: ReportView) -> list[str]:
 def _grid(view: ReportView) -> list[str]:
     if not view.rows:
         return ['<p class="muted">No world sizes were run.</p>']
-    head = "".join(f'<th title="{_e(c)}">{_e(SHORT_LABELS.get(c, c))}</th>' for c in view.columns)
+    head = "".join(
+        f'<th class="check" title="{_e(c)}"><span>{_e(SHORT_LABELS.get(c, c))}</span></th>'
+        for c in view.columns
+    )
     padding = any(row.padding for row in view.rows)
     idle = any(row.idle for row in view.rows)
     rows = []
@@ -168,15 +190,15 @@ def _grid(view: ReportView) -> list[str]:
             cells.append(f'<td class="num">{_e(row.padding or NOT_RUN)}</td>')
         if idle:
             cells.append(f'<td class="num">{_e(row.idle or NOT_RUN)}</td>')
-        cells.append(f"<td>{_e(row.ranks)}</td>")
+        cells.append(f'<td class="ranks">{_e(row.ranks)}</td>')
         rows.append(f'<tr data-world-size="{row.run.world_size}">{"".join(cells)}</tr>')
     pad_head = ("<th>padding</th>" if padding else "") + ("<th>idle</th>" if idle else "")
     return [
         "<h2>Checks</h2>",
-        f'<table class="grid"><thead><tr><th>world size</th>{head}{pad_head}<th>ranks</th></tr></thead>',
-        "<tbody>",
+        f'<div class="grid"><table class="grid"><thead><tr><th>world size</th>{head}{pad_head}<th>ranks</th>'
+        "</tr></thead><tbody>",
         *rows,
-        "</tbody></table>",
+        "</tbody></table></div>",
         f'<p class="legend">{_e(view.legend)}</p>',
     ]
 
@@ -224,7 +246,7 @@ def _reasons(reasons: Sequence[object], title: str) -> list[str]:
 
 def _pictures(view: ReportView) -> list[str]:
     blocks: list[str] = []
-    for row in view.rows:
+    for row in view.pictured:
         data = row.run.figures
         if data is None:
             continue
@@ -286,16 +308,26 @@ def _resume(view: ReportView) -> list[str]:
         lines = []
         for stop in row.run.resume:
             cells = resume_cells(stop)
-            css = {"n/a": "na"}.get(stop.status, stop.status)
+            css = OUTCOME_CSS.get(stop.outcome) or {"n/a": "na"}.get(stop.status, stop.status)
             tds = [f"<td>{_e(c)}</td>" for c in cells]
             word = stop.outcome or STATUS_WORD.get(stop.status, stop.status)
             tds[3] = f'<td class="status {_e(css)}">{_e(word)}</td>'
             tds.append(f"<td>{_e(stop.note or NOT_RUN)}</td>")
             lines.append(f"<tr>{''.join(tds)}</tr>")
         head = "".join(f"<th>{h}</th>" for h in RESUME_HEADERS)
+        blocks.append(f'<section class="resume" id="resume-{_e(row.anchor)}"><h3>{_e(row.label)}</h3>')
+        if row.bad_restores:
+            svg = resume_svg(row.bad_restores, row.label)
+            caption = f"Failed and refused restores, {row.label}: " + "; ".join(
+                f"{summary.topology}: {summary.failed} failed, {summary.refused} refused"
+                + (f", worst {summary.worst}" if summary.worst else "")
+                for summary in resume_summary(view, row)
+                if summary.failed or summary.refused
+            )
+            blocks.append(f'<figure class="resume">{svg}<figcaption>{_e(caption)}</figcaption></figure>')
         blocks.append(
-            f"<h3>{_e(row.label)}</h3>"
             f'<table class="resume"><thead><tr>{head}</tr></thead><tbody>{"".join(lines)}</tbody></table>'
+            f'<p class="legend">{_e(RESUME_LEGEND)}</p></section>'
         )
     return ["<h2>Resume</h2>", *blocks] if blocks else []
 

@@ -33,7 +33,7 @@ Schema (``SCHEMA_VERSION = 3``); every key is always present::
         "ok": bool,                  # WorldResult.ok
         "skipped": str,              # "" when it ran, else why it was not run
         "seconds": float,
-        "padding": str,              # "4 of 64 samples seen twice (6%)", "none", "" when not judged
+        "padding": str,              # "4 padding copies of 64 samples (6%)", "none", "" when not judged
         "idle": str,                 # "14%, 12% (random batching: 16%, 17%)", "" when work was not measured
         "checks": {                  # in report column order; a repeated id gets "#2", "#3" ...
           CHECK_ID: {"status": "pass" | "fail" | "skip" | "n/a" | "allowed", "detail": str,

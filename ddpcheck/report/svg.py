@@ -30,7 +30,7 @@ from ddpcheck.checks.ids import (
 )
 from ddpcheck.figures import NO_RANK, SEVERAL, EpochFigure, FigureData
 from ddpcheck.report.view import ReportView, as_view
-from ddpcheck.result import CheckResult, WorldResult
+from ddpcheck.result import CheckResult, ResumeRow, WorldResult
 
 WIDTH = 960
 LEFT = 96  # label column
@@ -557,3 +557,75 @@ def mixture_svg(
         body.append(_label(x + 14, y, name))
         x += 24 + 7 * len(name)
     return _svg("mixture", y + 12, f"Mixture shares, {where}", body)
+
+
+REFUSED = "#8c959f"  # neutral: a restore that raised a clear error is an honest answer, not a loss
+BEFORE = "#4e79a7"
+AFTER = "#a0cbe8"
+MAX_RESTORE_ROWS = 24
+
+
+def resume_svg(rows: Sequence[ResumeRow], where: str) -> str:
+    """One bar per failed or refused restore: the samples trained before the stop, what the restore lost
+    (red) and repeated (orange), and after it; a refused restore as a grey bar (it raised: nothing lost
+    silently). Bars share one scale, so the worst loss stands out."""
+    shown = list(rows[:MAX_RESTORE_ROWS])
+    scale = max((r.before + r.skipped + r.after for r in shown), default=0) or 1
+    body = [_label(0, 14, "Per restore: trained before the stop | lost | after the restore (repeats marked)",
+                   color=MUTED)]  # fmt: skip
+    y = 26
+    for row in shown:
+        outcome = row.outcome or ("failed" if row.status == "fail" else row.status)
+        name = f"{row.topology} e{row.epoch} s{row.step}"
+        body.append(f'<g class="restore {_attr(outcome)}" data-topology="{_attr(row.topology)}">')
+        body.append(_label(LEFT - 8, y + 11, name if len(name) <= 16 else name[:15] + "…", anchor="end"))
+        if outcome == "refused":
+            note = f"refused: {row.note}" if row.note else "refused"
+            body.append(
+                f'<rect class="refused" x="{LEFT}" y="{y}" width="{PLOT:g}" height="{STRIP}" '
+                f'fill="{REFUSED}" fill-opacity="0.35"><title>{_text(name + ": " + note)}</title></rect>'
+            )
+            body.append(_label(WIDTH - 4, y + 11, "refused", anchor="end", color=MUTED))
+        else:
+            x = float(LEFT)
+            parts = (
+                ("before", row.before, BEFORE),
+                ("lost", row.skipped, MISSING),
+                ("after", row.after, AFTER),
+            )
+            for css, n, color in parts:
+                width = PLOT * n / scale
+                if width > 0:
+                    tip = f"{name}: {n:,} {css}"
+                    body.append(
+                        f'<rect class="{css}" x="{x:.2f}" y="{y}" width="{max(width, 1.5):.2f}" '
+                        f'height="{STRIP}" fill="{color}"><title>{_text(tip)}</title></rect>'
+                    )
+                x += width
+            if row.repeated:  # repeats are samples trained again after the restore: the after bar's head
+                start = LEFT + PLOT * (row.before + row.skipped) / scale
+                width = max(PLOT * min(row.repeated, max(row.after, row.repeated)) / scale, 1.5)
+                tip = f"{name}: {row.repeated:,} repeated"
+                body.append(
+                    f'<rect class="repeated" x="{start:.2f}" y="{y + STRIP / 2:g}" width="{width:.2f}" '
+                    f'height="{STRIP / 2:g}" fill="{DUPLICATED}"><title>{_text(tip)}</title></rect>'
+                )
+            said = [
+                f"lost {row.skipped:,}" if row.skipped else "",
+                f"rep. {row.repeated:,}" if row.repeated else "",
+            ]
+            text = ", ".join(w for w in said if w) or outcome
+            body.append(_label(WIDTH - 4, y + 11, text, anchor="end", color=MISSING))
+        body.append("</g>")
+        y += STRIP + GAP
+    if len(rows) > len(shown):
+        y += 10
+        body.append(_label(LEFT, y, f"... and {len(rows) - len(shown)} more (the table below)", color=MUTED))
+    y += 16
+    x = float(LEFT)
+    for name, color in (("before", BEFORE), ("lost", MISSING), ("repeated", DUPLICATED), ("after", AFTER),
+                        ("refused", REFUSED)):  # fmt: skip
+        body.append(f'<rect x="{x:.1f}" y="{y - 10}" width="10" height="10" fill="{color}"/>')
+        body.append(_label(x + 14, y, name))
+        x += 24 + 7 * len(name)
+    return _svg("resume", y + 8, f"Failed and refused restores, {where}", body)

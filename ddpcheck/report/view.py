@@ -10,6 +10,7 @@ here re-runs or re-judges a check.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import re
 from collections import Counter
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 from ddpcheck.checks.ids import ALL_CHECKS, MIXTURE, PADDING_BOUND, SHORT_LABELS, WORK_BALANCE
 from ddpcheck.checks.verdict import Verdict
-from ddpcheck.messages import count_text
+from ddpcheck.messages import count_text, short_id
 from ddpcheck.result import CheckResult, ResumeRow, WorldResult
 from ddpcheck.trace import RankFailure
 
@@ -77,11 +78,23 @@ class Row:
     anchor: str  # an id for links: "ws2", "dp2-tp2"
     cells: tuple[Cell, ...]
     ranks: str  # "ok", "skipped: ...", "rank 1 crashed; ranks 0, 2 aborted"
-    padding: str  # "4 of 64 samples seen twice (6%)", "none", or "" when padding was not judged
+    padding: str  # "4 padding copies of 64 samples (6%)", "none", or "" when padding was not judged
     idle: str = ""  # "idle 14%, 12% (random batching: 16%, 17%)", or "" when work was not measured
 
     def cell(self, check: str) -> Cell:
         return next((c for c in self.cells if c.check == check), Cell(check, None))
+
+    @property
+    def failing(self) -> bool:
+        """A check failed here or a rank crashed, hung or was killed."""
+        return bool(self.run.failures) or any(c.status == "fail" for c in self.cells)
+
+    @property
+    def bad_restores(self) -> tuple[ResumeRow, ...]:
+        """The restores worth a picture: failed ones (samples lost or repeated), then refused ones."""
+        order = {"failed": 0, "refused": 1}
+        rows = [s for s in self.run.resume if restore_outcome(s) in order]
+        return tuple(sorted(rows, key=lambda s: order[restore_outcome(s)]))
 
 
 @dataclass(frozen=True)
@@ -164,6 +177,13 @@ class ReportView:
         return ", ".join(f"{SHORT_LABELS[c]} = {c}" for c in self.grid_columns if SHORT_LABELS.get(c, c) != c)
 
     @property
+    def pictured(self) -> tuple[Row, ...]:
+        """Rows with pictures, failing layouts first (what a reader opens the pictures for), then in
+        run order."""
+        rows = [row for row in self.rows if row.run.figures is not None]
+        return tuple(sorted(rows, key=lambda row: not row.failing))
+
+    @property
     def measured(self) -> tuple[Row, ...]:
         """Rows whose work was measured (their idle fraction is shown)."""
         return tuple(row for row in self.rows if row.idle)
@@ -221,8 +241,21 @@ def _row(run: WorldResult, columns: Sequence[str], with_backend: bool, found: Se
         cells.append(Cell(check, status, tip, number))
     label = world_label(run, with_backend)
     short = f"{run.label} {run.backend}" if with_backend else run.label
-    anchor = re.sub(r"[^A-Za-z0-9_-]+", "-", label.replace("=", "")).strip("-")
-    return Row(run, label, short, anchor, tuple(cells), ranks_text(run), padding_text(run), idle_text(run))
+    return Row(run, label, short, anchor(run, with_backend), tuple(cells), ranks_text(run), padding_text(run),
+               idle_text(run))  # fmt: skip
+
+
+def anchor(run: WorldResult, with_backend: bool) -> str:
+    """An id for links and picture file names: ``ws2``, ``dp2-tp2``; short and unique however long or
+    non-ASCII the mesh label (the layout's own file name: ``dp=12`` and ``dp1=2`` differ)."""
+    base = run.layout.file_name if run.layout is not None and run.layout.mesh else f"ws{run.world_size}"
+    if run.loader:  # a script's loader: its name's plain part, a hash where that loses anything
+        plain = re.sub(r"[^A-Za-z0-9_]+", "-", run.loader).strip("-")
+        if len(plain) > 24 or plain != run.loader:
+            digest = hashlib.sha256(run.loader.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+            plain = f"{plain[:24].strip('-')}-{digest}".strip("-")
+        base = f"{plain}-{base}"
+    return f"{base}-{run.backend}" if with_backend else base
 
 
 def _failure_cause(found: Sequence[Cause], run: WorldResult, failure: RankFailure) -> int | None:
@@ -293,8 +326,9 @@ def idle_text(run: WorldResult) -> str:
 
 
 def padding_text(run: WorldResult) -> str:
-    """``4 of 64 samples seen twice (6%)``: the padding a passing layout still costs, from padding_bound's
-    data (the most in any epoch); ``none``; or "" when padding was not judged."""
+    """``4 padding copies of 64 samples (6%)``, ``1 padding copy of 12 batches (8%)``: the padding a
+    passing layout still costs, from padding_bound's data (the most in any epoch, in what the check
+    counted); ``none``; or "" when padding was not judged."""
     verdict = next((v for v in run.verdicts if v.check == PADDING_BOUND), None)
     if verdict is None:
         return ""
@@ -303,8 +337,8 @@ def padding_text(run: WorldResult) -> str:
         return ""
     if copies == 0:
         return "none"
-    noun = str(verdict.data.get("noun") or "samples")
-    return f"{copies} of {count_text(samples, noun)} seen twice ({copies / samples:.0%})"
+    noun = str(verdict.data.get("noun") or "samples")  # samples, batches, rows: what the check counted
+    return f"{count_text(copies, 'padding copies')} of {count_text(samples, noun)} ({copies / samples:.0%})"
 
 
 def count(result: CheckResult) -> Counts:
@@ -384,7 +418,10 @@ def join_limited(items: Iterable[object], fmt: Callable[[object], str], limit: i
 
 
 def format_example(example: object) -> str:
-    """Ints as themselves, everything else as its repr (so strings and tuples keep their edges)."""
+    """Ints as themselves (content hashes in their short form, as the checks' details write them),
+    everything else as its repr (so strings and tuples keep their edges)."""
+    if type(example) is int and abs(example) >= 10**15:
+        return short_id(example)
     text = str(example) if type(example) is int else repr(example)
     if len(text) > MAX_EXAMPLE_CHARS:
         text = text[: MAX_EXAMPLE_CHARS - 3] + "..."
@@ -484,10 +521,11 @@ class TopologySummary:
     worst: str  # "loses 24 and repeats 24 (epoch 0 step 6)"; "" when nothing was lost or repeated
 
 
-def resume_summary(view: ReportView) -> list[TopologySummary]:
-    """The resume and elastic restores per topology change, in the order they first appear."""
+def resume_summary(view: ReportView, only: Row | None = None) -> list[TopologySummary]:
+    """The resume and elastic restores per topology change, in the order they first appear (of one
+    layout's row where ``only`` names it)."""
     rows: dict[str, list[ResumeRow]] = {}
-    for row in view.rows:
+    for row in view.rows if only is None else (only,):
         for stop in row.run.resume:
             rows.setdefault(stop.topology, []).append(stop)
     out = []

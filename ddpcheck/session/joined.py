@@ -13,6 +13,8 @@ Judging is the local runs' own (:func:`ddpcheck.session.run.judge_world`: the da
 from __future__ import annotations
 
 import os
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -91,14 +93,19 @@ def check_joined(path: str, options: CheckOptions, target: JoinTarget) -> tuple[
             raise_if_bad_input(reference)
         except (BadLoaderFile, BadInput) as exc:
             bad = str(exc)
-    info = connect(
-        backend=options.backend,
-        rank=target.rank,
-        world_size=target.world_size,
-        master_addr=target.master_addr,
-        master_port=target.master_port,
-        timeout=timedelta(seconds=options.timeout),
-    )
+    with _HeldStderr() as logged:  # c10d logs a failed connect with a C++ stack: our one line says it
+        try:
+            info = connect(
+                backend=options.backend,
+                rank=target.rank,
+                world_size=target.world_size,
+                master_addr=target.master_addr,
+                master_port=target.master_port,
+                timeout=timedelta(seconds=options.timeout),
+            )
+        except dist.DistError as exc:  # the launch's rendezvous, not the loader: bad environment, exit 2
+            logged.drop()
+            raise BadInput(rendezvous_error(target, options.timeout, exc)) from None
     started = time.monotonic()
     try:
         layout = meshes[0] if meshes else Layout.plain(info.world_size)
@@ -131,6 +138,54 @@ def check_joined(path: str, options: CheckOptions, target: JoinTarget) -> tuple[
         return result, int(codes[0])
     finally:
         disconnect()
+
+
+class _HeldStderr:
+    """What native code writes to fd 2 meanwhile, replayed on leaving unless ``drop`` was called."""
+
+    def __init__(self) -> None:
+        self.dropped = False
+
+    def drop(self) -> None:
+        self.dropped = True
+
+    def __enter__(self) -> _HeldStderr:
+        sys.stderr.flush()
+        self._sink = tempfile.TemporaryFile()
+        self._saved = os.dup(2)
+        os.dup2(self._sink.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        with self._sink as sink:
+            sink.seek(0)
+            text = sink.read()
+        if text and not self.dropped:
+            os.write(2, text)
+
+
+def rendezvous_error(target: JoinTarget, timeout: float, exc: BaseException) -> str:
+    """One line naming the rendezvous that failed and what to check (a launch problem, not a loader's)."""
+    from ddpcheck.reference.dist import detect_launch
+
+    addr: object = target.master_addr
+    port: object = target.master_port
+    if addr is None or port is None:
+        try:
+            launch = detect_launch(os.environ, require_rendezvous=False)
+        except ValueError:
+            launch = None
+        addr = addr if addr is not None else (launch.master_addr if launch else os.environ.get("MASTER_ADDR"))
+        port = port if port is not None else (launch.master_port if launch else os.environ.get("MASTER_PORT"))
+    reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+    return (
+        f"cannot join the launch's rendezvous at {addr}:{port} within {timeout:g} s ({reason}): check that "
+        "rank 0 is running and listening there, that MASTER_ADDR/MASTER_PORT (or --master-addr/"
+        "--master-port) match on every rank, and that no firewall blocks the port; a slow start needs a "
+        "larger --timeout"
+    )
 
 
 def _broadcast(bad: str, rank: int) -> str:
