@@ -235,8 +235,22 @@ class RankFailure:
 
 
 @dataclass(frozen=True)
+class SimulatedShortcuts:
+    """What ``--simulate`` computed directly in one run: torch's ``DistributedSampler`` shares for
+    ``direct`` rank-epochs, ``verified`` of them also run through the real sampler (identical); or, with
+    ``redone``, the direct computation that differed from the real one (every rank was run again)."""
+
+    direct: int = 0
+    verified: int = 0
+    redone: str = ""
+
+
+@dataclass(frozen=True)
 class RunTrace:
-    """Every rank of one run at one world size; ``failures`` is non-empty when the run broke."""
+    """Every rank of one run at one world size; ``failures`` is non-empty when the run broke.
+
+    ``bad_input``: every rank failed on bad input (the loader file's fault: an import error, no
+    factory), said once; ``shortcuts``: what ``--simulate`` computed directly (None: nothing)."""
 
     world_size: int
     backend: str
@@ -245,7 +259,8 @@ class RunTrace:
     set_epoch: bool = True
     failures: tuple[RankFailure, ...] = ()
     skipped: str = ""  # non-empty: this world size was not run, and why
-    options: dict[str, Any] = field(default_factory=dict)
+    bad_input: str = ""
+    shortcuts: SimulatedShortcuts | None = None
     # non-empty: only these ranks were recorded (a determinism rerun of a huge simulated world samples)
     rank_sample: tuple[int, ...] = ()
 

@@ -186,22 +186,22 @@ def test_factory_args_reach_the_training_check(tmp_path: Path, split: str) -> No
 
 
 def test_the_training_and_metric_checks_build_the_data_runs_loader() -> None:
-    """Their ranks get the data run's own record options (one epoch), not copies made field by field: no
-    loader option (``--factory-arg``, ``--patch``, batch size, ``--no-set-epoch``, ...) can be left out."""
-    from dataclasses import fields, replace
+    """Their ranks open the data run's own loader recipe (``LoaderRecipe.from_options``), not copies made
+    field by field: no loader option (``--factory-arg``, ``--patch``, batch size, ``--no-set-epoch``, ...)
+    can be left out."""
+    from dataclasses import fields
 
     from ddpcheck.checker.loaderfile import LoaderSpec
-    from ddpcheck.checker.recording import RecordOptions
+    from ddpcheck.checker.recipe import LoaderRecipe
     from ddpcheck.scenarios.metric import MetricEquivalence
     from ddpcheck.scenarios.training import TrainingEquivalence, TrainOptions
 
     options = CheckOptions(factory_args=(("split", "contiguous"),), patch=True, batch_size=3, set_epoch=False,
                            load_data=True, simulate=True)  # fmt: skip
     spec = LoaderSpec(path=str(FIXTURES / "train_factory_arg.py"), factory="make_loader")
-    expected = replace(options.record_options(), epochs=1)
-    assert TrainingEquivalence(spec, options).options.record == expected
-    assert MetricEquivalence(spec, options).record == expected
-    loader_fields = {f.name for f in fields(RecordOptions)}
-    assert {f.name for f in fields(TrainOptions)} & loader_fields == {
-        "steps"
-    }  # training steps, another thing
+    expected = LoaderRecipe.from_options(spec, options)
+    assert TrainingEquivalence(spec, options).options.recipe == expected
+    assert MetricEquivalence(spec, options).recipe == expected
+    assert expected.factory_args == (("split", "contiguous"),) and expected.patch and not expected.set_epoch
+    loader_fields = {f.name for f in fields(LoaderRecipe)}
+    assert {f.name for f in fields(TrainOptions)} & loader_fields == set()  # the recipe travels whole

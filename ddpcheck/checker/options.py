@@ -39,7 +39,13 @@ class CheckOptions:
     """What one ddpcheck run is asked to do: world sizes and meshes, epochs, how the loader is built, which
     checks and scenarios run and how strictly. Plain values with the command line's defaults;
     :func:`validate` checks them all (one message per rule) and returns them with every mesh parsed into
-    a :class:`~ddpcheck.layout.Layout` (``meshes`` may be given as specs, mappings or Layouts)."""
+    a :class:`~ddpcheck.layout.Layout` (``meshes`` may be given as specs, mappings or Layouts).
+
+    Each front end (the command, the pytest marker, ``ddpcheck.check``) builds one and passes it on; the
+    rank side receives what it needs as typed values made from it once (``record_options`` for a data
+    run, :meth:`ddpcheck.checker.recipe.LoaderRecipe.from_options` for how a loader is built), never a
+    copy made field by field. ``option_sources`` and ``config_file`` say where the values came from (the
+    report lists them); ``on_progress`` is the live display's callback, not an option of the run."""
 
     world_sizes: tuple[int, ...] = (1, 2, 3, 4)
     epochs: int = 2
@@ -52,7 +58,7 @@ class CheckOptions:
     timeout: float = 120.0
     determinism: bool = True
     batch_size: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # deprecated: merged into the report's options as is
     # --- metric and training equivalence (ddpcheck.evaluate, ddpcheck.training) ---
     metrics: bool | None = None  # None: when the file defines forward or metric
     metric_tolerance: float | None = None  # None: exact for integers, relative 1e-6 for floats
@@ -66,6 +72,7 @@ class CheckOptions:
     resume: bool = True  # the mid-epoch resume check, where the loader has a state mechanism
     elastic: bool = False  # also restore at other world sizes and meshes
     resume_workers: tuple[int, ...] = ()  # also restore into loaders rebuilt with these numbers of workers
+    dcp: bool = False  # save and load the data state with torch.distributed.checkpoint (a Stateful)
     # --- work balance and packing (ddpcheck.checker.work, ddpcheck.checks.work) ---
     work: bool = True  # measure each batch's work when batches carry tokens (the data is then loaded)
     work_cost: str = "tokens"  # "tokens" | "attention": each document's length squared
@@ -75,6 +82,9 @@ class CheckOptions:
     meshes: tuple[MeshLike, ...] = ()  # "dp=2,tp=2", {"dp": 2, "tp": 2} or a Layout, outermost first
     data_dims: tuple[str, ...] = ()  # the dimensions that split the data; () = the names starting with dp
     sequence_dims: tuple[str, ...] | None = None  # ...that slice every sequence; None = names starting sp
+    # --- where the values came from (the command line's layers): reported, never read by a check ---
+    option_sources: dict[str, str] = field(default_factory=dict)  # field -> "default", "command line", ...
+    config_file: str | None = None  # the file whose [tool.ddpcheck] table gave defaults
     # --- the live progress display (ddpcheck.progress): not an option of the run, never reported ---
     on_progress: ProgressCallback | None = field(default=None, compare=False, repr=False)
 

@@ -35,21 +35,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Hashable
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ddpcheck.checker.loaderfile import LoaderSpec, optional_hook
+from ddpcheck.checker.face import OpenedLoader, open_loader
+from ddpcheck.checker.loaderfile import LoaderSpec
 from ddpcheck.checker.options import mesh_layouts
-from ddpcheck.checker.recording import (
-    SET_EPOCH_HOOK,
-    RecordOptions,
-    batches_with_ids,
-    build_loader,
-    group_position,
-    is_collated,
-    loop_set_epoch,
-    read_facts,
-)
+from ddpcheck.checker.recipe import LoaderRecipe
 from ddpcheck.checks.ids import METRIC_EQUIVALENCE
 from ddpcheck.checks.verdict import skipped
 from ddpcheck.launch import TargetRef, report_progress, run_ranks
@@ -60,7 +51,6 @@ from ddpcheck.trace import RankFailure, compact_ids
 
 if TYPE_CHECKING:
     from ddpcheck.checker.options import CheckOptions
-    from ddpcheck.trace import LoaderFacts
 
 ID_KEY = "__ids__"
 METRIC_HOOKS = ("forward", "metric")
@@ -183,20 +173,16 @@ def _empty_like(value: Any) -> Any:
     return value[:0] if hasattr(value, "shape") else []
 
 
-def collect_outputs(
-    loader: Any,
-    forward: Callable[[Any], Any] | None,
-    ids_hook: Callable[[Any], Any] | None,
-    facts: LoaderFacts,
-) -> dict[str, Any]:
-    """One epoch of this rank's outputs, keys concatenated over batches, ids under ``__ids__``."""
+def collect_outputs(opened: OpenedLoader, forward: Callable[[Any], Any] | None) -> dict[str, Any]:
+    """Epoch 0 of this rank's outputs (the epoch set first), keys concatenated over batches, ids under
+    ``__ids__``."""
     import torch
 
-    collated = is_collated(loader)
+    collated = opened.collated
     parts: dict[str, list[Any]] = {}
     ids: list[Hashable] = []
     with torch.no_grad():
-        for count, (batch, batch_ids, _) in enumerate(batches_with_ids(loader, ids_hook, facts), start=1):
+        for count, (batch, batch_ids, _) in enumerate(opened.batches(0), start=1):
             out = forward(batch) if forward is not None else default_outputs(batch, batch_ids, collated)
             out = check_outputs(out, len(batch_ids), count)
             if parts and set(out) != set(parts):
@@ -251,23 +237,20 @@ def metric_values(value: Any) -> dict[str, float]:
         ) from None
 
 
-def evaluate_rank(spec: LoaderSpec, options: RecordOptions) -> Evaluation | None:
+def evaluate_rank(recipe: LoaderRecipe) -> Evaluation | None:
     """Entry point inside a rank: evaluate epoch 0, gather twice, rank 0 computes the metric.
 
-    ``options`` are the data run's own record options (``CheckOptions.record_options``) in this group's
-    layout, never a copy rebuilt field by field: the loader is the one the data checks judged.
+    ``recipe`` is the data run's own (:meth:`LoaderRecipe.from_options`) in this group's layout, never a
+    copy rebuilt field by field: the loader is the one the data checks judged.
     """
     from ddpcheck.reference.sync import sync_dicts_ddp
 
-    rank, world_size = group_position()
     report_progress("evaluation: building the loader")
-    loader, module = build_loader(spec, options, rank, world_size)
-    forward = optional_hook(module, "forward")
-    metric = optional_hook(module, "metric") or default_metric
-    facts = read_facts(loader)
-    if options.set_epoch:
-        loop_set_epoch(loader, 0, optional_hook(module, SET_EPOCH_HOOK))
-    local = collect_outputs(loader, forward, optional_hook(module, "sample_ids"), facts)
+    opened = open_loader(recipe)
+    rank, world_size = opened.rank, opened.world_size
+    metric = opened.hooks.metric or default_metric
+    facts = opened.facts
+    local = collect_outputs(opened, opened.hooks.forward)
     if world_size > 1:
         local = _fill_empty(local, world_size)
     report_progress("evaluation: gathering")
@@ -295,7 +278,7 @@ class MetricEquivalence:
 
     def __init__(self, spec: LoaderSpec, options: CheckOptions) -> None:
         self.spec = spec
-        self.record = replace(options.record_options(), epochs=1)  # the data run's, never a copy
+        self.recipe = LoaderRecipe.from_options(spec, options)  # the data run's, never a copy
         self.timeout = options.timeout
         self.tolerance = options.metric_tolerance
         self.simulate = options.simulate
@@ -316,7 +299,7 @@ class MetricEquivalence:
             TargetRef.of(evaluate_rank),
             layout.world_size,
             timeout=self.timeout,
-            kwargs={"spec": self.spec, "options": replace(self.record, layout=layout)},
+            kwargs={"recipe": self.recipe.evolve(layout=layout)},
         )
         failures = rank_failures(group, METRIC_EQUIVALENCE)
         value = group.outcomes[0].value if group.outcomes and group.outcomes[0].ok else None

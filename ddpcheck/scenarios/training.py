@@ -40,21 +40,14 @@ import contextlib
 import random
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from ddpcheck.checker.loaderfile import LoaderSpec, factory_kwargs, get_factory, optional_hook
+from ddpcheck.checker.face import OpenedLoader, open_loader
+from ddpcheck.checker.loaderfile import LoaderSpec, factory_kwargs, get_factory
 from ddpcheck.checker.options import mesh_layouts
-from ddpcheck.checker.recording import (
-    SET_EPOCH_HOOK,
-    RecordOptions,
-    batches_with_ids,
-    build_loader,
-    group_position,
-    loop_set_epoch,
-    read_facts,
-)
+from ddpcheck.checker.recipe import LoaderRecipe, group_position
 from ddpcheck.checks.ids import TRAINING_EQUIVALENCE
 from ddpcheck.checks.verdict import Verdict, skipped
 from ddpcheck.launch import TargetRef, report_progress, run_ranks
@@ -81,12 +74,12 @@ Batches = tuple[tuple[Hashable, ...], ...]
 class TrainOptions:
     """How ranks train. Plain data: it travels to ranks.
 
-    ``record`` is how a rank builds its loader: the data run's own record options
-    (``CheckOptions.record_options``, one epoch, the group's layout), never a copy rebuilt field by
-    field, so the loader trained is the one the data checks judged (``--factory-arg`` included).
+    ``recipe`` is how a rank builds its loader: the data run's own (:meth:`LoaderRecipe.from_options`,
+    the group's layout), never a copy rebuilt field by field, so the loader trained is the one the data
+    checks judged (``--factory-arg`` included).
     """
 
-    record: RecordOptions = field(default_factory=lambda: RecordOptions(epochs=1))
+    recipe: LoaderRecipe
     steps: int = 3
     accumulation: int = ACCUMULATION
     lr: float = LEARNING_RATE
@@ -258,37 +251,57 @@ def _fewest(count: int, world_size: int) -> int:
     return int(value.item())
 
 
-def train_rank(spec: LoaderSpec, options: TrainOptions) -> RankTraining:
+def _skip_reason(opened: OpenedLoader, world_size: int) -> str:
+    """Why this rank cannot train (agreed by every rank: the first reason wins everywhere)."""
+    reason = ""
+    if opened.hooks.make_model is None or opened.hooks.loss is None:
+        reason = "the file defines no callable make_model and loss"
+    elif opened.outer.batch_size is None:
+        reason = "the loader has no batch_size (custom batch sampler): per-rank batch b is unknown"
+    return _agree(reason, world_size)
+
+
+def train_rank(options: TrainOptions) -> RankTraining:
     """Entry point inside a DDP rank: plain DDP steps, then accumulated steps, from the same init."""
-    from torch import no_grad
-
-    from ddpcheck.reference.model import wrap_model
-
     rank, world_size = group_position()
     seed_everything(options.seed)
-    loader, module = build_loader(spec, options.record, rank, world_size)
-    make_model, loss_fn = optional_hook(module, "make_model"), optional_hook(module, "loss")
-    reason = ""
-    if make_model is None or loss_fn is None:
-        reason = "the file defines no callable make_model and loss"
-    elif loader.batch_size is None:
-        reason = "the loader has no batch_size (custom batch sampler): per-rank batch b is unknown"
-    reason = _agree(reason, world_size)
+    opened = open_loader(options.recipe, rank, world_size)
+    reason = _skip_reason(opened, world_size)
     if reason:
         return RankTraining(rank, skip=reason)
-    assert make_model is not None and loss_fn is not None
-    if options.record.set_epoch:
-        loop_set_epoch(loader, 0, optional_hook(module, SET_EPOCH_HOOK))
     wanted = options.steps * options.accumulation
-    facts = read_facts(loader)
-    stream = batches_with_ids(loader, optional_hook(module, "sample_ids"), facts)
-    taken = [(batch, ids) for batch, ids, _ in islice(stream, wanted)]
+    taken = [(batch, ids) for batch, ids, _ in islice(opened.batches(0), wanted)]
     available = _fewest(len(taken), world_size)
     steps = min(options.steps, available)
     accumulated_steps = min(options.steps, available // options.accumulation)
     if steps == 0:
         return RankTraining(rank, skip="some rank's loader yields no batch")
-    batches = [batch for batch, _ in taken]
+    trained = _train_ddp(opened, options, [batch for batch, _ in taken], steps, accumulated_steps)
+    used = trained.accumulated_steps * options.accumulation
+    lead = rank == 0
+    return replace(
+        trained,
+        rank=rank,
+        batch_size=int(opened.outer.batch_size),
+        steps=steps,
+        batch_ids=tuple(tuple(ids) for _, ids in taken[: max(steps, used)]),
+        init=trained.init if lead else None,
+        weights=trained.weights if lead else (),
+        accumulated=trained.accumulated if lead else (),
+        global_weights=trained.global_weights if lead else (),
+    )
+
+
+def _train_ddp(
+    opened: OpenedLoader, options: TrainOptions, batches: list[Any], steps: int, accumulated_steps: int
+) -> RankTraining:
+    """The DDP models trained from one init: plain steps, a global-count run for pairs, accumulated."""
+    from torch import no_grad
+
+    from ddpcheck.reference.model import wrap_model
+
+    make_model, loss_fn = opened.hooks.make_model, opened.hooks.loss
+    assert make_model is not None and loss_fn is not None
     model = build_model(make_model)
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}
     with no_grad():
@@ -304,74 +317,69 @@ def train_rank(spec: LoaderSpec, options: TrainOptions) -> RankTraining:
     second.load_state_dict(init)
     used = accumulated_steps * options.accumulation
     accumulated = train_steps(wrap_model(second), loss_fn, batches[:used], options.accumulation, options.lr)
-    lead = rank == 0
     return RankTraining(
-        rank=rank,
-        batch_size=int(loader.batch_size),
-        steps=steps,
+        rank=opened.rank,
         accumulated_steps=accumulated_steps,
-        batch_ids=tuple(tuple(ids) for _, ids in taken[: max(steps, used)]),
-        init=init if lead else None,
-        weights=weights if lead else (),
-        accumulated=accumulated if lead else (),
+        init=init,
+        weights=weights,
+        accumulated=accumulated,
         pair=pair,
-        global_weights=global_weights if lead else (),
+        global_weights=global_weights,
     )
 
 
-def reference_loader(spec: LoaderSpec, options: TrainOptions, batch_size: int) -> tuple[Any, Any, str]:
-    """The world size 1 loader with ``batch_size``: (loader, module, skip reason)."""
+def reference_loader(options: TrainOptions, batch_size: int) -> tuple[OpenedLoader, str]:
+    """The world size 1 loader with ``batch_size``: (the opened loader, skip reason)."""
     from torch.utils.data import BatchSampler, DataLoader
 
     from ddpcheck.reference.patch import extract_loader_parameters
 
     seed_everything(options.seed)
-    record = replace(options.record, batch_size=batch_size, layout=options.single)
-    loader, module = build_loader(spec, record, 0, 1)
+    recipe = options.recipe.evolve(batch_size=batch_size, layout=options.single)
+    opened = open_loader(recipe, 0, 1)
     offered = {"rank": 0, "world_size": 1, "dp_rank": 0, "dp_world_size": 1, "mesh": None}
-    offered.update(record.factory_args)
-    if "batch_size" in factory_kwargs(get_factory(module, spec), {**offered, "batch_size": batch_size}):
-        return loader, module, ""
+    offered.update(recipe.arguments())
+    assert opened.module is not None  # opened from the loader file
+    factory = get_factory(opened.module, recipe.spec)
+    if "batch_size" in factory_kwargs(factory, {**offered, "batch_size": batch_size}):
+        return opened, ""
+    loader = opened.outer
     if type(loader.batch_sampler) is BatchSampler and loader.batch_size is not None:
         params = extract_loader_parameters(loader)
-        return DataLoader(**{**params, "batch_size": batch_size}), module, ""
+        rebuilt = DataLoader(**{**params, "batch_size": batch_size})
+        wrapped = OpenedLoader.wrap(
+            rebuilt, opened.hooks, set_epoch=recipe.set_epoch, ids_from_data=recipe.ids_from_data
+        )
+        return wrapped, ""
     why = (
-        f"{spec.factory}() takes no batch_size and its batch sampler cannot be re-batched: add a "
+        f"{recipe.factory}() takes no batch_size and its batch sampler cannot be re-batched: add a "
         "batch_size parameter so ddpcheck can build the single-process loader with batch b * W"
     )
-    return loader, module, why
+    return opened, why
 
 
 def train_reference_rank(
-    spec: LoaderSpec,
-    options: TrainOptions,
-    global_batch: int,
-    steps: int,
-    accumulated_steps: int,
-    init: dict[str, Any],
+    options: TrainOptions, global_batch: int, steps: int, accumulated_steps: int, init: dict[str, Any]
 ) -> ReferenceTraining:
     """Entry point inside a one-rank group: train one process with the global batch (and its multiple)."""
     plain: list[tuple[Any, list[Hashable]]] = []
     grouped: list[tuple[Any, list[Hashable]]] = []
-    module: Any = None
+    hooks = None
     for size, count, into in (
         (global_batch, steps, plain),
         (global_batch * options.accumulation, accumulated_steps, grouped),
     ):
-        loader, module, why = reference_loader(spec, options, size)
+        opened, why = reference_loader(options, size)
         if why:
             return ReferenceTraining(skip=why)
-        if options.record.set_epoch:
-            loop_set_epoch(loader, 0, optional_hook(module, SET_EPOCH_HOOK))
-        hook = optional_hook(module, "sample_ids")
-        stream = batches_with_ids(loader, hook, read_facts(loader))
-        into.extend((batch, ids) for batch, ids, _ in islice(stream, count))
-    make_model, loss_fn = module.make_model, module.loss
+        hooks = opened.hooks
+        into.extend((batch, ids) for batch, ids, _ in islice(opened.batches(0), count))
+    assert hooks is not None and hooks.make_model is not None and hooks.loss is not None
     results = []
     for taken in (plain, grouped):
-        model = build_model(make_model)
+        model = build_model(hooks.make_model)
         model.load_state_dict(init)
-        results.append(train_steps(model, loss_fn, [batch for batch, _ in taken], 1, options.lr))
+        results.append(train_steps(model, hooks.loss, [batch for batch, _ in taken], 1, options.lr))
     return ReferenceTraining(
         batch_ids=tuple(tuple(ids) for _, ids in plain),
         accumulated_ids=tuple(tuple(ids) for _, ids in grouped),
@@ -450,19 +458,7 @@ def judge_training(
     data["first_parting_step"] = None if parted is None else parted + 1
     data["accumulation_first_parting_step"] = None if parted_acc is None else parted_acc + 1
     if parted is None and parted_acc is None:
-        acc_text = (
-            f"; {accumulation} micro-batches accumulated under no_sync match batch "
-            f"{global_batch * accumulation} ({max(grouped):.2g})"
-            if grouped
-            else "; gradient accumulation is not compared for a (sum, count) loss"
-            if lead.pair
-            else "; too few batches to check gradient accumulation"
-        )
-        detail = (
-            f"DDP with {count_text(world_size, 'ranks')} x batch {b} trains like one process with batch "
-            f"{global_batch} for {len(plain)} SGD steps (max relative weight difference "
-            f"{max(plain):.2g}){acc_text}"
-        )
+        detail = _passing_detail(lead, world_size, plain, grouped, accumulation)
         return Verdict(TRAINING_EQUIVALENCE, "pass", detail, data=data)
     if parted is not None:
         step, diffs, what = parted, plain, setup
@@ -494,18 +490,42 @@ def judge_training(
                 data=data,
                 fix=LOCAL_NORMALISATION_FIX,
             )
+    return Verdict(TRAINING_EQUIVALENCE, "fail", detail, _parting_cause(shape), data=data)
+
+
+def _passing_detail(
+    lead: RankTraining, world_size: int, plain: list[float], grouped: list[float], accumulation: int
+) -> str:
+    b = lead.batch_size
+    global_batch = b * world_size
+    acc_text = (
+        f"; {accumulation} micro-batches accumulated under no_sync match batch "
+        f"{global_batch * accumulation} ({max(grouped):.2g})"
+        if grouped
+        else "; gradient accumulation is not compared for a (sum, count) loss"
+        if lead.pair
+        else "; too few batches to check gradient accumulation"
+    )
+    return (
+        f"DDP with {count_text(world_size, 'ranks')} x batch {b} trains like one process with batch "
+        f"{global_batch} for {len(plain)} SGD steps (max relative weight difference "
+        f"{max(plain):.2g}){acc_text}"
+    )
+
+
+def _parting_cause(shape: tuple[int, int, int] | None) -> str:
+    """Why the weights part: batches that are no slices of the single-process batch (``shape``: step,
+    missing, batch size), else the same samples training differently."""
     if shape is not None:
-        cause = (
+        return (
             f"per-rank batches are not slices of the single-process batch (step {shape[0] + 1}: "
             f"{shape[1]} of its {shape[2]} samples are on no rank): split each global batch across "
             "ranks strided, as DistributedSampler does, not in contiguous blocks"
         )
-    else:
-        cause = (
-            "the same samples train differently: the loss is not a mean over the batch, or the model "
-            "depends on the batch (BatchNorm statistics, dropout)"
-        )
-    return Verdict(TRAINING_EQUIVALENCE, "fail", detail, cause, data=data)
+    return (
+        "the same samples train differently: the loss is not a mean over the batch, or the model "
+        "depends on the batch (BatchNorm statistics, dropout)"
+    )
 
 
 # --------------------------------------------------------------------------- parent side
@@ -525,7 +545,7 @@ class TrainingEquivalence:
     def __init__(self, spec: LoaderSpec, options: CheckOptions) -> None:
         self.spec = spec
         self.options = TrainOptions(
-            record=replace(options.record_options(), epochs=1),  # the data run's, never a copy
+            recipe=LoaderRecipe.from_options(spec, options),  # the data run's, never a copy
             steps=options.train_steps,
             single=shaped_like(mesh_layouts(options), 1),
         )
@@ -552,8 +572,8 @@ class TrainingEquivalence:
         if self.simulate:
             return Outcome(verdicts=(skipped(TRAINING_EQUIVALENCE, SIMULATE_SKIP),))
         target = TargetRef.of(train_rank)
-        options = replace(self.options, record=replace(self.options.record, layout=layout))
-        kwargs: dict[str, Any] = {"spec": self.spec, "options": options}
+        options = replace(self.options, recipe=self.options.recipe.evolve(layout=layout))
+        kwargs: dict[str, Any] = {"options": options}
         group = run_ranks(target, world_size, timeout=self.timeout, kwargs=kwargs)
         failures = rank_failures(group, TRAINING_EQUIVALENCE)
         if not group.ok:

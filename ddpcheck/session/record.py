@@ -12,7 +12,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ddpcheck.checker.loaderfile import LoaderSpec
 from ddpcheck.checker.options import BadInput, CheckOptions
@@ -20,7 +20,7 @@ from ddpcheck.checker.recording import MIXED_IDS, RankRecording, RecordOptions, 
 from ddpcheck.launch import GroupCall, GroupResult, StartedGroups, TargetRef, started_groups
 from ddpcheck.layout import Layout
 from ddpcheck.scenarios import rank_failures
-from ddpcheck.trace import RunTrace
+from ddpcheck.trace import RunTrace, SimulatedShortcuts
 
 T = TypeVar("T")
 
@@ -158,23 +158,34 @@ def simulate(spec: LoaderSpec, job: Job) -> RunTrace:
     except NeedsCollectives as exc:
         raise BadInput(str(exc)) from None
     trace = to_run_trace(group, set_epoch=options.set_epoch)
-    return replace(trace, rank_sample=job.ranks, options={**trace.options, "shortcuts": group.shortcuts})
+    return replace(trace, rank_sample=job.ranks, shortcuts=simulated_shortcuts(group.shortcuts))
+
+
+def simulated_shortcuts(found: dict[str, Any]) -> SimulatedShortcuts | None:
+    """What the simulated ranks reported of their shortcuts, typed (None: they reported nothing)."""
+    if not found:
+        return None
+    return SimulatedShortcuts(
+        direct=int(found.get("direct") or 0),
+        verified=int(found.get("verified") or 0),
+        redone=str(found.get("redone") or ""),
+    )
 
 
 def shortcut_note(trace: RunTrace, name: str) -> str:
     """What the report says about a recognised sampler computed directly under --simulate (``name``:
     the layout, as progress lines name it)."""
-    done = trace.options.get("shortcuts") or {}
-    if done.get("redone"):
+    done = trace.shortcuts or SimulatedShortcuts()
+    if done.redone:
         return (
             f"{name}: the direct computation of DistributedSampler differed from the "
-            f"real one ({done['redone']}); every simulated rank was run again through the real sampler"
+            f"real one ({done.redone}); every simulated rank was run again through the real sampler"
         )
-    if done.get("direct"):
+    if done.direct:
         return (
             f"{name}: --simulate computed torch's DistributedSampler shares directly "
-            f"for {done['direct']} rank-epochs, and ran the real DistributedSampler.__iter__ on "
-            f"{done['verified']} of them: identical"
+            f"for {done.direct} rank-epochs, and ran the real DistributedSampler.__iter__ on "
+            f"{done.verified} of them: identical"
         )
     return ""
 
@@ -194,7 +205,7 @@ def to_run_trace(group: GroupResult, *, set_epoch: bool = True) -> RunTrace:
         id_source=common_source(recordings),
         set_epoch=set_epoch,
         failures=failures,
-        options={"bad_input": bad[0].message} if bad and len(bad) == len(group.outcomes) else {},
+        bad_input=bad[0].message if bad and len(bad) == len(group.outcomes) else "",
     )
 
 

@@ -381,7 +381,7 @@ def with_outcome(result: WorldResult, outcome: Outcome, allow_checks: Sequence[s
 
 def raise_if_bad_input(reference: RunTrace) -> None:
     """A reference run that fails on bad input (import error, no factory, ...) is exit 2, not a crash."""
-    bad = reference.options.get("bad_input")
+    bad = reference.bad_input
     if bad:
         raise BadInput(bad)
     if reference.ok and reference.ranks:
@@ -421,10 +421,15 @@ def reference_notes(reference: RunTrace, world_sizes: Sequence[int]) -> list[str
 
 def jsonable_options(options: CheckOptions) -> dict[str, Any]:
     """The run's options as the JSON report lists them."""
-    out = {k: v for k, v in options.__dict__.items() if k not in ("extra", "factory_args", "on_progress")}
+    unlisted = ("extra", "factory_args", "on_progress", "option_sources", "config_file")
+    out = {k: v for k, v in options.__dict__.items() if k not in unlisted}
     out["world_sizes"] = list(options.world_sizes)
     out["meshes"] = [m.spec if isinstance(m, Layout) else m for m in options.meshes]
     if options.factory_args:
         out["factory_args"] = dict(options.factory_args)
+    if options.option_sources:
+        out["option_sources"] = dict(options.option_sources)
+    if options.config_file:
+        out["config_file"] = options.config_file
     out.update(options.extra)
     return out
