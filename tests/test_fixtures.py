@@ -82,6 +82,7 @@ CASES = [
     _case("good_multi_epochs_loader.py"),  # one iterator kept across epochs, started in __init__
     _case("good_self_batching_loader.py"),  # no torch iterator: ids from the batches' id field
     _case("good_grouped_batch_sampler.py"),  # batches grouped within each rank's share, by design
+    _case("good_subset_shards.py"),  # positions in each rank's own Subset: identity is the sample
     # The same plain loader without --patch: every rank sees everything.
     _case(
         "good_plain_for_patch.py",
@@ -111,6 +112,16 @@ CASES = [
         },
     ),
     _case("bug_uneven_steps.py", EQUAL_STEPS, causes={EQUAL_STEPS: "different numbers of batches"}),
+    _case(
+        "bug_random_split_per_rank.py",
+        COVERAGE,
+        NO_OVERLAP,
+        PADDING_BOUND,
+        SINGLE_PROCESS_EQUIVALENCE,
+        DETERMINISM,
+        fails_at_1=frozenset({DETERMINISM}),
+        causes={COVERAGE: RANK_SEED, NO_OVERLAP: RANK_SEED},
+    ),
     _case(
         "bug_iterable_not_split_ranks.py",
         NO_OVERLAP,

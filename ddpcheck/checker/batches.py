@@ -17,6 +17,7 @@ from ddpcheck.checker.facts import as_indices, restored_rng
 from ddpcheck.checker.identity import OBJECT_ITEMS, batch_digest, make_id_extractor, sampler_item_id
 from ddpcheck.checker.index_log import index_items, log_of
 from ddpcheck.checker.loaderfile import is_torch_loader, unwrap_loader
+from ddpcheck.checker.subsets import base_indices, to_base
 from ddpcheck.trace import LoaderFacts
 
 MIXED_IDS = "mixed"  # a stream identified by index, then by data: only a rerun by data compares
@@ -67,6 +68,7 @@ class IdBatches:
         collated = is_collated(self.loader)
         extract: Callable[[Any], list[Hashable]] | None = None
         indexed = 0
+        base = base_indices(getattr(self.loader, "dataset", None)) if by_index else None
         for batch in self.outer:
             batch_ids, worker = log.ready.popleft() if log.ready else (None, None)
             if by_index and batch_ids is None:
@@ -77,6 +79,7 @@ class IdBatches:
             if by_index and batch_ids is not None:
                 indexed += 1
                 self.found = "index"
+                batch_ids = to_base(batch_ids, base)  # a Subset's positions as the samples they name
             else:
                 if extract is None:
                     source, extract = make_id_extractor(self.hook, batch, collated)
@@ -129,13 +132,16 @@ class SamplerBatches:
         plain = (SequentialSampler, RandomSampler, DistributedSampler, WeightedRandomSampler)
         loader = self.loader
         source = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
+        base = base_indices(getattr(loader, "dataset", None))
         if type(source) is BatchSampler and type(source.sampler) in plain:
             for item in source:
+                if base is not None:
+                    item = [base[i] for i in item]
                 yield cast("list[Hashable]", array("q", item)), None
             return
         for item in source:
             try:
-                yield cast("list[Hashable]", as_indices(item)), None
+                yield to_base(cast("list[Hashable]", as_indices(item)), base), None
             except TypeError:
                 self.found = OBJECT_ITEMS
                 yield [sampler_item_id(i) for i in index_items(item)], None
