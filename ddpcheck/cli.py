@@ -308,6 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="also restore what one layout saved in every other requested world size and mesh",
     )
     resume.add_argument(
+        "--dcp",
+        action="store_true",
+        help="save and load the data state with torch.distributed.checkpoint ({'dataloader': loader}, "
+        "a Stateful), every rank together, as torchtitan checkpoints it",
+    )
+    resume.add_argument(
         "--resume-workers",
         type=_worker_counts,
         default=(),

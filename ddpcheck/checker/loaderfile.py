@@ -277,6 +277,16 @@ def optional_hook(module: ModuleType, name: str) -> Callable[..., Any] | None:
     return hook if callable(hook) else None
 
 
+def other_factories(spec: LoaderSpec) -> tuple[str, ...]:
+    """The file's other loader factories: functions named ``make_*_loader`` beside ``spec.factory``
+    (``make_valid_loader``, ``make_eval_loader``), read from the source without running it."""
+    import re
+
+    names = defined_names(spec.path)
+    pattern = re.compile(r"make_\w+_loader")
+    return tuple(sorted(n for n in names if pattern.fullmatch(n) and n != spec.factory))
+
+
 def defined_names(path: str | Path) -> frozenset[str]:
     """Names a loader file binds at module level, read from its source without running it.
 
