@@ -661,9 +661,6 @@ def _options(args: argparse.Namespace) -> CheckOptions:
     values["data_dims"] = tuple(args.data_dims)
     values["sequence_dims"] = None if args.sequence_dims is None else tuple(args.sequence_dims)
     values["factory_args"] = tuple(dict(args.factory_args or {}).items())
-    values["extra"] = {"option_sources": args.option_sources}
-    if args.config_file:
-        values["extra"]["config_file"] = args.config_file
     return CheckOptions(**values)
 
 

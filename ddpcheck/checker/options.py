@@ -58,7 +58,6 @@ class CheckOptions:
     timeout: float = 120.0
     determinism: bool = True
     batch_size: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)  # deprecated: merged into the report's options as is
     # --- metric and training equivalence (ddpcheck.evaluate, ddpcheck.training) ---
     metrics: bool | None = None  # None: when the file defines forward or metric
     metric_tolerance: float | None = None  # None: exact for integers, relative 1e-6 for floats

@@ -159,7 +159,7 @@ def check_options(
     from ddpcheck.checker.options import CheckOptions
     from ddpcheck.pytest_plugin.marker import MarkerError, check_meshes
 
-    internal = ("world_sizes", "epochs", "extra", "option_sources", "config_file")  # not the user's to give
+    internal = ("world_sizes", "epochs", "option_sources", "config_file")  # not the user's to give
     allowed = sorted(f.name for f in fields(CheckOptions) if f.name not in internal)
     unknown = sorted(set(options) - set(allowed))
     if unknown:

@@ -421,7 +421,7 @@ def reference_notes(reference: RunTrace, world_sizes: Sequence[int]) -> list[str
 
 def jsonable_options(options: CheckOptions) -> dict[str, Any]:
     """The run's options as the JSON report lists them."""
-    unlisted = ("extra", "factory_args", "on_progress", "option_sources", "config_file")
+    unlisted = ("factory_args", "on_progress", "option_sources", "config_file")
     out = {k: v for k, v in options.__dict__.items() if k not in unlisted}
     out["world_sizes"] = list(options.world_sizes)
     out["meshes"] = [m.spec if isinstance(m, Layout) else m for m in options.meshes]
@@ -431,5 +431,4 @@ def jsonable_options(options: CheckOptions) -> dict[str, Any]:
         out["option_sources"] = dict(options.option_sources)
     if options.config_file:
         out["config_file"] = options.config_file
-    out.update(options.extra)
     return out
