@@ -382,6 +382,28 @@ def test_judge_refuses_what_is_not_a_recorded_launch(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "is not a ddpcheck trace" in proc.stderr
 
 
+class _Hostile:
+    """A pickle that runs a command as it loads: a trace file must never be able to do that."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_judge_refuses_a_hostile_or_garbled_trace_without_running_it(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    for content in (pickle.dumps(_Hostile(marker)), b"garbage\n", os.urandom(64)):
+        (folder / "rank0.trace").write_bytes(content)
+        command = [sys.executable, "-m", "ddpcheck", "judge", str(folder)]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and "is not a ddpcheck trace" in proc.stderr, proc.stderr
+        assert "internal error" not in proc.stderr and not marker.exists()
+
+
 def test_the_python_api_checks_a_script(monkeypatch: pytest.MonkeyPatch) -> None:
     import ddpcheck
 

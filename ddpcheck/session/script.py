@@ -410,11 +410,31 @@ def _last_line(output: str) -> str:
     return one_line(lines[-1], 300) if lines else "no output"
 
 
+_SAFE_BUILTINS = frozenset(
+    {"set", "frozenset", "tuple", "list", "dict", "int", "float", "complex", "str", "bytes", "bytearray",
+     "bool", "slice", "range"}
+)  # fmt: skip
+
+
+class _TraceUnpickler(pickle.Unpickler):
+    """Trace files are plain data: a file that names any other class (a hostile or foreign pickle,
+    which could run code as it loads) is refused, never imported."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (
+            module == "ddpcheck.trace"
+            or module == "array"
+            or (module == "builtins" and name in _SAFE_BUILTINS)
+        ):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is no part of a trace")
+
+
 def _read_trace(path: str) -> ScriptRankTrace | None:
     try:
         with open(path, "rb") as handle:
-            trace = pickle.load(handle)
-    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError):
+            trace = _TraceUnpickler(handle).load()
+    except Exception:  # unreadable, truncated, foreign or hostile: no trace of this version
         return None
     if not isinstance(trace, ScriptRankTrace) or trace.version != SCRIPT_TRACE_VERSION:
         return None
