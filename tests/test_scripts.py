@@ -77,6 +77,7 @@ CASES = {
     "bug_hash_sharding": (25, False),
     "good_subset_shards": (23, True),  # fixed Subset shards: reshuffle fails by design, nothing else
     "bug_random_split_unseeded": (21, True),
+    "bug_hf_split_unseeded": (24, True),
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from torch.utils.data import Subset, TensorDataset, random_split
 
@@ -30,3 +31,15 @@ def test_other_datasets_and_odd_indices_are_left_alone() -> None:
     assert base_indices(Subset(list(range(5)), np.array([4, 2]))) is not None
     assert to_base([0, 7, "x"], base_indices(Subset(list(range(5)), [4, 2]))) == [4, 7, "x"]  # out of range
     assert to_base([3], None) == [3]
+
+
+def test_an_hf_datasets_indices_mapping_names_rows() -> None:
+    datasets = pytest.importorskip("datasets", reason="needs HF datasets: pip install -e '.[integrations]'")
+    table = datasets.Dataset.from_dict({"row": list(range(20))})
+    train = table.train_test_split(test_size=0.25, seed=3)["train"]
+    base = base_indices(train)
+    assert base is not None and list(base) == [int(train[i]["row"]) for i in range(len(train))]
+    strided = table.shard(num_shards=4, index=1, contiguous=False)
+    base = base_indices(Subset(strided, [2, 0]))  # a Subset over it composes with the mapping
+    assert base is not None and list(base) == [9, 1]
+    assert base_indices(table) is None  # no mapping: positions are rows

@@ -1,4 +1,5 @@
-"""Dataset indices as the samples they name, through ``torch.utils.data.Subset``.
+"""Dataset indices as the samples they name, through ``torch.utils.data.Subset`` and HF ``datasets``'
+indices mappings.
 
 A sampler yields positions in the dataset it was given. When that dataset is a ``Subset`` (what
 ``random_split`` returns, or a manual shard ``Subset(data, range(rank, n, world_size))``), position i
@@ -23,10 +24,13 @@ def base_indices(dataset: Any) -> array[int] | None:
     except ImportError:  # pragma: no cover - torch is a dependency
         return None
     chain: array[int] | None = None
-    while isinstance(dataset, Subset):
-        below = _as_ints(dataset.indices)
+    while True:
+        if isinstance(dataset, Subset):
+            below, inner = _as_ints(dataset.indices), dataset.dataset
+        else:
+            below, inner = _hf_rows(dataset), None
         if below is None:
-            return None
+            return chain if inner is None else None
         if chain is None:
             chain = below
         else:
@@ -34,8 +38,29 @@ def base_indices(dataset: Any) -> array[int] | None:
             if any(not 0 <= i < size for i in chain):
                 return None
             chain = array("q", (below[i] for i in chain))
-        dataset = dataset.dataset
-    return chain
+        if inner is None:
+            return chain
+        dataset = inner
+
+
+def _hf_rows(dataset: Any) -> array[int] | None:
+    """An HF ``datasets.Dataset`` with an indices mapping (``select``, ``shuffle``, ``train_test_split``,
+    ``shard(contiguous=False)``): each position's row in its table. None without a mapping: a
+    contiguous ``shard`` or ``select`` slices the table itself and keeps no trace of where (known limit)."""
+    if type(dataset).__module__ != "datasets.arrow_dataset":
+        return None
+    mapping = getattr(dataset, "_indices", None)
+    if mapping is None:
+        return None
+    try:
+        import numpy as np
+
+        rows = np.asarray(mapping.column(0).to_numpy(), dtype=np.int64)
+    except Exception:  # another datasets version's private layout: positions stay positions
+        return None
+    out: array[int] = array("q")
+    out.frombytes(rows.tobytes())
+    return out
 
 
 def to_base(ids: list[Hashable], base: array[int] | None) -> list[Hashable]:
