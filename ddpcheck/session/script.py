@@ -425,15 +425,23 @@ class _TraceUnpickler(pickle.Unpickler):
             module == "ddpcheck.trace"
             or module == "array"
             or (module == "builtins" and name in _SAFE_BUILTINS)
+            or (module, name) in _NUMPY_DATA  # ids a hook returned as numpy scalars
         ):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"{module}.{name} is no part of a trace")
 
 
-def _read_trace(path: str) -> ScriptRankTrace | None:
+_NUMPY_DATA = frozenset(
+    {(m, n) for m in ("numpy.core.multiarray", "numpy._core.multiarray") for n in ("scalar", "_reconstruct")}
+    | {("numpy", "dtype"), ("numpy", "ndarray")}
+)
+
+
+def _read_trace(path: str, *, untrusted: bool = False) -> ScriptRankTrace | None:
+    """A rank's trace file; ``untrusted`` (a directory given to ``ddpcheck judge``): plain data only."""
     try:
         with open(path, "rb") as handle:
-            trace = _TraceUnpickler(handle).load()
+            trace = _TraceUnpickler(handle).load() if untrusted else pickle.load(handle)
     except Exception:  # unreadable, truncated, foreign or hostile: no trace of this version
         return None
     if not isinstance(trace, ScriptRankTrace) or trace.version != SCRIPT_TRACE_VERSION:
@@ -652,7 +660,7 @@ def read_trace_dir(directory: str | Path, layout: Layout | None = None) -> _Reco
         raise BadInput(f"no such directory: {directory}")
     traces: dict[int, ScriptRankTrace] = {}
     for path in sorted(folder.glob(TRACE_GLOB)):
-        trace = _read_trace(str(path))
+        trace = _read_trace(str(path), untrusted=True)
         if trace is None:
             raise BadInput(f"{path} is not a ddpcheck trace of this version (record it again)")
         traces[trace.rank] = trace
