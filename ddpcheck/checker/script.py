@@ -561,10 +561,14 @@ def _wrap_iter(cls: type) -> None:
     for klass in cls.__mro__:
         if not (isinstance(klass, type) and issubclass(klass, DataLoader)):
             continue
-        own = klass.__dict__.get("__iter__")
-        if own is None or getattr(own, _ITER_ATTR, None) is not None:
-            continue
-        klass.__iter__ = _iter_wrapper(own)  # type: ignore[method-assign,assignment]
+        _wrap_own_iter(klass)
+
+
+def _wrap_own_iter(klass: type) -> None:
+    """Record the epochs of ``klass.__iter__`` where the class defines one (once)."""
+    own = klass.__dict__.get("__iter__")
+    if own is not None and getattr(own, _ITER_ATTR, None) is None:
+        klass.__iter__ = _iter_wrapper(own)  # type: ignore[method-assign,attr-defined]
 
 
 DISPATCHERS = ("accelerate.data_loader.DataLoaderDispatcher",)
@@ -579,9 +583,7 @@ def _watch_dispatcher(owner: Any) -> None:
     kind = type(owner)
     if owner is None or f"{kind.__module__}.{kind.__qualname__}" not in DISPATCHERS:
         return
-    own = kind.__dict__.get("__iter__")
-    if own is not None and getattr(own, _ITER_ATTR, None) is None:
-        kind.__iter__ = _iter_wrapper(own)  # type: ignore[method-assign]
+    _wrap_own_iter(kind)
 
 
 def _recorded_outside(inside: Any) -> bool:
