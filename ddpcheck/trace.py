@@ -202,6 +202,7 @@ class EpochTrace:
     supervised: Sequence[int] | None = None  # per batch, tokens with a label (None: no labels)
     packing: PackingTally | None = None  # the epoch's packed batches (None: no position_ids)
     sources: SourceCodes | None = None  # each sample's mixture source (None: batches carry none)
+    draws: tuple[FetchDraws, ...] | None = None  # random streams each fetch consumed (None: not watched)
 
     @property
     def num_batches(self) -> int:
@@ -292,7 +293,93 @@ class ScriptLoader:
     handed: int = 0
 
 
-SCRIPT_TRACE_VERSION = 1
+# --- what the training step did with the data (issue 35): recorded by the rank side's step watcher,
+# judged by the step checks. Plain data, like everything above.
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One random draw, or one random stream a fetch consumed.
+
+    ``state`` fingerprints the generator's state just before the draw (64 bits): two draws from equal
+    states give equal numbers, whatever their shapes, so equal fingerprints on two data-parallel ranks
+    mean the ranks draw the same noise. ``stream``: ``torch`` (the default CPU generator), ``cuda``,
+    ``numpy`` (the legacy global state), ``random`` (the stdlib), ``generator`` (a ``torch.Generator``
+    object the call was given)."""
+
+    stream: str
+    state: int
+    site: str = ""  # "train.py:57": the user's line that drew ("" unknown)
+    call: str = ""  # "torch.randn_like"
+    shape: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class FetchDraws:
+    """The random streams one fetch consumed (a batch built by a DataLoader worker, or by the main
+    process without workers): one :class:`Draw` per stream, with its state at the fetch's start."""
+
+    batch: int  # the batch's position in its epoch, in delivery order
+    worker: int | None  # None: built in the main process
+    draws: tuple[Draw, ...]
+
+
+@dataclass(frozen=True)
+class MicroStep:
+    """One backward pass, and what the loop did since the previous one.
+
+    ``batches`` are positions in ``loader``'s epoch ``epoch`` of the batches the script received in
+    this micro-step; ``samples`` the samples they held (-1 unknown); ``supervised`` their labels other
+    than the ignore index (None: the batches carry no labels); ``forwards`` the forward calls of each
+    submodule that holds parameters, by qualified name; ``draws`` the random draws the loop made
+    outside any module's forward (noise, timesteps, masks)."""
+
+    loader: str = ""
+    epoch: int = 0
+    batches: tuple[int, ...] = ()
+    samples: int = -1
+    supervised: int | None = None
+    forwards: tuple[tuple[str, int], ...] = ()
+    draws: tuple[Draw, ...] = ()
+
+
+@dataclass(frozen=True)
+class OptimizerStep:
+    """One ``optimizer.step()`` and the micro-steps (backward passes) it applied.
+
+    ``grad`` holds the gradient the step applied, before clipping, as float32 values of the
+    optimizer's parameters flattened in their param-group order (``StepTrace.kept`` coordinates of
+    each step: all of them, or an evenly spaced sample for large models); None when not kept."""
+
+    index: int
+    micro: tuple[MicroStep, ...] = ()
+    grad: Sequence[float] | None = None
+    grad_norm: float | None = None  # L2 norm of the whole gradient (every coordinate)
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """What one rank's training step did: every optimizer step it ran while recorded.
+
+    ``open_micro``: backward passes after the last optimizer step (a window never stepped);
+    ``parameters``: how many values the optimizer steps; ``kept``: gradient coordinates kept per step;
+    ``grad_dtype``: the parameters' dtype (the tolerance depends on it); ``per_rank_norm``: modules
+    that normalise over the rank's batch (BatchNorm without SyncBatchNorm); ``dropout_off``: dropout
+    was switched off while steps were compared; ``replay``: a reference replay of another launch ("":
+    a run of its own)."""
+
+    steps: tuple[OptimizerStep, ...] = ()
+    open_micro: tuple[MicroStep, ...] = ()
+    parameters: int = 0
+    kept: int = 0
+    grad_dtype: str = ""
+    per_rank_norm: tuple[str, ...] = ()
+    dropout_off: bool = False
+    replay: str = ""
+    notes: tuple[str, ...] = ()
+
+
+SCRIPT_TRACE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -314,4 +401,5 @@ class ScriptRankTrace:
     joined_group: bool = False
     stopped: bool = False
     fallback: str = ""
+    steps: StepTrace | None = None  # what the training step did (None: not recorded)
     version: int = SCRIPT_TRACE_VERSION

@@ -17,6 +17,13 @@ METRIC_EQUIVALENCE = "metric_equivalence"
 TRAINING_EQUIVALENCE = "training_equivalence"
 RESUME = "resume"
 ELASTIC_RESUME = "elastic_resume"
+# the training step (issue 35): what the step does with the data (ddpcheck run; supervision and
+# rng_independence on loader files too, where data alone decides them)
+STEP_EQUIVALENCE = "step_equivalence"
+EQUAL_MICROSTEPS = "equal_microsteps"
+SUPERVISION = "supervision"
+RNG_INDEPENDENCE = "rng_independence"
+STEP_CHECKS = (STEP_EQUIVALENCE, EQUAL_MICROSTEPS, SUPERVISION, RNG_INDEPENDENCE)
 
 DATA_CHECKS = (
     COVERAGE,
@@ -62,4 +69,8 @@ SHORT_LABELS = {
     TRAINING_EQUIVALENCE: "train",
     RESUME: "resume",
     ELASTIC_RESUME: "elastic",
+    STEP_EQUIVALENCE: "step",
+    EQUAL_MICROSTEPS: "micro",
+    SUPERVISION: "superv",
+    RNG_INDEPENDENCE: "rng",
 }
