@@ -179,10 +179,16 @@ def _watched_fetch(original: Callable[..., Any]) -> Callable[..., Any]:
 class FetchWatch:
     """Watches every torch DataLoader iterator of this process; :meth:`take` hands a loader's fetches
     out in delivery order. ``on_main_fetch`` is told the states after each fetch the main process made
-    itself (the loop's random-draw guard counts them as explained)."""
+    itself (the loop's random-draw guard counts them as explained). The workers' files go to a folder
+    made under ``under`` (the launch's trace folder, so a killed rank leaves nothing elsewhere), removed
+    by :meth:`close`."""
 
-    def __init__(self, on_main_fetch: Callable[[dict[str, bytes | None]], None] | None = None) -> None:
-        self.folder = tempfile.mkdtemp(prefix="ddpcheck-fetch-")
+    def __init__(
+        self, on_main_fetch: Callable[[dict[str, bytes | None]], None] | None = None, under: str = ""
+    ) -> None:
+        if under:
+            os.makedirs(under, exist_ok=True)
+        self.folder = tempfile.mkdtemp(prefix=f"fetch-{os.getpid()}-", dir=under or None)
         self.on_main_fetch = on_main_fetch
         self.serial = 0
         self.offsets: dict[str, int] = {}

@@ -114,6 +114,7 @@ class StepWatcher:
         self.dropout_off = False
         self.last_kept: KeptGrad | None = None
         self.notes: list[str] = []
+        self.wired = False  # the recorder hands batches through handed()
 
     # --- the recorder's calls ------------------------------------------------------------------------
 
@@ -125,6 +126,7 @@ class StepWatcher:
 
         if not torch.is_grad_enabled():  # an evaluation loop's batch: no backward will use it
             return batch
+        self.wired = True
         window = self.window
         handoff = (loader, epoch, position)
         if not window.name:
@@ -220,7 +222,7 @@ class StepWatcher:
 
     def _open_window(self) -> None:
         self.window = _Window()
-        if self.options.compare_batches != 0 or self.options.tail_batches:
+        if self.wired and (self.options.compare_batches != 0 or self.options.tail_batches):
             self._arm(self.window)  # before its first batch: draws the loop makes first are seen too
 
     def _close_window(self, optimizer: Any) -> None:
@@ -624,7 +626,8 @@ def install_watcher(options: StepOptions) -> StepWatcher:
     _install()
     draws_module.install(watcher.draws)
     if options.fetch:
-        watcher.fetch = rng.FetchWatch(on_main_fetch=watcher.main_fetch)
+        under = os.path.join(options.out, rp.STEP_DIR) if options.out else ""
+        watcher.fetch = rng.FetchWatch(on_main_fetch=watcher.main_fetch, under=under)
         rng.install_fetch_watch(watcher.fetch)
     ACTIVE = watcher
     return watcher
