@@ -194,7 +194,8 @@ def _stream_of(kind: str, args: Any, kwargs: Any) -> tuple[str, Callable[[], byt
     if device is None:
         import torch
 
-        device = torch.get_default_device()
+        default = getattr(torch, "get_default_device", None)  # torch >= 2.3
+        device = default() if default is not None else "cpu"
     kind_of = getattr(device, "type", str(device).split(":")[0])
     if kind_of == "cuda":
         return "cuda", lambda: rng.cuda_state(device)

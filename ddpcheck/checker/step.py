@@ -17,8 +17,6 @@ batches until the accumulation window closes, ``fetch_draws`` when it stores an 
 from __future__ import annotations
 
 import os
-import sys
-import weakref
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +27,7 @@ from ddpcheck.checker import patching, rng
 from ddpcheck.checker import replay as rp
 from ddpcheck.checker.draws import DrawRecorder, NotReplayable
 from ddpcheck.checker.grads import KEEP_LIMIT, GradKeeper, KeptGrad, optimizer_params
+from ddpcheck.checker.models import Models
 from ddpcheck.trace import FetchDraws, MicroStep, OptimizerStep, StepTrace
 
 IGNORE_INDEX = -100
@@ -102,11 +101,10 @@ class StepWatcher:
         self.draws.keep_values = bool(options.out)
         self.keeper = GradKeeper(options.keep)
         self.fetch: rng.FetchWatch | None = None
-        self.optimizers: list[weakref.ref[Any]] = []
-        self.roots: list[Any] = []
-        self.names: dict[int, str] = {}
-        self.seen: dict[int, Any] = {}  # id -> module, so ids stay unique while named
-        self.per_rank_norm: dict[str, None] = {}
+        self.models = Models()
+        import torch
+
+        self.grad_enabled = torch.is_grad_enabled
         self.depth = 0
         self.in_backward = False
         self.stepping = 0
@@ -168,10 +166,10 @@ class StepWatcher:
         return StepTrace(
             steps=tuple(self.steps),
             open_micro=tuple(self.window.micro),
-            parameters=kept.parameters if kept else self._parameter_count(),
+            parameters=kept.parameters if kept else sum(p.numel() for p in self.models.params()),
             kept=len(kept.values) if kept else 0,
             grad_dtype=kept.dtype if kept else "",
-            per_rank_norm=tuple(self.per_rank_norm),
+            per_rank_norm=tuple(self.models.per_rank_norm),
             dropout_off=self.dropout_off,
             replay=self.options.replay,
             notes=tuple(dict.fromkeys(self.notes)),
@@ -198,7 +196,11 @@ class StepWatcher:
         if not window.armed:
             self._arm(window)
         if self.options.out and not self.options.replay and self._rank() == 0:
-            self._save_weights(window)
+            weights = self.models.weights()
+            if weights is None:
+                window.unsaved.append("weights: no optimizer was made before the step's first batch")
+            else:
+                rp.save(rp.params_path(self.options.out, window.name), weights)
 
     def _arm(self, window: _Window) -> None:
         import torch.nn.modules.module as module_hooks
@@ -276,10 +278,8 @@ class StepWatcher:
         window = self.window
         if not window.armed or not window.backwards or window.kept:
             return
-        for ref in self.optimizers:
-            optimizer = ref()
-            if optimizer is not None:
-                window.kept[id(optimizer)] = self.keeper.keep(optimizer_params(optimizer))
+        for optimizer in self.models.optimizers_alive():
+            window.kept[id(optimizer)] = self.keeper.keep(optimizer_params(optimizer))
 
     def step_pre(self, optimizer: Any) -> None:
         self.stepping += 1
@@ -291,13 +291,6 @@ class StepWatcher:
         if self.stepping == 0:
             self._open_window()
 
-    def optimizer_made(self, optimizer: Any) -> None:
-        self.optimizers.append(weakref.ref(optimizer))
-
-    def model_wrapped(self, module: Any) -> None:
-        """DistributedDataParallel wraps ``module``: the model whose submodules are named."""
-        self._adopt(module)
-
     def main_fetch(self, states: dict[str, bytes | None]) -> None:
         if self.draws.armed:
             self.draws.explained(states)
@@ -306,110 +299,13 @@ class StepWatcher:
         if self.in_backward:
             return
         self.depth += 1
-        if self.depth == 1 and id(module) not in self.names and id(module) not in self.seen:
-            self._adopt(module)
-        name = self.names.get(id(module))
-        if name is not None and _grad_enabled():
+        name = self.models.called(module, self.depth == 1)
+        if name is not None and self.grad_enabled():
             self.pending.forwards[name] += 1
-            if module.training and _per_rank_norm(module):
-                self.per_rank_norm[name] = None
 
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
         if not self.in_backward and self.depth > 0:
             self.depth -= 1
-
-    # --- models and weights --------------------------------------------------------------------------
-
-    def _adopt(self, module: Any) -> None:
-        """``module`` (or the model it wraps) is a model: name its submodules that hold parameters."""
-        self.seen[id(module)] = module
-        module = unwrap_model(module)
-        if any(root is module for root in self.roots):
-            return
-        self.roots.append(module)
-        for name, sub in module.named_modules():
-            self.seen[id(sub)] = sub
-            if id(sub) not in self.names and any(p is not None for p in sub._parameters.values()):
-                self.names[id(sub)] = name or type(sub).__name__
-
-    def _params(self) -> list[Any]:
-        out: list[Any] = []
-        ids: set[int] = set()
-        for ref in self.optimizers:
-            optimizer = ref()
-            for param in optimizer_params(optimizer) if optimizer is not None else ():
-                if id(param) not in ids:
-                    ids.add(id(param))
-                    out.append(param)
-        return out
-
-    def _parameter_count(self) -> int:
-        return sum(p.numel() for p in self._params())
-
-    def _find_roots(self) -> None:
-        """No model known yet (no DDP, no forward so far): the user's frames' model holding the
-        optimizer's first parameter."""
-        params = self._params()
-        if self.roots or not params:
-            return
-        first = params[0]
-        best: Any = None
-        frame: Any = sys._getframe(2)
-        while frame is not None and best is None:
-            for value in (*frame.f_locals.values(), *frame.f_globals.values()):
-                holds = _is_module(value) and any(p is first for p in value.parameters())
-                if holds and (best is None or _size(value) > _size(best)):
-                    best = value
-            frame = frame.f_back
-        if best is not None:
-            self._adopt(best)
-
-    def _buffers(self) -> dict[str, Any]:
-        out = {}
-        for i, root in enumerate(self.roots):
-            prefix = f"{i}." if i else ""
-            for name, buffer in root.named_buffers():
-                if buffer is not None:
-                    out[prefix + name] = buffer
-        return out
-
-    def _save_weights(self, window: _Window) -> None:
-        import torch
-
-        self._find_roots()
-        params = self._params()
-        if not params:
-            window.unsaved.append("no optimizer was made before the step's first batch")
-            return
-        with torch.no_grad():
-            payload = {
-                "params": [p.detach().cpu().clone() for p in params],
-                "buffers": {k: b.detach().cpu().clone() for k, b in self._buffers().items()},
-            }
-        rp.save(rp.params_path(self.options.out, window.name), payload)
-
-    def _load_weights(self, window: _Window, recorded: rp.RecordedWindow) -> None:
-        import torch
-
-        self._find_roots()
-        params = self._params()
-        saved = recorded.params
-        if saved is None:
-            window.reasons.append("the recorded launch saved no weights for this step")
-            return
-        if [tuple(p.shape) for p in params] != [tuple(t.shape) for t in saved]:
-            window.reasons.append(
-                f"the optimizer steps {len(params)} tensors here and {len(saved)} in the recorded launch, "
-                "or their shapes differ"
-            )
-            return
-        with torch.no_grad():
-            for param, value in zip(params, saved, strict=True):
-                param.copy_(value)
-            own = self._buffers()
-            for name, value in (recorded.buffers or {}).items():
-                if name in own and tuple(own[name].shape) == tuple(value.shape):
-                    own[name].copy_(value)
 
     # --- the replay ----------------------------------------------------------------------------------
 
@@ -427,7 +323,12 @@ class StepWatcher:
                 f"{early.site} {early.call} draws before the step's first batch: not replayed"
             )
         self.draws.substitute = self._replay_draw
-        self._load_weights(window, recorded)
+        if recorded.params is None:
+            window.reasons.append("the recorded launch saved no weights for this step")
+        else:
+            reason = self.models.load(recorded.params, recorded.buffers)
+            if reason:
+                window.reasons.append(reason)
         return True
 
     def _substitute(self, window: _Window, handoff: Handoff, batch: Any) -> Any:
@@ -573,46 +474,6 @@ def supervised(batch: Any, ignore_index: int = IGNORE_INDEX) -> int | None:
     return int((labels != ignore_index).sum())
 
 
-# --- models -------------------------------------------------------------------------------------------------
-
-
-WRAPPERS = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel")
-
-
-def unwrap_model(module: Any) -> Any:
-    """The model inside DDP/DataParallel wrappers and ``torch.compile``."""
-    for _ in range(8):
-        if type(module).__name__ in WRAPPERS and hasattr(module, "module"):
-            module = module.module
-        elif hasattr(module, "_orig_mod"):
-            module = module._orig_mod
-        else:
-            break
-    return module
-
-
-def _is_module(value: Any) -> bool:
-    import torch.nn as nn
-
-    return isinstance(value, nn.Module)
-
-
-def _size(module: Any) -> int:
-    return sum(1 for _ in module.parameters())
-
-
-def _per_rank_norm(module: Any) -> bool:
-    from torch.nn.modules.batchnorm import SyncBatchNorm, _BatchNorm
-
-    return isinstance(module, _BatchNorm) and not isinstance(module, SyncBatchNorm)
-
-
-def _grad_enabled() -> bool:
-    import torch
-
-    return torch.is_grad_enabled()
-
-
 # --- installing --------------------------------------------------------------------------------------------
 
 ACTIVE: StepWatcher | None = None
@@ -627,7 +488,9 @@ def install_watcher(options: StepOptions) -> StepWatcher:
     draws_module.install(watcher.draws)
     if options.fetch:
         under = os.path.join(options.out, rp.STEP_DIR) if options.out else ""
-        watcher.fetch = rng.FetchWatch(on_main_fetch=watcher.main_fetch, under=under)
+        watcher.fetch = rng.FetchWatch(
+            on_main_fetch=watcher.main_fetch, under=under, wants_states=lambda: watcher.draws.armed
+        )
         rng.install_fetch_watch(watcher.fetch)
     ACTIVE = watcher
     return watcher
@@ -663,11 +526,12 @@ def _install() -> None:
     patching.replace(torch.autograd, "backward", backward)
     patching.keep_handle(register_optimizer_step_pre_hook(lambda o, a, k: _call(lambda w: w.step_pre(o))))
     patching.keep_handle(register_optimizer_step_post_hook(lambda o, a, k: _call(lambda w: w.step_post())))
-    patching.replace(Optimizer, "__init__", _after(Optimizer.__init__, lambda w, o: w.optimizer_made(o)))
+    made = _after(Optimizer.__init__, lambda w, o: w.models.optimizer_made(o))
+    patching.replace(Optimizer, "__init__", made)
     patching.replace(
         DistributedDataParallel,
         "__init__",
-        _after(DistributedDataParallel.__init__, lambda w, ddp: w.model_wrapped(ddp.module)),
+        _after(DistributedDataParallel.__init__, lambda w, ddp: w.models.adopt(ddp.module)),
     )
     for module in (torch.nn.utils, torch.nn.utils.clip_grad):
         for name in ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "clip_grads_with_norm_"):
