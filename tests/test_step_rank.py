@@ -271,3 +271,56 @@ def test_uninstall_gives_torch_back(watch: Any) -> None:
     uninstall()
     assert now() == originals
     assert "normal_" not in torch.Tensor.__dict__
+
+
+class StochasticDepth(nn.Module):
+    """Draws inside its forward (not a loop draw, but the replay must give it the ranks' values)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.kept: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        keep = torch.rand(len(x), 1)
+        self.kept.append(keep)
+        return self.lin(x) * keep
+
+
+def _ranked_run(rank: int, world: int, options: dict[str, Any], monkeypatch: Any) -> tuple[Any, Any, Any]:
+    """One 'rank' of a launch in this process (no process group: the watcher reads RANK/WORLD_SIZE)."""
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    watcher = install_watcher(StepOptions(**options))
+    np.random.seed(rank)
+    torch.manual_seed(rank)
+    model = StochasticDepth()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    received, drawn = [], []
+    for position in range(2):
+        rows = 2 + rank if world > 1 else 5  # the replay's own batch is replaced by the ranks' 2 + 3 rows
+        batch = {"x": torch.full((rows, 4), float(rank + 10 * position))}
+        batch = watcher.handed("l", 0, position, batch)
+        received.append(batch["x"][:, 0].tolist())
+        drawn.append(np.random.rand(len(batch["x"])))  # a loop draw of numpy's
+        model(batch["x"] + torch.tensor(drawn[-1], dtype=torch.float32)[:, None]).sum().backward()
+    optimizer.step()
+    trace = watcher.finish()
+    uninstall()
+    return trace, (received, drawn), torch.cat(model.kept)
+
+
+def test_replay_in_one_process_gives_the_union_and_the_ranks_draws(tmp_path: Any, monkeypatch: Any) -> None:
+    ranks = [_ranked_run(r, 2, {"out": str(tmp_path)}, monkeypatch) for r in (0, 1)]
+    trace, (received, drawn), kept = _ranked_run(0, 1, {"replay": str(tmp_path)}, monkeypatch)
+    assert trace.replay == str(tmp_path) and trace.steps[0].not_comparable == ""
+    assert received == [[0.0, 0.0, 1.0, 1.0, 1.0], [10.0, 10.0, 11.0, 11.0, 11.0]]  # rank 0's rows, then 1's
+    for i in range(2):
+        assert np.array_equal(drawn[i], np.concatenate([r[1][1][i] for r in ranks]))
+    by_micro = [torch.split(r[2], [2 + n, 2 + n]) for n, r in enumerate(ranks)]
+    expected = torch.cat([torch.cat([by_micro[0][i], by_micro[1][i]]) for i in range(2)])
+    assert torch.equal(kept, expected)  # the draw inside the forward: each rank's rows, in rank order
+    micro = trace.steps[0].micro[0]
+    assert [d.call for d in micro.draws] == ["numpy.random.rand"] and micro.samples == 5
+    ranks_draw = ranks[0][0].steps[0].micro[0].draws[0]
+    assert ranks_draw.stream == "numpy" and ranks_draw.shape == (2,)

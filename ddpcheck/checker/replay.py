@@ -385,7 +385,7 @@ def read_window(replay: str, name: str) -> RecordedWindow | None:
         found.ranks.append(rank)
         found.handoffs.append(list(payload["handoffs"]))
         found.batches.append(dict(payload["batches"]))
-        found.draws.append([(d[0], d[1]) for d in payload["draws"]])
+        found.draws.append([(d[0], from_plain(d[1])) for d in payload["draws"]])
         found.notes.append(list(payload.get("notes", ())))
     if not found.ranks:
         return None

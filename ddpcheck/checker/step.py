@@ -120,9 +120,8 @@ class StepWatcher:
         """The script is about to receive ``batch``, ``loader``'s batch ``position`` of ``epoch``
         (``length``: the epoch's batches where known). Returns the batch to hand it: the batch itself,
         or in a replay the union of what every recorded rank received there."""
-        import torch
 
-        if not torch.is_grad_enabled():  # an evaluation loop's batch: no backward will use it
+        if not self.grad_enabled():  # an evaluation loop's batch: no backward will use it
             return batch
         self.wired = True
         window = self.window
@@ -397,7 +396,7 @@ class StepWatcher:
         payload = {
             "handoffs": [handoff_key(h) for h in window.handoffs],
             "batches": window.batches,
-            "draws": [[d.draw.call, d.value] for d in self.draws.seq],
+            "draws": [[d.draw.call, _plain_draw(d.value, window)] for d in self.draws.seq],
             "notes": list(window.unsaved),
         }
         try:
@@ -420,6 +419,14 @@ class StepWatcher:
         if dist.is_available() and dist.is_initialized():
             return int(dist.get_world_size())
         return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def _plain_draw(value: Any, window: _Window) -> Any:
+    try:
+        return rp.to_plain(value)
+    except NotReplayable as exc:
+        window.unsaved.append(f"random draw's value: {exc}")
+        return None
 
 
 # --- what a batch holds ------------------------------------------------------------------------------------
