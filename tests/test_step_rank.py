@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from ddpcheck.checker import replay as rp
+from ddpcheck.checker import rng
 from ddpcheck.checker.draws import NotReplayable
 from ddpcheck.checker.grads import GradKeeper
 from ddpcheck.checker.step import (
@@ -324,3 +325,47 @@ def test_replay_in_one_process_gives_the_union_and_the_ranks_draws(tmp_path: Any
     assert [d.call for d in micro.draws] == ["numpy.random.rand"] and micro.samples == 5
     ranks_draw = ranks[0][0].steps[0].micro[0].draws[0]
     assert ranks_draw.stream == "numpy" and ranks_draw.shape == (2,)
+
+
+class Augmenting(Dataset):
+    """Draws from all three global streams while loading (module level: spawned workers import it)."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        import random
+
+        return torch.rand(2) + float(np.random.rand()) + random.random()
+
+
+def blind_init(worker_id: int) -> None:
+    np.random.seed(worker_id)
+
+
+def test_spawned_workers_report_their_fetches(watch: Any) -> None:
+    """The worker_init_fn wrapper is pickled into spawned workers, the user's own still runs."""
+    watcher = watch()
+    loader = DataLoader(Augmenting(), batch_size=2, num_workers=2, multiprocessing_context="spawn",
+                        worker_init_fn=blind_init)  # fmt: skip
+    for position, batch in enumerate(loader):
+        watcher.handed("spawned", 0, position, batch)
+    fetches = watcher.fetch_draws(loader)
+    assert fetches is not None and [(f.batch, f.worker) for f in fetches] == [(0, 0), (1, 1), (2, 0), (3, 1)]
+    assert all({d.stream for d in f.draws} == {"torch", "numpy", "random"} for f in fetches)
+    saved = np.random.get_state()
+    np.random.seed(0)
+    seeded = rng.fold(rng.numpy_state() or b"")  # what blind_init(0) leaves in worker 0
+    np.random.set_state(saved)
+    numpy_state = [next(d.state for d in f.draws if d.stream == "numpy") for f in fetches]
+    assert numpy_state[0] == seeded and numpy_state[1] != seeded
+
+
+def test_batchnorm_normalises_over_the_rank(watch: Any) -> None:
+    watcher = watch()
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.LayerNorm(4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batch = watcher.handed("l", 0, 0, torch.randn(8, 4))
+    model(batch).sum().backward()
+    optimizer.step()
+    assert watcher.finish().per_rank_norm == ("1",)
