@@ -10,8 +10,10 @@ mode, alternating modes per repeat:
 - ``compared``: every window compared: forward hooks, kept gradients, recorded draws, dropout off and
   each window's batches, draws and weights saved for a replay.
 
-Only the loop is timed (imports and start-up excluded). Targets: ``counting`` at most 1.05x ``plain``;
-``compared`` is what a compared step costs, reported (the recorder compares a few steps per epoch).
+Only the loop is timed (imports and start-up excluded). Per-call costs of what the hooks wrap are
+measured in this process too (the fastest of 7 repeats, which a loaded machine disturbs least).
+Targets: ``counting`` at most 1.05x ``plain``; ``compared`` is what a compared step costs, reported
+(the recorder compares a few steps per epoch).
 
     python benchmarks/bench_step.py [--repeats 5] [--batches 400]
 """
@@ -73,6 +75,37 @@ def child(mode: str, batches: int, out: str) -> float:
     return seconds
 
 
+def per_call() -> dict[str, tuple[float, float]]:
+    """Microseconds per call (min of repeats, so load matters less) of what the hooks wrap, without and
+    with the watcher installed, outside compared windows."""
+    import timeit
+
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.ones(4, 4, requires_grad=True)
+    batch = (torch.ones(32, 8), torch.zeros(32, dtype=torch.long))
+    calls = {
+        "torch.randn(4)": lambda: torch.randn(4),
+        "F.dropout": lambda: F.dropout(x, 0.1),
+        "backward": lambda: (x * 2).sum().backward(),
+    }
+
+    def best(call: object) -> float:
+        return min(timeit.repeat(call, number=2000, repeat=7)) / 2000 * 1e6  # type: ignore[arg-type]
+
+    before = {name: best(call) for name, call in calls.items()}
+    from ddpcheck.checker.step import StepOptions, install_watcher
+
+    watcher = install_watcher(StepOptions(compare_batches=0))
+    positions = iter(range(10**9))
+    after = {name: best(call) for name, call in calls.items()}
+    before["handed(batch)"] = 0.0
+    after["handed(batch)"] = best(lambda: watcher.handed("bench", 0, next(positions), batch))
+    watcher.finish()
+    return {name: (before[name], after[name]) for name in calls.keys() | {"handed(batch)"}}
+
+
 def timed(mode: str, batches: int) -> float:
     with tempfile.TemporaryDirectory() as out:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -95,6 +128,8 @@ def main() -> None:
     if args.child:
         print(child(args.child, args.batches, args.out))
         return
+    for name, (plain, watched) in sorted(per_call().items()):
+        print(f"  per call, {name:16s} {plain:7.2f} us plain, {watched:7.2f} us watched")
     runs: dict[str, list[float]] = {mode: [] for mode in MODES}
     for repeat in range(args.repeats):
         for mode in MODES if repeat % 2 == 0 else tuple(reversed(MODES)):

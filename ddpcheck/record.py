@@ -65,6 +65,26 @@ def model_steps(text: str) -> int | None:
     return value
 
 
+def batches_or_all(text: str) -> int | None:
+    """``all`` or a number of batches, 0 included (``--compare-batches 0``: compare no window)."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of batches or 'all', got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more batches (or 'all'), got {text!r}")
+    return value
+
+
+def nonnegative(text: str) -> int:
+    value = batches_or_all(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected a number of batches, got {text!r}")
+    return value
+
+
 def positive(text: str) -> int:
     try:
         value = int(text)
@@ -112,18 +132,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="replay the compared steps of the launch recorded in DIR (run at world size 1); implies --step",
     )
     step.add_argument(
-        "--ignore-index", type=int, default=-100, help="the label value that supervises nothing (-100)"
+        "--ignore-index",
+        type=int,
+        default=-100,
+        metavar="N",
+        help="the label value that supervises nothing (-100)",
     )
     step.add_argument(
         "--compare-batches",
-        type=model_steps,
+        type=batches_or_all,
         default=None,
         metavar="N|all",
         help="compare the step windows that start in an epoch's first N batches (default: all)",
     )
     step.add_argument(
         "--tail-batches",
-        type=int,
+        type=nonnegative,
         default=0,
         metavar="N",
         help="also compare windows that start in an epoch's last N batches",
@@ -150,8 +174,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT
-    if args.tail_batches < 0:
-        parser.error(f"--tail-batches must be 0 or more, got {args.tail_batches}")
     _die_with_launcher()
     _stack_dumps()
     from ddpcheck.checker.script import ScriptRecordOptions, ScriptTarget, record_script
