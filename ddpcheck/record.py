@@ -176,7 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     _die_with_launcher()
     _stack_dumps()
-    from ddpcheck.checker.script import ScriptRecordOptions, ScriptTarget, record_script
+    from ddpcheck.checker.script import ScriptRecordOptions, record_script
+    from ddpcheck.checker.script_env import ScriptTarget
 
     hooks = None
     if args.hooks:

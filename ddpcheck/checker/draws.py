@@ -122,7 +122,7 @@ class DrawRecorder:
         frame = sys._getframe(3)
         if _loading(frame):
             return result
-        from ddpcheck.checker.script import user_site
+        from ddpcheck.checker.frames import user_site
 
         site, _ = user_site(frame)
         value = args[0] if (kind == "tensor" or call.endswith(IN_PLACE)) and args else result
