@@ -44,6 +44,7 @@ from ddpcheck.checker.script_env import (
     refuse_own_launch,
     run_target,
 )
+from ddpcheck.checker.step import active_watcher as step_watcher
 from ddpcheck.checker.subsets import base_indices, to_base
 from ddpcheck.checker.watch import install, mark_parts, watching
 from ddpcheck.checker.work import Measured, WorkMeter, looks_like_tokens
@@ -61,6 +62,9 @@ class ScriptRecordOptions:
     digest: bool = False  # digest every loaded batch's content (replicas of a mesh compare it)
     work: bool = True
     work_cost: str = "tokens"
+
+
+MAX_WINDOW_BATCHES = 256  # batches past model_steps an open accumulation window may still take
 
 
 class StopScript(BaseException):
@@ -127,7 +131,7 @@ class ScriptEpoch:
         window = options.steps
         if window is not None and self.built.count >= window:
             self._close_window()
-        if options.model_steps is not None and self.handed >= options.model_steps:
+        if options.model_steps is not None and self.handed >= options.model_steps and not self._window_open():
             self._drain()
             if window is not None and not self.done:  # an endless loader: the next window goes on
                 return self.__next__()
@@ -140,7 +144,21 @@ class ScriptEpoch:
         self._add(batch)
         self.handed += 1
         self.record.delivered += 1
-        return batch
+        watcher = step_watcher()
+        if watcher is None:
+            return batch
+        position = self.built.count - 1
+        return watcher.handed(
+            self.record.name, len(self.record.epochs), position, batch, length=self.len_loader
+        )
+
+    def _window_open(self) -> bool:
+        """The step watcher has an accumulation window open: the script receives batches past
+        ``model_steps`` until its optimizer steps (compared steps are whole windows), up to
+        :data:`MAX_WINDOW_BATCHES` more."""
+        watcher = step_watcher()
+        limit = (self.recorder.options.model_steps or 0) + MAX_WINDOW_BATCHES
+        return watcher is not None and self.handed < limit and watcher.window_open()
 
     def __len__(self) -> int:
         return len(self.inner)  # type: ignore[arg-type]
@@ -270,7 +288,11 @@ class ScriptEpoch:
         options, built, epochs = self.recorder.options, self.built, self.record.epochs
         len_loader = None if options.steps is not None else self.len_loader
         digests = array("q", built.digests) if options.digest else None
-        epochs.append(built.trace(len(epochs), len_loader, digests, None))
+        trace = built.trace(len(epochs), len_loader, digests, None)
+        watcher = step_watcher()
+        if watcher is not None:
+            trace = replace(trace, draws=watcher.fetch_draws(self.outer))
+        epochs.append(trace)
         self.built = EpochBuilder()
 
 

@@ -484,6 +484,11 @@ def supervised(batch: Any, ignore_index: int = IGNORE_INDEX) -> int | None:
 # --- installing --------------------------------------------------------------------------------------------
 
 ACTIVE: StepWatcher | None = None
+
+
+def active_watcher() -> StepWatcher | None:
+    """The watcher installed in this process (None: the step is not watched)."""
+    return ACTIVE
 _installed = False
 
 
