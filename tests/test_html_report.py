@@ -29,7 +29,8 @@ from ddpcheck.layout import parse_mesh
 from ddpcheck.report import render_html, render_markdown, write_reports
 from ddpcheck.report.svg import picture_files
 from ddpcheck.report.view import build_view, count
-from ddpcheck.result import CheckResult, MetricRow, ResumeRow, WorldResult
+from ddpcheck.restores import ResumeRow
+from ddpcheck.result import CheckResult, MetricRow, WorldResult
 from ddpcheck.session import check_loader
 from ddpcheck.trace import EpochTrace, RankFailure, RankTrace, RunTrace
 from tests.conftest import FIXTURES

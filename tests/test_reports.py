@@ -40,7 +40,8 @@ from ddpcheck.report import (
 from ddpcheck.report.json_report import jsonable
 from ddpcheck.report.junit import xml_text
 from ddpcheck.report.view import build_view, evidence
-from ddpcheck.result import CheckResult, MetricRow, ResumeRow, WorldResult
+from ddpcheck.restores import ResumeRow
+from ddpcheck.result import CheckResult, MetricRow, WorldResult
 from ddpcheck.session import check_loader
 from ddpcheck.trace import RankFailure
 from tests.conftest import FIXTURES, JUNIT_XSD

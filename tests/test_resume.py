@@ -10,20 +10,12 @@ import pytest
 
 from ddpcheck.checker.options import CheckOptions
 from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
+from ddpcheck.checks.resume import judge_resume, stop_points
+from ddpcheck.checks.resume_common import BOUNDARY_EMPTY, BOUNDARY_REPLAY, GLOBAL_RANK_STATE, RANK0_STATE
+from ddpcheck.checks.resume_elastic import judge_elastic
+from ddpcheck.restores import RankResume, Stop, StopResult
 from ddpcheck.result import CheckResult
-from ddpcheck.scenarios.resume import (
-    BOUNDARY_EMPTY,
-    BOUNDARY_REPLAY,
-    GLOBAL_RANK_STATE,
-    RANK0_STATE,
-    RankResume,
-    Stop,
-    StopResult,
-    failure_text,
-    judge_elastic,
-    judge_resume,
-    stop_points,
-)
+from ddpcheck.scenarios.resume_rank import failure_text
 from ddpcheck.session import check_loader
 from tests.conftest import FIXTURES, RESUME_FIXTURES
 

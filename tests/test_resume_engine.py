@@ -10,23 +10,22 @@ from ddpcheck.checker.loaderfile import LoaderSpec, other_factories
 from ddpcheck.checker.options import CheckOptions
 from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
 from ddpcheck.checks.resume import (
-    INCOMPLETE_STATE,
-    STALE_STATE,
-    ChainDamage,
-    ChainResult,
-    RankResume,
-    Stop,
-    StopResult,
     batches_off,
-    chain_cause,
-    chain_damage,
     factory_cause,
-    judge_chains,
     judge_resume,
     next_epoch_cause,
     offset_every_epoch,
-    shift_of,
 )
+from ddpcheck.checks.resume_chains import (
+    INCOMPLETE_STATE,
+    STALE_STATE,
+    ChainDamage,
+    chain_cause,
+    chain_damage,
+    judge_chains,
+)
+from ddpcheck.checks.resume_common import shift_of
+from ddpcheck.restores import ChainResult, RankResume, Stop, StopResult
 from ddpcheck.result import CheckResult
 from ddpcheck.scenarios.resume_rank import answerable, chain_lengths
 from ddpcheck.session import check_loader

@@ -79,7 +79,8 @@ from typing import Any
 
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.report.view import Cause, MixtureTable, ReportView, Row, as_view
-from ddpcheck.result import CheckResult, MetricRow, ResumeRow
+from ddpcheck.restores import ResumeRow
+from ddpcheck.result import CheckResult, MetricRow
 from ddpcheck.trace import RankFailure
 
 SCHEMA_VERSION = 3  # 2: layouts (label, mesh), padding, each cause's fix; 3: resume topology/outcome, idle

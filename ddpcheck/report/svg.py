@@ -30,7 +30,8 @@ from ddpcheck.checks.ids import (
 )
 from ddpcheck.figures import NO_RANK, SEVERAL, EpochFigure, FigureData
 from ddpcheck.report.view import ReportView, as_view
-from ddpcheck.result import CheckResult, ResumeRow, WorldResult
+from ddpcheck.restores import ResumeRow
+from ddpcheck.result import CheckResult, WorldResult
 
 WIDTH = 960
 LEFT = 96  # label column

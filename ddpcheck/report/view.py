@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from ddpcheck.checks.ids import ALL_CHECKS, MIXTURE, PADDING_BOUND, SHORT_LABELS, WORK_BALANCE
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.messages import count_text, short_id
-from ddpcheck.result import CheckResult, ResumeRow, WorldResult
+from ddpcheck.restores import ResumeRow
+from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.trace import RankFailure
 
 STATUS_WORD = {"pass": "PASS", "fail": "FAIL", "skip": "skip", "n/a": "n/a", "allowed": "allowed"}
