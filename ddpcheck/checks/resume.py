@@ -35,7 +35,7 @@ from ddpcheck.checks.resume_common import (
 )
 from ddpcheck.checks.verdict import Verdict, failed, not_applicable, passed, skipped
 from ddpcheck.messages import count_text
-from ddpcheck.restores import Batches, RankResume, ResumeRow, Stop, StopResult
+from ddpcheck.restores import Batches, RankRestore, RankResume, ResumeRow, Stop, StopResult
 
 
 def stop_points(run_batches: Sequence[int], epochs: int, elastic: bool) -> tuple[Stop, ...]:
@@ -80,20 +80,55 @@ class _StopJudgement:
     saved_by: tuple[int, ...] | None = None  # the old ranks that saved a state
     logged: dict[int, tuple[str, ...]] = field(default_factory=dict)  # failing rank -> what it logged
     shifts: list[tuple[int, int | None]] = field(default_factory=list)  # (step, where the rest starts)
+    per_rank: list[RankRestore] = field(default_factory=list)  # every judged rank's counts
+    unjudged: list[str] = field(default_factory=list)  # why a rank's records could not judge it (or part)
 
     @property
     def ok(self) -> bool:
         return not (self.ranks or self.error)
 
+    @property
+    def judged(self) -> bool:
+        """Some rank's restore was judged (a failure to restore is an answer too)."""
+        return bool(self.per_rank or self.error)
+
     def note(self, mechanism: str) -> str:
         if self.error or not self.ok:
             return self.error or self.cause
-        if not self.finish_first:
-            return f"via {via(mechanism)}"
+        if not self.judged:
+            return f"not judged: {self.unjudged[0]}"
+        said = f"via {via(mechanism)}"
+        if self.finish_first:
+            said += (
+                ", for a loop that finishes the stopped epoch (empty) before the next; a job that starts "
+                "the next epoch at once (Lightning, HF Trainer) gets another stream"
+            )
+        return f"{said}; not judged: {self.unjudged[0]}" if self.unjudged else said
+
+    def row(self, world_size: int, mechanism: str, topology: str) -> ResumeRow:
+        status = "fail" if not self.ok else "pass" if self.judged else "skip"
+        return ResumeRow(
+            world_size, world_size, self.stop.epoch, self.stop.step, status,
+            skipped=self.skipped, repeated=self.repeated, first_divergence=self.first_divergence,
+            note=self.note(mechanism), change=topology,
+            outcome={"fail": "failed", "pass": "exact"}.get(status, ""),
+            before=self.before, after=self.after, ranks=tuple(sorted(self.per_rank, key=lambda r: r.rank)),
+        )  # fmt: skip
+
+
+def unrecorded(rank: RankResume, stop: Stop) -> str:
+    """Why this rank's uninterrupted run cannot say what a restore at ``stop`` must yield ("": it can).
+    A rank with fewer batches finishes its epoch early (its own boundary): after the last recorded
+    epoch its next pass has nothing to be compared with."""
+    recorded = len(rank.uninterrupted)
+    if stop.epoch >= recorded:
+        return f"rank {rank.rank} recorded no epoch {stop.epoch} (the uninterrupted run has {recorded})"
+    if stop.boundary and stop.epoch + 1 >= recorded:
         return (
-            f"via {via(mechanism)}, for a loop that finishes the stopped epoch (empty) before the next; "
-            "a job that starts the next epoch at once (Lightning, HF Trainer) gets another stream"
+            f"rank {rank.rank} had finished epoch {stop.epoch} at the stop, and its next pass (epoch "
+            f"{stop.epoch + 1}) has no uninterrupted epoch to be compared with"
         )
+    return ""
 
 
 def _finishes_first(rank: RankResume, result: StopResult) -> bool:
@@ -243,39 +278,36 @@ def next_epoch_cause(rank: RankResume, stop: Stop, got: Batches) -> str:
 
 
 def _judge_one(j: _StopJudgement, rank: RankResume, result: StopResult) -> None:
-    """Add one rank's restore at ``j.stop`` to its judgement."""
+    """Add one rank's restore at ``j.stop`` to its judgement (never past what the rank recorded)."""
     if result.error.startswith("restoring failed"):
         j.error = j.error or f"rank {rank.rank}: {result.error}"
         return
     stop = result.stop
-    j.before += len(flat(rank.uninterrupted[stop.epoch][: stop.step]))
-    start = stop.step  # where ``expected`` starts in its epoch
-    next_cause = ""
-    if stop.boundary and result.next_pass is not None:
-        # a job that starts the next epoch at once (Lightning, HF Trainer) ...
-        expected, got, start = _expected_rest(rank, stop), result.next_pass, 0
-        differs = first_difference(expected, got, rank.in_order)
-        if differs is not None and result.read_rest and _finishes_first(rank, result):
-            j.finish_first = True  # ... or one that finishes the stopped epoch first
-            expected = got = result.next_epoch or ()
-            differs = None
-    else:
-        expected = rank.uninterrupted[stop.epoch][stop.step :]
-        got = result.rest
-        differs = first_difference(expected, got, rank.in_order)
-        if result.next_epoch is not None and stop.epoch + 1 < len(rank.uninterrupted):
-            following = rank.uninterrupted[stop.epoch + 1]
-            if first_difference(following, result.next_epoch, rank.in_order) is not None:
-                next_cause = next_epoch_cause(rank, stop, result.next_epoch)
+    why = unrecorded(rank, stop)
+    if why and (stop.epoch >= len(rank.uninterrupted) or result.rest or not result.read_rest):
+        j.unjudged.append(why)
+        return
+    before = len(flat(rank.uninterrupted[stop.epoch][: stop.step]))
+    if why:  # the last recorded epoch's end: the rest of that epoch (empty) is all that can be judged
+        j.unjudged.append(why)
+        j.before += before
+        j.per_rank.append(RankRestore(rank.rank, before))
+        return
+    expected, got, start, differs, next_cause = _compared(j, rank, result)
+    lost = sum((Counter(flat(expected)) - Counter(flat(got))).values())
+    repeated = sum((Counter(flat(got)) - Counter(flat(expected))).values())
+    bad = differs is not None or bool(next_cause)
+    j.before += before
     j.after += len(flat(got))
+    j.per_rank.append(RankRestore(rank.rank, before, len(flat(got)), *((lost, repeated) if bad else (0, 0))))
     j.saved_by = result.saved_by if j.saved_by is None else j.saved_by
-    if differs is None and not next_cause:
+    if not bad:
         return
     j.ranks.append(rank.rank)
     if result.logged:
         j.logged[rank.rank] = result.logged
-    j.skipped += sum((Counter(flat(expected)) - Counter(flat(got))).values())
-    j.repeated += sum((Counter(flat(got)) - Counter(flat(expected))).values())
+    j.skipped += lost
+    j.repeated += repeated
     if differs is not None:
         step = start + differs + 1
         j.first_divergence = step if j.first_divergence is None else min(j.first_divergence, step)
@@ -284,6 +316,31 @@ def _judge_one(j: _StopJudgement, rank: RankResume, result: StopResult) -> None:
             j.shifts.append((stop.step, shift_of(rank.uninterrupted[stop.epoch], got)))
     else:
         j.cause = j.cause or next_cause
+
+
+def _compared(
+    j: _StopJudgement, rank: RankResume, result: StopResult
+) -> tuple[Batches, Batches, int, int | None, str]:
+    """What the restore must yield and what it did (``expected``, ``got``, where ``expected`` starts in
+    its epoch, the first differing batch), and why the epoch after it differs ("": it does not)."""
+    stop = result.stop
+    if stop.boundary and result.next_pass is not None:
+        # a job that starts the next epoch at once (Lightning, HF Trainer) ...
+        expected, got = _expected_rest(rank, stop), result.next_pass
+        differs = first_difference(expected, got, rank.in_order)
+        if differs is not None and result.read_rest and _finishes_first(rank, result):
+            j.finish_first = True  # ... or one that finishes the stopped epoch first
+            expected = got = result.next_epoch or ()
+            differs = None
+        return expected, got, 0, differs, ""
+    expected = rank.uninterrupted[stop.epoch][stop.step :]
+    differs = first_difference(expected, result.rest, rank.in_order)
+    next_cause = ""
+    if result.next_epoch is not None and stop.epoch + 1 < len(rank.uninterrupted):
+        following = rank.uninterrupted[stop.epoch + 1]
+        if first_difference(following, result.next_epoch, rank.in_order) is not None:
+            next_cause = next_epoch_cause(rank, stop, result.next_epoch)
+    return expected, result.rest, stop.step, differs, next_cause
 
 
 def _judge_stops(ranks: Sequence[RankResume]) -> dict[Stop, _StopJudgement]:
@@ -335,24 +392,8 @@ def judge_resume(
     judgements = _judge_stops(ranks)
     _name_offsets(judgements)
     topology = f"{mesh} -> {mesh}" if mesh else ""
-    rows = tuple(
-        ResumeRow(
-            world_size,
-            world_size,
-            j.stop.epoch,
-            j.stop.step,
-            "pass" if j.ok else "fail",
-            skipped=j.skipped,
-            repeated=j.repeated,
-            first_divergence=j.first_divergence,
-            note=j.note(mechanism),
-            change=topology,
-            outcome="exact" if j.ok else "failed",
-            before=j.before,
-            after=j.after,
-        )
-        for j in sorted(judgements.values(), key=lambda j: (j.stop.epoch, j.stop.step))
-    )
+    ordered = sorted(judgements.values(), key=lambda j: (j.stop.epoch, j.stop.step))
+    rows = tuple(j.row(world_size, mechanism, topology) for j in ordered)
     chains = judge_chains(ranks, world_size, topology)
     if not judgements:
         return skipped(RESUME, "no stop point could be reached (the epochs are empty)"), rows
@@ -363,14 +404,19 @@ def _resume_verdict(
     mechanism: str, judgements: dict[Stop, _StopJudgement], chains: Sequence[ChainJudgement]
 ) -> Verdict:
     bad = [j for j in judgements.values() if not j.ok]
-    tried = ", ".join(f"e{j.stop.epoch}/s{j.stop.step}" for j in judgements.values())
+    judged = [j for j in judgements.values() if j.judged]
+    tried = ", ".join(f"e{j.stop.epoch}/s{j.stop.step}" for j in judged)
     bad_chains = [c for c in chains if not c.ok]
+    unjudged = [why for j in judgements.values() for why in j.unjudged]
     if not bad and not bad_chains:
+        if not judged and not chains:
+            return skipped(RESUME, f"no restore could be judged: {unjudged[0]}")
         twice = f", resumed twice exactly ({len(chains)} chains)" if chains else ""
+        partly = f"; not judged: {unjudged[0]}" if unjudged else ""
         return passed(
             RESUME,
-            f"resumed exactly via {via(mechanism)} at {len(judgements)} stop points ({tried}), "
-            f"next epochs unchanged{twice}",
+            f"resumed exactly via {via(mechanism)} at {len(judged)} stop points ({tried}), "
+            f"next epochs unchanged{twice}{partly}",
         )
     if not bad:
         first_chain = bad_chains[0]

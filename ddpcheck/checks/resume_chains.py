@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 from ddpcheck.checks.resume_common import batches_text, first_difference, flat, via
 from ddpcheck.messages import count_text
-from ddpcheck.restores import ChainResult, RankResume, ResumeRow, Stop, StopResult
+from ddpcheck.restores import ChainResult, RankRestore, RankResume, ResumeRow, Stop, StopResult
 
 STALE_STATE = (
     "stale state after restore: resumed twice, the second restore repeats what the first restored run "
@@ -104,7 +104,8 @@ def judge_chains(
     by_key: dict[tuple[Stop, int], list[tuple[RankResume, ChainResult]]] = {}
     for rank in ranks:
         for chain in rank.chains:
-            by_key.setdefault((chain.stop, chain.later), []).append((rank, chain))
+            if chain.stop.epoch < len(rank.uninterrupted):  # a judge never reads past what a rank recorded
+                by_key.setdefault((chain.stop, chain.later), []).append((rank, chain))
     return tuple(
         _judge_chain(key, members, by_key, (world_size, topology)) for key, members in by_key.items()
     )
@@ -125,9 +126,18 @@ def _judge_chain(
         row = replace(row, status="fail", outcome="failed", note=f"{kind}: {errors[0]}")
         return ChainJudgement(stop, later, row, errors[0], f"{kind}: {errors[0]}")
     damages = {rank.rank: chain_damage(rank, c) for rank, c in members}
-    before = sum(len(flat(rank.uninterrupted[stop.epoch][: stop.step])) for rank, _ in members)
-    after = sum(len(flat(c.first)) + len(flat((c.second or StopResult(stop)).rest)) for _, c in members)
-    row = replace(row, before=before, after=after)
+    counts = tuple(
+        RankRestore(
+            rank.rank,
+            len(flat(rank.uninterrupted[stop.epoch][: stop.step])),
+            len(flat(c.first)) + len(flat((c.second or StopResult(stop)).rest)),
+            damages[rank.rank].lost,
+            damages[rank.rank].repeated,
+        )
+        for rank, c in sorted(members, key=lambda m: m[0].rank)
+    )
+    before, after = sum(r.before for r in counts), sum(r.after for r in counts)
+    row = replace(row, before=before, after=after, ranks=counts)
     bad = sorted(r for r, d in damages.items() if not d.ok)
     if not bad:
         return ChainJudgement(stop, later, replace(row, outcome="exact", note=kind))

@@ -23,7 +23,7 @@ from ddpcheck.checks.resume_common import (
 from ddpcheck.checks.verdict import Verdict, failed, passed, skipped
 from ddpcheck.layout import Layout
 from ddpcheck.messages import count_text
-from ddpcheck.restores import Batches, RankResume, ResumeRow, Stop, StopResult, Topology
+from ddpcheck.restores import Batches, RankRestore, RankResume, ResumeRow, Stop, StopResult, Topology
 
 
 def change_text(old: Topology, new: Topology, old_workers: int) -> str:
@@ -58,6 +58,10 @@ def judge_restore(
     ]
     by_rank = {r.rank: r for r in old}
     old_firsts = [by_rank[r] for r in old_layout.representatives() if r in by_rank]
+    short = next((r.rank for r in old_firsts if stop.epoch >= len(r.uninterrupted)), None)
+    if short is not None:  # a judge never reads past what a rank recorded
+        note = f"not judged: old rank {short} recorded no epoch {stop.epoch}"
+        return replace(row, status="skip", note=note)
     before = flat(b for r in old_firsts for b in r.uninterrupted[stop.epoch][: stop.step])
     epoch_items = set(flat(b for r in old_firsts for b in r.uninterrupted[stop.epoch]))
     row = replace(row, before=len(before))
@@ -65,9 +69,11 @@ def judge_restore(
     rests_ = [r.rest for r in results]
     if not stop.boundary or any(p is None for p in passes):
         same = _continues(old_layout, old, new, stop, rests_)
-        return _covers(row, old_layout, new, before, rests_, epoch_items, pad_room, continues=same)
+        row = _covers(row, old_layout, new, before, rests_, epoch_items, pad_room, continues=same)
+        return _with_ranks(row, old_firsts, new.layout, stop, rests_, finishing=True)
     same = _continues(old_layout, old, new, stop, passes, starting=True)  # type: ignore[arg-type]
     starting = _covers(row, old_layout, new, [], passes, epoch_items, pad_room, continues=same)  # type: ignore[arg-type]
+    starting = _with_ranks(starting, old_firsts, new.layout, stop, passes, finishing=False)  # type: ignore[arg-type]
     if starting.outcome != "failed" or not all(r.read_rest for r in results):
         return starting
     same = _continues(old_layout, old, new, stop, rests_)
@@ -78,7 +84,37 @@ def judge_restore(
     note = (
         f"{finishing.note} if the loop finishes the stopped epoch first; starting the next at once {damage}"
     )
-    return replace(finishing, note=note)
+    return _with_ranks(replace(finishing, note=note), old_firsts, new.layout, stop, rests_, finishing=True)
+
+
+def _with_ranks(
+    row: ResumeRow,
+    old_firsts: Sequence[RankResume],
+    layout: Layout,
+    stop: Stop,
+    rests: Sequence[Batches],
+    *,
+    finishing: bool,
+) -> ResumeRow:
+    """``row`` with every rank's counts: an old data-parallel rank's samples trained before the stop and
+    lost (of its epoch, trained by no new rank), a new one's trained after the restore and repeated
+    (trained already, before the stop or by a lower new rank). ``finishing``: the loop finishes the
+    stopped epoch (else the restored pass is the next epoch's, with nothing trained before it)."""
+    befores = {
+        r.rank: flat(r.uninterrupted[stop.epoch][: stop.step]) if finishing else [] for r in old_firsts
+    }
+    afters = {rank: flat(rests[rank]) for rank in layout.representatives() if rank < len(rests)}
+    seen: Counter[Hashable] = Counter(i for items in befores.values() for i in items)
+    repeated: dict[int, int] = {}
+    for rank, items in afters.items():
+        repeated[rank] = sum(1 for i in items if seen[i] > 0)
+        seen.update(items)
+    lost = {r.rank: sum(1 for i in set(flat(r.uninterrupted[stop.epoch])) if not seen[i]) for r in old_firsts}
+    counts = tuple(
+        RankRestore(k, len(befores.get(k, ())), len(afters.get(k, ())), lost.get(k, 0), repeated.get(k, 0))
+        for k in sorted(set(befores) | set(afters))
+    )
+    return replace(row, ranks=counts)
 
 
 def _continues(
@@ -180,7 +216,9 @@ def topology_verdict(rows: Sequence[ResumeRow], cause: str) -> Verdict:
         return skipped(ELASTIC_RESUME, "no state to restore in another topology")
     refused = [r for r in rows if r.outcome == "refused"]
     if not bad:
-        kinds = Counter(r.outcome for r in rows)
+        kinds = Counter(r.outcome or "not judged" for r in rows)
+        if set(kinds) == {"not judged"}:
+            return skipped(ELASTIC_RESUME, rows[0].note)
         said = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
         detail = f"restored in other topologies ({changes}): {said}; nothing silently lost or repeated"
         if refused:

@@ -552,13 +552,14 @@ def restore_outcome(row: ResumeRow) -> str:
 
 
 def resume_notes(view: ReportView) -> list[tuple[str, int, tuple[str, ...]]]:
-    """The notes of refused and failed restores, identical ones once: (note, how many, topologies).
+    """The notes of refused, failed and unjudged restores, identical ones once: (note, how many,
+    topologies).
     A failure note that only restates its row's numbers ("not elastic: 2 -> 1 at ...") is left to the
     summary's worst loss."""
     found: dict[str, tuple[int, list[str]]] = {}
     for row in view.rows:
         for stop in row.run.resume:
-            if restore_outcome(stop) not in ("refused", "failed") or not stop.note:
+            if restore_outcome(stop) not in ("refused", "failed", "skip") or not stop.note:
                 continue
             if stop.note.startswith("not elastic: "):
                 continue

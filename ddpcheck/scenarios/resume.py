@@ -264,5 +264,5 @@ def _firsts(saved: _Saved) -> list[RankResume]:
 
 def _pad_room(ranks: Sequence[RankResume], stop: Stop) -> int:
     """Copies the old layout itself holds in that epoch (its padding)."""
-    items = flat(b for r in ranks for b in r.uninterrupted[stop.epoch])
+    items = flat(b for r in ranks if stop.epoch < len(r.uninterrupted) for b in r.uninterrupted[stop.epoch])
     return len(items) - len(set(items))
