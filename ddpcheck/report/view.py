@@ -546,6 +546,17 @@ def resume_summary(view: ReportView, only: Row | None = None) -> list[TopologySu
     return out
 
 
+def resume_caption(view: ReportView, row: Row) -> str:
+    """What a layout's resume picture shows, per topology change: failed and refused counts, the worst
+    loss (every report words it so)."""
+    return f"Failed and refused restores, {row.label}: " + "; ".join(
+        f"{summary.topology}: {summary.failed} failed, {summary.refused} refused"
+        + (f", worst {summary.worst}" if summary.worst else "")
+        for summary in resume_summary(view, row)
+        if summary.failed or summary.refused
+    )
+
+
 def restore_outcome(row: ResumeRow) -> str:
     """exact, resharded, refused or failed (a row judged before outcomes were named: by its status)."""
     return row.outcome or {"pass": "exact", "fail": "failed"}.get(row.status, row.status)
