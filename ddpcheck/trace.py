@@ -138,6 +138,9 @@ class LoaderFacts:
     work: str = ""  # what a batch's work was measured from ("" not measured; see checker.work)
 
 
+PADDED_WIDTH = "input_ids width (padding unknown)"  # LoaderFacts.work when nothing says which tokens pad
+
+
 @dataclass
 class PackingTally:
     """One rank's packed batches of one epoch, summed (``ddpcheck.checker.work`` counts them)."""

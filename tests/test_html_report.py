@@ -515,7 +515,8 @@ def test_the_resume_picture_draws_a_bar_per_rank_in_html_and_markdown(
     assert resume.index(linked[0]) < resume.index("| topology")  # the picture heads its table
     assert "worst loses 8 and repeats 3" in resume
     svg = (tmp_path / linked[0]).read_text()
-    assert svg.strip() == render_html(result).split('<figure class="resume">', 1)[1].split("<figcaption>", 1)[0]
+    inlined = render_html(result).split('<figure class="resume">', 1)[1].split("<figcaption>", 1)[0]
+    assert svg.strip() == inlined  # the same picture the HTML inlines
     assert "-resume.svg" not in markdown.split("### Resume", 1)[0]  # not among the layout's figures
 
 

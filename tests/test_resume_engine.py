@@ -99,6 +99,31 @@ def test_a_checkpoint_within_num_workers_after_a_restore_is_incomplete_state() -
     assert chain_cause([(1, bad), (3, bad)], workers=2) == STALE_STATE  # past the window too: stale
 
 
+def test_a_second_restore_that_skips_the_first_restores_fast_forward_again_is_named() -> None:
+    """Issue 36 item 10: torchdata's naive fast-forward counts the skipped batches as yielded. Restored
+    after 2 of 6 batches and run 1 more, the state says 5: the second restore starts at batch 6, or,
+    restored after 3 and run 1 more (7 of 6), finds nothing at all."""
+    exact = StopResult(Stop(0, 2), EPOCH0[2:])
+    short = ChainResult(Stop(0, 2), 1, EPOCH0[2:3], StopResult(Stop(0, 3), EPOCH0[5:], EPOCH1))
+    verdict, rows = judge_resume(1, [_rank(resumed=(exact,), chains=(short,))])
+    assert verdict.failed and verdict.cause.startswith("skipped batches counted again")
+    assert "the state saved then says 5 batches yielded, not 3" in verdict.cause
+    assert (
+        "torchdata's StatefulDataLoader" in verdict.cause and "state_dict()/load_state_dict()" in verdict.fix
+    )
+    assert "resumes at batch 6 instead of batch 4: 4 samples lost" in verdict.detail and rows[-1].skipped == 4
+    error = "restoring failed: StopIteration before the first batch (the restored state points past the end)"
+    past = ChainResult(Stop(0, 3), 1, EPOCH0[3:4], error=error)
+    verdict, _ = judge_resume(1, [_rank(resumed=(exact,), chains=(past,))])
+    assert "past the end of the epoch (6 batches): StopIteration" in verdict.cause
+    assert "fast-forwards 7 batches of 6 and yields nothing: 4 samples lost" in verdict.detail
+    # the neighbours it must not name: a first run that left the stream, a second restore elsewhere
+    wrong_first = ChainResult(Stop(0, 2), 1, EPOCH0[4:5], StopResult(Stop(0, 3), EPOCH0[5:], EPOCH1))
+    assert "counted again" not in judge_resume(1, [_rank(resumed=(exact,), chains=(wrong_first,))])[0].cause
+    stale = ChainResult(Stop(0, 2), 1, EPOCH0[2:3], StopResult(Stop(0, 3), EPOCH0[2:], EPOCH1))
+    assert judge_resume(1, [_rank(resumed=(exact,), chains=(stale,))])[0].cause == STALE_STATE
+
+
 def test_judge_chains_rows_and_verdict() -> None:
     stop = Stop(0, 2)
     good = ChainResult(stop, 1, EPOCH0[2:3], StopResult(Stop(0, 3), EPOCH0[3:], EPOCH1))

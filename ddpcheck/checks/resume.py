@@ -420,13 +420,14 @@ def _resume_verdict(
         )
     if not bad:
         first_chain = bad_chains[0]
-        return failed(
+        verdict = failed(
             RESUME,
             first_chain.detail,
             cause=first_chain.cause,
             ranks=first_chain.ranks,
             epochs=(first_chain.stop.epoch,),
         )
+        return replace(verdict, fix=first_chain.fix)
     first = sorted(bad, key=lambda j: (j.stop.epoch, j.stop.step))[0]
     if first.error:
         detail = f"restoring at epoch {first.stop.epoch} step {first.stop.step} failed: {first.error}"

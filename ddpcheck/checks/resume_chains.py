@@ -35,10 +35,59 @@ class ChainJudgement:
     cause: str = ""
     detail: str = ""
     ranks: tuple[int, ...] = ()
+    fix: str = ""
 
     @property
     def ok(self) -> bool:
         return self.row.status == "pass"
+
+
+def fast_forwarded_again(rank: RankResume, chain: ChainResult) -> int | None:
+    """Where the chain's second restore started when it skipped the first restore's fast-forward a
+    second time (None: it did not): the first restored run continued exactly, and the second restore
+    starts ``stop.step`` batches past where that run stopped, because the state saved after the first
+    restore counts the batches it fast-forwarded as yielded again. Past the epoch's end that finds no
+    batch at all (``StopIteration`` before the first)."""
+    stop, epoch = chain.stop, rank.uninterrupted[chain.stop.epoch]
+    if not stop.step or list(chain.first) != list(epoch[stop.step : stop.step + chain.later]):
+        return None
+    late = 2 * stop.step + chain.later
+    if chain.error:
+        past = late >= len(epoch) and "StopIteration before the first batch" in chain.error
+        return late if past else None
+    second = chain.second
+    return (
+        late if second is not None and late < len(epoch) and list(second.rest) == list(epoch[late:]) else None
+    )
+
+
+COUNTED_TWICE = (
+    "skipped batches counted again: restored at batch {k} and run {j} more, the state saved then says "
+    "{late} batches yielded, not {real}: the restore's fast-forward over the first {k} batches is counted "
+    "as batches trained, so the next restore skips {k} batches it never trained{past}"
+)
+COUNTED_TWICE_TORCHDATA = (
+    " (torchdata's StatefulDataLoader restores an IterableDataset that has no state_dict by naive "
+    "fast-forward, each skipped batch counted as yielded; torchtitan's ParallelAwareDataloader inherits it)"
+)
+COUNTED_TWICE_FIX = (
+    "give the dataset state_dict()/load_state_dict() (its position in the stream): the loader then "
+    "restores that position instead of fast-forwarding, and a state saved after a restore is the "
+    "position reached"
+)
+
+
+def counted_twice_cause(rank: RankResume, chain: ChainResult, late: int) -> str:
+    """:data:`COUNTED_TWICE` with the chain's numbers; where the state lives in the loader, torchdata's
+    known case named."""
+    k, j, n = chain.stop.step, chain.later, len(rank.uninterrupted[chain.stop.epoch])
+    past = (
+        f", past the end of the epoch ({n} batches): StopIteration before the first batch"
+        if late >= n
+        else ""
+    )
+    cause = COUNTED_TWICE.format(k=k, j=j, late=late, real=k + j, past=past)
+    return cause + (COUNTED_TWICE_TORCHDATA if rank.mechanism == "loader" else "")
 
 
 def chain_text(stop: Stop, later: int) -> str:
@@ -111,6 +160,25 @@ def judge_chains(
     )
 
 
+def _counted_twice(
+    stop: Stop, later: int, row: ResumeRow, kind: str, again: list[tuple[RankResume, ChainResult, int]]
+) -> ChainJudgement:
+    """A chain whose second restore skipped the first restore's fast-forward again, on the ranks in
+    ``again`` (rank, chain, where the second restore started): what each lost of the epoch's rest."""
+    rank, chain, late = again[0]
+    n = len(rank.uninterrupted[stop.epoch])
+    lost = sum(len(flat(r.uninterrupted[stop.epoch][stop.step + later : late])) for r, _, late in again)
+    cause = counted_twice_cause(rank, chain, late)
+    if late >= n:
+        where = f"fast-forwards {late} batches of {n} and yields nothing"
+    else:
+        where = f"resumes at batch {late + 1} instead of batch {stop.step + later + 1}"
+    detail = f"{kind}: rank {rank.rank}'s second restore {where}: {count_text(lost, 'samples')} lost"
+    row = replace(row, status="fail", outcome="failed", skipped=lost, note=f"{kind}: {cause}")
+    ranks = tuple(r.rank for r, _, _ in again)
+    return ChainJudgement(stop, later, row, cause, detail, ranks, fix=COUNTED_TWICE_FIX)
+
+
 def _judge_chain(
     key: tuple[Stop, int],
     members: list[tuple[RankResume, ChainResult]],
@@ -121,6 +189,9 @@ def _judge_chain(
     kind = f"{chain_text(stop, later)} (via {via(members[0][0].mechanism)})"
     world_size, topology = where
     row = ResumeRow(world_size, world_size, stop.epoch, stop.step, "pass", change=topology)
+    again = [(rank, c, late) for rank, c in members if (late := fast_forwarded_again(rank, c)) is not None]
+    if again:
+        return _counted_twice(stop, later, row, kind, again)
     errors = [f"rank {rank.rank}: {c.error}" for rank, c in members if c.error]
     if errors:
         row = replace(row, status="fail", outcome="failed", note=f"{kind}: {errors[0]}")
