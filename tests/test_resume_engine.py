@@ -232,3 +232,17 @@ def test_dcp_round_trip_is_exact_and_a_missing_rank_key_is_refused(tmp_path) -> 
     assert _verdicts(result, ELASTIC_RESUME)[2].status == "pass"  # type: ignore[attr-defined]
     after = set(__import__("os").listdir(tempfile.gettempdir()))
     assert not [name for name in after - before if name.startswith("ddpcheck-dcp-")]  # removed
+
+
+def test_torchdata_fast_forward_resumed_twice_is_named_with_its_fix() -> None:
+    """chain_bug_torchdata_fast_forward.py on real torchdata 0.11 (truth: NOTES.md, truth_chains.jsonl):
+    one restore exact, resumed twice the second restore fast-forwards 13 of 12 batches at W=2."""
+    options = CheckOptions(world_sizes=(2,), epochs=2, timeout=180, determinism=False)  # type: ignore[arg-type]
+    result = check_loader(str(RESUME_FIXTURES / "chain_bug_torchdata_fast_forward.py"), options)
+    verdict = next(v for v in result.runs[0].verdicts if v.check == RESUME)
+    assert verdict.failed and verdict.cause.startswith("skipped batches counted again")
+    assert "says 13 batches yielded, not 7" in verdict.cause and "StopIteration" in verdict.cause
+    assert "torchdata's StatefulDataLoader" in verdict.cause and "state_dict()" in verdict.fix
+    assert "StopIteration before the first batch (the restored state points" not in verdict.cause
+    once = [r for r in result.runs[0].resume if "resumed twice" not in r.topology]
+    assert once and {r.outcome for r in once} == {"exact"}
