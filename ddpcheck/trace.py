@@ -267,6 +267,8 @@ class RunTrace:
     shortcuts: SimulatedShortcuts | None = None
     # non-empty: only these ranks were recorded (a determinism rerun of a huge simulated world samples)
     rank_sample: tuple[int, ...] = ()
+    # a rank created shared memory by a name of its own (machine-wide): this loader's groups never overlap
+    named_memory: bool = False
 
     @property
     def ok(self) -> bool:
