@@ -360,6 +360,7 @@ class OptimizerStep:
     micro: tuple[MicroStep, ...] = ()
     grad: Sequence[float] | None = None
     grad_norm: float | None = None  # L2 norm of the whole gradient (every coordinate)
+    not_comparable: str = ""  # why this step cannot be compared with a replay ("": it can; see StepTrace)
 
 
 @dataclass(frozen=True)
