@@ -20,7 +20,7 @@ from ddpcheck.checker.identity import batch_digest
 from ddpcheck.checker.loaderfile import BadLoaderFile
 from ddpcheck.checker.mixture import SourceReader
 from ddpcheck.checker.recipe import RecordOptions
-from ddpcheck.checker.work import Measured, WorkMeter, add_tally, looks_like_tokens
+from ddpcheck.checker.work import Measured, WorkMeter, add_tally, looks_like_tokens, pad_token_of
 from ddpcheck.launch.rank import report_progress
 from ddpcheck.trace import EpochTrace, IdBuffer, PackingTally, SourceCodes
 
@@ -260,7 +260,7 @@ def work_meter(opened: OpenedLoader, options: RecordOptions) -> WorkMeter | None
     hook, tokens = opened.hooks.work, opened.hooks.tokens
     if hook is None and tokens is None and not _sample_has_tokens(opened.loader):
         return None
-    return WorkMeter(hook=hook, token_hook=tokens, cost=options.work_cost)
+    return WorkMeter(hook=hook, token_hook=tokens, cost=options.work_cost, pad_id=pad_token_of(opened.loader))
 
 
 def peek(dataset: Any) -> Any:
