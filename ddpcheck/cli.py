@@ -31,7 +31,7 @@ from ddpcheck.messages import one_line
 from ddpcheck.report.formats import PRINTED as PRINTED_FORMATS
 
 if TYPE_CHECKING:
-    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.options import CheckOptions
     from ddpcheck.result import CheckResult
 
 __all__ = ["MAX_REAL_RANKS", "MAX_SIMULATED_RANKS", "build_parser", "main", "parse"]
@@ -86,7 +86,7 @@ def _worker_counts(text: str) -> tuple[int, ...]:
 
 def _check_ids(text: str) -> list[str]:
     """``--allow reshuffle,determinism``: a comma list (the option repeats too); the ids are validated
-    with the other options (:func:`ddpcheck.checker.options.validate`)."""
+    with the other options (:func:`ddpcheck.options.validate`)."""
     ids = [part.strip() for part in text.split(",") if part.strip()]
     if not ids:
         raise argparse.ArgumentTypeError(f"expected check ids such as reshuffle,determinism, got {text!r}")
@@ -129,7 +129,7 @@ def _int_in(low: int, high: int) -> Callable[[str], Any]:
     return _number(int, "an integer", lambda v: low <= v <= high, f"must be from {low} to {high}")
 
 
-# the run's numbers: syntax here, their bounds once in ddpcheck.checker.options.validate
+# the run's numbers: syntax here, their bounds once in ddpcheck.options.validate
 _integer = _number(int, "an integer", lambda v: True, "")
 _seconds = _number(float, "a number of seconds", lambda v: True, "")
 _float = _number(float, "a number", lambda v: True, "")
@@ -196,7 +196,7 @@ class _VersionAction(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ddpcheck.checker import options as limits  # plain values, no torch: the bounds the help names
+    from ddpcheck import options as limits  # plain values, no torch: the bounds the help names
 
     parser = _Parser(
         prog="ddpcheck",
@@ -458,10 +458,10 @@ def _given_on_command_line(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def check_combination(args: argparse.Namespace) -> None:
     """Checks that need several options at once (argparse checks each alone): the run's options are
-    validated here, once (:func:`ddpcheck.checker.options.validate`), and kept as ``args.check_options``
+    validated here, once (:func:`ddpcheck.options.validate`), and kept as ``args.check_options``
     with every mesh a Layout."""
-    from ddpcheck.checker.options import BadInput, mesh_layouts, validate
     from ddpcheck.layout import LayoutError, check_ranks
+    from ddpcheck.options import BadInput, mesh_layouts, validate
 
     joined = args.rank is not None or args.world_size is not None or args.master_addr is not None
     if args.meshes and args.option_sources.get("world_sizes") == "default":
@@ -647,7 +647,7 @@ def _options(args: argparse.Namespace) -> CheckOptions:
     """The run's ``CheckOptions``: every option named like its field, the ``--no-X`` ones negated."""
     from dataclasses import fields
 
-    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.options import CheckOptions
 
     values: dict[str, Any] = {}
     for field in fields(CheckOptions):
@@ -675,7 +675,7 @@ def _run(args: argparse.Namespace) -> int | tuple[CheckResult, bool]:
     except BadLoaderFile as exc:
         return _error(str(exc), exc, args.verbose)
     with hygiene.gc_paused(freeze=_own_process):
-        from ddpcheck.checker.options import BadInput
+        from ddpcheck.options import BadInput
         from ddpcheck.progress import make_display
         from ddpcheck.session import Interrupted, check_loader
         from ddpcheck.session.joined import JoinTarget, check_joined

@@ -110,7 +110,7 @@ def test_a_len_raising_attribute_error_means_no_length(tmp_path: Path) -> None:
 
 
 def test_read_facts_takes_a_raising_len_for_no_length() -> None:
-    from ddpcheck.checker.recording import read_facts
+    from ddpcheck.checker.facts import read_facts
 
     sys.path.insert(0, str(RANK_FIXTURES))
     try:

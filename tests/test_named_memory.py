@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from ddpcheck.checker.options import CheckOptions
 from ddpcheck.launch import GroupCall, run_groups, run_ranks
+from ddpcheck.options import CheckOptions
 from ddpcheck.session import check_loader
 from tests.conftest import FIXTURES
 from tests.proc_utils import children_of

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from ddpcheck.checker.options import BadInput, CheckOptions, mesh_layouts, validate
 from ddpcheck.cli import check_combination, main, parse
 from ddpcheck.config import ConfigError
 from ddpcheck.layout import MAX_REAL_RANKS, Layout, LayoutError, file_safe, parse_mesh, parse_meshes
+from ddpcheck.options import BadInput, CheckOptions, mesh_layouts, validate
 from ddpcheck.pytest_plugin.check import check_options
 from ddpcheck.pytest_plugin.marker import MarkerError, MeshSpec, Overrides, mesh_id, spec_from_marker
 from tests.conftest import ROOT
@@ -204,7 +204,7 @@ def _messages(path: Path) -> set[str]:
 
 def test_the_command_line_does_not_repeat_the_options_rules() -> None:
     package = ROOT / "ddpcheck"
-    shared = _messages(package / "cli.py") & _messages(package / "checker" / "options.py")
+    shared = _messages(package / "cli.py") & _messages(package / "options.py")
     assert shared == set()
 
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from ddpcheck.checker.options import BadInput, CheckOptions
 from ddpcheck.launch import run_ranks
 from ddpcheck.launch.preload import preload_imports, refresh_rank_state
+from ddpcheck.options import BadInput, CheckOptions
 from ddpcheck.session import check_loader
 from tests.conftest import DATA
 

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from ddpcheck.checker.loaderfile import LoaderSpec
-from ddpcheck.checker.recording import RecordOptions, record_rank
+from ddpcheck.checker.recipe import LoaderRecipe, RecordOptions
+from ddpcheck.checker.recording import record_rank
 from ddpcheck.launch import TargetRef, report_progress, run_ranks
 from ddpcheck.progress import Display, LiveDisplay, PlainDisplay, make_display, parse_position
 from tests.conftest import DATA
@@ -70,7 +71,7 @@ def test_callback_hears_every_rank_of_a_real_group() -> None:
             TargetRef.of(record_rank),
             2,
             timeout=120,
-            kwargs={"spec": spec, "options": RecordOptions(epochs=1, load_data=True)},
+            kwargs={"options": RecordOptions(LoaderRecipe(spec), epochs=1, load_data=True)},
             on_progress=on_progress,
         )
     assert all(len(positions) == 2 for positions, _, _ in calls)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.options import CheckOptions
     from ddpcheck.result import CheckResult
 
 LoaderSource = Callable[..., Any] | str | os.PathLike[str]
@@ -156,7 +156,7 @@ def check_options(
     a check with meshes checks only the meshes, else world sizes 1 and 2.
     """
     __tracebackhide__ = True
-    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.options import CheckOptions
     from ddpcheck.pytest_plugin.marker import MarkerError, check_meshes
 
     internal = ("world_sizes", "epochs", "option_sources", "config_file")  # not the user's to give
@@ -196,7 +196,7 @@ def run_check(
     the plugin's (default: the running test's); under it bad input fails the test with one line.
     """
     __tracebackhide__ = True
-    from ddpcheck.checker.options import BadInput
+    from ddpcheck.options import BadInput
     from ddpcheck.session import check_loader
 
     dist = sys.modules.get("torch.distributed")
@@ -282,7 +282,7 @@ def assert_ddp_safe(
     fields (``backend``, ``patch``, ``timeout``, ``determinism``, ...; an unknown one is a TypeError
     that lists them). Raises :class:`DdpCheckFailed` (an AssertionError) with the report
     table. Bad input (no such file, no factory) fails the test with one line under the pytest plugin;
-    elsewhere it raises ``ddpcheck.checker.options.BadInput``, whose message is that line.
+    elsewhere it raises ``ddpcheck.options.BadInput``, whose message is that line.
     """
     __tracebackhide__ = True
     result = run_check(factory_or_path, world_sizes=world_sizes, epochs=epochs, factory=factory, **options)
@@ -334,7 +334,7 @@ class DdpCheck:
         pytest's rootdir, or a module name run as ``python -m`` from there); fail the test with the
         report table unless every check passes. ``options``: :func:`ddpcheck.check_script`'s."""
         __tracebackhide__ = True
-        from ddpcheck.checker.options import BadInput
+        from ddpcheck.options import BadInput
         from ddpcheck.session.script import check_script
 
         session = self._session if self._session is not None else current_session()

@@ -39,18 +39,18 @@ from typing import TYPE_CHECKING, Any
 
 from ddpcheck.checker.face import OpenedLoader, open_loader
 from ddpcheck.checker.loaderfile import LoaderSpec
-from ddpcheck.checker.options import mesh_layouts
 from ddpcheck.checker.recipe import LoaderRecipe
 from ddpcheck.checks.ids import METRIC_EQUIVALENCE
 from ddpcheck.checks.verdict import skipped
 from ddpcheck.launch import TargetRef, report_progress, run_ranks
 from ddpcheck.layout import Layout, shaped_like
+from ddpcheck.options import mesh_layouts
 from ddpcheck.scenarios.divergence import Evaluation, judge_metrics, metric_rows
 from ddpcheck.scenarios.protocol import DataRun, Outcome, rank_failures
 from ddpcheck.trace import RankFailure, compact_ids
 
 if TYPE_CHECKING:
-    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.options import CheckOptions
 
 ID_KEY = "__ids__"
 METRIC_HOOKS = ("forward", "metric")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ddpcheck.checker.loaderfile import LoaderSpec, other_factories
-from ddpcheck.checker.options import mesh_layouts
+from ddpcheck.checker.recipe import LoaderRecipe
 from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
 from ddpcheck.checks.resume import judge_all, stop_points
 from ddpcheck.checks.resume_common import HOW_TO_ENABLE, NOT_ELASTIC, NOT_ELASTIC_STATE, WORKER_OFFSETS, flat
@@ -18,6 +18,7 @@ from ddpcheck.checks.resume_elastic import change_text, judge_restore, restore_c
 from ddpcheck.checks.verdict import not_applicable, skipped
 from ddpcheck.launch import GroupCall, GroupResult, TargetRef, run_groups, run_ranks
 from ddpcheck.layout import Layout
+from ddpcheck.options import mesh_layouts
 from ddpcheck.restores import RankResume, Restore, ResumeRow, Stop, Topology
 from ddpcheck.scenarios.protocol import DataRun, Outcome, rank_failures
 from ddpcheck.scenarios.resume_rank import (  # noqa: F401
@@ -28,7 +29,7 @@ from ddpcheck.scenarios.resume_rank import (  # noqa: F401
 )
 
 if TYPE_CHECKING:
-    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.options import CheckOptions
 
 
 @dataclass
@@ -48,7 +49,7 @@ class ResumeCheck:
     def __init__(self, spec: LoaderSpec, options: CheckOptions) -> None:
         self.spec = spec
         self.options = options
-        self.record = options.record_options()
+        self.recipe = LoaderRecipe.from_options(spec, options)
         self.saved: dict[str, _Saved] = {}
         self.layouts: dict[str, Layout] = {}
         self.mechanism = ""  # where the data state lives: the elastic failure's cause depends on it
@@ -71,7 +72,7 @@ class ResumeCheck:
             layout.world_size,
             backend=self.options.backend,
             timeout=self.options.timeout,
-            kwargs={**kwargs, "options": replace(self.record, layout=layout)},
+            kwargs={**kwargs, "recipe": self.recipe.evolve(layout=layout)},
         )
 
     def world(self, ctx: DataRun) -> Outcome:
@@ -103,7 +104,7 @@ class ResumeCheck:
         )
         if self.dcp_dir:  # one directory per layout: every layout saves at the same stops
             job = replace(job, dcp_dir=_dcp_path(self.dcp_dir, layout.label))
-        kwargs = {"spec": self.spec, "job": job}
+        kwargs = {"job": job}
         group = self._launch(resume_rank, layout, kwargs)  # every rank of a mesh restores
         failures = rank_failures(group, RESUME)
         if failures:
@@ -183,8 +184,7 @@ class ResumeCheck:
                 backend=self.options.backend,
                 timeout=self.options.timeout,
                 kwargs={
-                    "spec": self.spec,
-                    "options": replace(self.record, layout=new),
+                    "recipe": self.recipe.evolve(layout=new),
                     "restores": tuple(r for _, _, r in restores),
                     "mechanism": self.mechanism,
                     "dcp_dir": self.dcp_dir,

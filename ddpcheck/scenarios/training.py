@@ -45,20 +45,20 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from ddpcheck.checker.face import OpenedLoader, open_loader
-from ddpcheck.checker.loaderfile import LoaderSpec, factory_kwargs, get_factory
-from ddpcheck.checker.options import mesh_layouts
+from ddpcheck.checker.loaderfile import LoaderSpec
 from ddpcheck.checker.recipe import LoaderRecipe, group_position
 from ddpcheck.checks.ids import TRAINING_EQUIVALENCE
 from ddpcheck.checks.verdict import Verdict, skipped
 from ddpcheck.launch import TargetRef, report_progress, run_ranks
 from ddpcheck.layout import Layout, shaped_like
 from ddpcheck.messages import count_text
+from ddpcheck.options import mesh_layouts
 from ddpcheck.scenarios.protocol import DataRun, Outcome, rank_failures
 
 if TYPE_CHECKING:
     import torch
 
-    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.options import CheckOptions
 
 TRAIN_HOOKS = ("make_model", "loss")
 TOLERANCE = 1e-10
@@ -337,11 +337,7 @@ def reference_loader(options: TrainOptions, batch_size: int) -> tuple[OpenedLoad
     seed_everything(options.seed)
     recipe = options.recipe.evolve(batch_size=batch_size, layout=options.single)
     opened = open_loader(recipe, 0, 1)
-    offered = {"rank": 0, "world_size": 1, "dp_rank": 0, "dp_world_size": 1, "mesh": None}
-    offered.update(recipe.arguments())
-    assert opened.module is not None  # opened from the loader file
-    factory = get_factory(opened.module, recipe.spec)
-    if "batch_size" in factory_kwargs(factory, {**offered, "batch_size": batch_size}):
+    if "batch_size" in opened.call.took:  # the factory built the loader with batch b * W itself
         return opened, ""
     loader = opened.outer
     if type(loader.batch_sampler) is BatchSampler and loader.batch_size is not None:

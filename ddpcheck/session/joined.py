@@ -21,12 +21,13 @@ from datetime import timedelta
 from typing import Any
 
 from ddpcheck.checker.loaderfile import BadLoaderFile, LoaderSpec, precheck
-from ddpcheck.checker.options import BadInput, CheckOptions, mesh_layouts, validate
+from ddpcheck.checker.recipe import record_options
 from ddpcheck.checker.recording import RankRecording, record_rank
 from ddpcheck.checks.replicas import data_parallel_view
 from ddpcheck.figures import figure_data
 from ddpcheck.launch.rank import error_message
 from ddpcheck.layout import Layout
+from ddpcheck.options import BadInput, CheckOptions, mesh_layouts, validate
 from ddpcheck.result import EXIT_BAD_INPUT, CheckResult
 from ddpcheck.session.plan import reference_layout
 from ddpcheck.session.record import Job, record
@@ -119,7 +120,7 @@ def check_joined(path: str, options: CheckOptions, target: JoinTarget) -> tuple[
             try:
                 payload = (
                     "ok",
-                    record_rank(spec, options.record_options(layout, digest=layout.replicas > 1)),
+                    record_rank(record_options(spec, options, layout, digest=layout.replicas > 1)),
                 )
             except BaseException as exc:
                 payload = ("error", error_message(exc))

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ddpcheck.checker.options import CheckOptions, mesh_layouts
 from ddpcheck.layout import Layout, shaped_like
+from ddpcheck.options import CheckOptions, mesh_layouts
 from ddpcheck.session.record import Job, rerun_sample
 
 

@@ -13,7 +13,6 @@ from typing import Any
 
 from ddpcheck.checker.identity import OBJECT_ITEMS
 from ddpcheck.checker.loaderfile import BadLoaderFile, LoaderSpec, defined_names, precheck
-from ddpcheck.checker.options import BadInput, CheckOptions, mesh_layouts, validate
 from ddpcheck.checks.ids import DETERMINISM, REPLICA_CONSISTENCY
 from ddpcheck.checks.replicas import data_parallel_view, judge_layout
 from ddpcheck.checks.verdict import Verdict, allow, skipped
@@ -23,6 +22,7 @@ from ddpcheck.launch import shared_tmp
 from ddpcheck.launch.preload import frozen_heap, preload_imports
 from ddpcheck.layout import Layout, LayoutError, check_ranks
 from ddpcheck.messages import count_text
+from ddpcheck.options import BadInput, CheckOptions, mesh_layouts, validate
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.scenarios import DataRun, Outcome, Scenario
 from ddpcheck.scenarios import build as build_scenarios

@@ -1,17 +1,18 @@
 """What a ddpcheck run is asked to do: plain options, validated before anything starts.
 
-The session and the scenarios (metric, training, resume) read them; nothing here launches or judges.
+Plain data below every layer that reads them: the front ends build them, the session and the scenarios
+(metric, training, resume) read them, and the rank side receives what it needs of them as typed values
+(:func:`ddpcheck.checker.recipe.record_options`); nothing here launches or judges.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ddpcheck.layout import MAX_SIMULATED_RANKS, Layout, LayoutError, MeshLike, parse_meshes
 
-if TYPE_CHECKING:  # recording imports torch: options are read (the command line) before torch loads
-    from ddpcheck.checker.recording import RecordOptions
+if TYPE_CHECKING:
     from ddpcheck.launch import ProgressCallback
 
 BACKENDS = ("gloo", "nccl")
@@ -42,9 +43,10 @@ class CheckOptions:
     a :class:`~ddpcheck.layout.Layout` (``meshes`` may be given as specs, mappings or Layouts).
 
     Each front end (the command, the pytest marker, ``ddpcheck.check``) builds one and passes it on; the
-    rank side receives what it needs as typed values made from it once (``record_options`` for a data
-    run, :meth:`ddpcheck.checker.recipe.LoaderRecipe.from_options` for how a loader is built), never a
-    copy made field by field. ``option_sources`` and ``config_file`` say where the values came from (the
+    rank side receives what it needs as typed values made from it once
+    (:func:`ddpcheck.checker.recipe.record_options` for a data run,
+    :meth:`ddpcheck.checker.recipe.LoaderRecipe.from_options` for how a loader is built), never a copy
+    made field by field. ``option_sources`` and ``config_file`` say where the values came from (the
     report lists them); ``on_progress`` is the live display's callback, not an option of the run."""
 
     world_sizes: tuple[int, ...] = (1, 2, 3, 4)
@@ -86,13 +88,6 @@ class CheckOptions:
     config_file: str | None = None  # the file whose [tool.ddpcheck] table gave defaults
     # --- the live progress display (ddpcheck.progress): not an option of the run, never reported ---
     on_progress: ProgressCallback | None = field(default=None, compare=False, repr=False)
-
-    def record_options(self, layout: Layout | None = None, *, digest: bool = False) -> RecordOptions:
-        """What the ranks need of these options (the fields both share, by name), in ``layout``."""
-        from ddpcheck.checker.recording import RecordOptions
-
-        shared = {f.name: getattr(self, f.name) for f in fields(RecordOptions) if hasattr(self, f.name)}
-        return RecordOptions(**shared, layout=layout, digest=digest)
 
 
 def mesh_layouts(options: CheckOptions) -> list[Layout]:
