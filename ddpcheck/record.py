@@ -17,6 +17,7 @@ import os
 import pickle
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from ddpcheck.launch.script import PARENT_ENV, STACK_ENV
@@ -129,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         work_cost=args.work_cost,
     )
     target = ScriptTarget(path=path, module=module, args=tuple(script_args))
-    trace = record_script(target, options, hooks)
+    trace = replace(record_script(target, options, hooks), frameworks=imported_frameworks())
     os.makedirs(args.out, exist_ok=True)
     final = trace_path(args.out, trace.rank)
     partial = f"{final}.{os.getpid()}.part"
@@ -143,6 +144,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ddpcheck.record: rank {trace.rank}: the script iterated no DataLoader", file=sys.stderr)
         return EXIT_SCRIPT_FAILED
     return 0
+
+
+# a framework, by the modules that show the script imported it
+FRAMEWORK_MODULES = {"lightning": ("lightning.fabric", "lightning_fabric", "pytorch_lightning")}
+
+
+def imported_frameworks() -> tuple[str, ...]:
+    """The training frameworks the script imported (their launchers decide how its processes group)."""
+    loaded = sys.modules
+    return tuple(name for name, modules in FRAMEWORK_MODULES.items() if any(m in loaded for m in modules))
 
 
 def _die_with_launcher() -> None:

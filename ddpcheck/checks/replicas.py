@@ -51,6 +51,8 @@ LAYOUT_MISMATCH = (
 )
 REPLICA_STEPS = "a replica runs a different number of batches: its group's next collective hangs"
 REPLICA_IDS = "replicas receive different samples: the loader's split depends on a non-data coordinate"
+TOLD = "the sampler splits by "  # what the samplers were given, where it is not the data-parallel rank
+TOLD_GLOBAL = f"{TOLD}the global rank: "
 MESH_FIXES = {
     GLOBAL_RANK: "shard by the data-parallel coordinate: DistributedSampler(num_replicas=dp_world_size, "
     "rank=dp_rank), or split_dataset_by_node(ds, rank=dp_rank, world_size=dp_world_size) as torchtitan's "
@@ -97,7 +99,7 @@ def judge_layout(reference: RunTrace, run: RunTrace, rerun: RunTrace | None, lay
 def _explained(verdict: Verdict, cause: str) -> Verdict:
     """A data-parallel failure that follows from the mesh's own bug is named after that bug."""
     if verdict.failed and verdict.check in _EXPLAINED_CHECKS:
-        return replace(verdict, cause=cause, fix=MESH_FIXES.get(cause, ""))
+        return replace(verdict, cause=cause, fix=mesh_fix(cause))
     return verdict
 
 
@@ -168,7 +170,11 @@ def check_replica_consistency(reference: RunTrace, run: RunTrace, layout: Layout
         )
     first = min(found, key=lambda d: (d.epoch, d.step, d.dp_rank))
     cause = _mesh_cause(reference, run, layout, found)
-    data["mesh_cause"] = cause if cause in (GLOBAL_RANK, SHARDED_TWICE_MESH, LAYOUT_MISMATCH) else ""
+    told = told_split(run, layout) if cause in (GLOBAL_RANK, REPLICA_IDS, LAYOUT_MISMATCH) else ""
+    if told and cause == LAYOUT_MISMATCH and not told.startswith(TOLD_GLOBAL):
+        told += f"; or the mesh is declared in another order than the script builds it (--mesh {layout.spec})"
+    cause = told or cause
+    data["mesh_cause"] = cause if told or cause in (GLOBAL_RANK, SHARDED_TWICE_MESH, LAYOUT_MISMATCH) else ""
     data["first"] = {"dp_rank": first.dp_rank, "epoch": first.epoch, "step": first.step, "kind": first.kind}
     one, two = by_rank[first.first].epochs[first.epoch], by_rank[first.other].epochs[first.epoch]
     detail = (
@@ -187,7 +193,37 @@ def check_replica_consistency(reference: RunTrace, run: RunTrace, layout: Layout
         ranks=(first.first, first.other),
         epochs=tuple(sorted({d.epoch for d in found})),
         data=data,
-        fix=MESH_FIXES.get(cause, ""),
+        fix=mesh_fix(cause),
+    )
+
+
+def mesh_fix(cause: str) -> str:
+    return MESH_FIXES[GLOBAL_RANK] if cause.startswith(TOLD) else MESH_FIXES.get(cause, "")
+
+
+def told_split(run: RunTrace, layout: Layout) -> str:
+    """What the ranks' samplers were given (``num_replicas``, ``rank``), where it is not the data-parallel
+    coordinate of a mesh: the global rank (``dist.get_rank()``) or another rank; "" where every sampler
+    got its data-parallel rank, or a sampler does not say."""
+    told = {r.rank: (r.facts.sampler_replicas, r.facts.sampler_rank) for r in run.ranks}
+    if not told or any(n is None or k is None for n, k in told.values()):
+        return ""
+    dp, world = layout.dp_world_size, layout.world_size
+    should = f'the data-parallel rank (mesh["dp"].get_local_rank(), 0..{dp - 1} of mesh["dp"].size() = {dp})'
+    if all(given == (world, rank) for rank, given in told.items()):
+        return (
+            f"{TOLD_GLOBAL}it is given dist.get_rank() (0..{world - 1}) and dist.get_world_size() "
+            f"({world}) where it needs {should}, so ranks that share a data-parallel rank each train on a "
+            "different shard"
+        )
+    wrong = [rank for rank, given in sorted(told.items()) if given != (dp, layout.dp_rank(rank))]
+    if not wrong:
+        return ""
+    rank = wrong[0]
+    n, k = told[rank]
+    return (
+        f"{TOLD}another rank than the data-parallel one: on rank {rank} (dist.get_rank()) it is given "
+        f"rank={k} of num_replicas={n}, where it needs {should}: {layout.dp_rank(rank)} there"
     )
 
 
