@@ -195,7 +195,7 @@ def test_a_scripts_report_gives_loaders_a_column_relative_names_and_counts_named
     assert view.loader_column and view.subject == "Script"
     assert [row.loader for row in view.rows] == ["../examples/train.py:42"] * 2
     assert [row.short for row in view.rows] == ["1", "2"]
-    assert view.rows[0].padding == "1 padding copy of 96 samples (1%): added by the sampler by design"
+    assert view.rows[0].padding == "1 padding copy of 96 samples (1%)"  # what the sampler adds by design
     assert view.rows[1].padding == (
         "23 extra copies of 96 samples (24%): overlap between ranks (at most 1 can be padding)"
     )

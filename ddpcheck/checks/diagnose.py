@@ -183,8 +183,9 @@ def replicas_cause(ctx: Context) -> str:
     if replicas is None or replicas == ctx.world_size:
         return ""
     return (
-        f"{TOLD_REPLICAS}{replicas} ranks (num_replicas={replicas}), but there are {ctx.world_size}: take "
-        "num_replicas and rank from the process group (dist.get_world_size(), dist.get_rank())"
+        f"{TOLD_REPLICAS}{replicas} ranks (num_replicas={replicas}), but {ctx.world_size} ranks split the "
+        "data: take num_replicas and rank from the process group (dist.get_world_size(), dist.get_rank()), "
+        "on a mesh from its data-parallel dimension"
     )
 
 

@@ -99,7 +99,7 @@ def judge_layout(reference: RunTrace, run: RunTrace, rerun: RunTrace | None, lay
 def _explained(verdict: Verdict, cause: str) -> Verdict:
     """A data-parallel failure that follows from the mesh's own bug is named after that bug."""
     if verdict.failed and verdict.check in _EXPLAINED_CHECKS:
-        return replace(verdict, cause=cause, fix=mesh_fix(cause))
+        return replace(verdict, cause=cause, fix=MESH_FIXES.get(cause, ""))
     return verdict
 
 
@@ -170,11 +170,7 @@ def check_replica_consistency(reference: RunTrace, run: RunTrace, layout: Layout
         )
     first = min(found, key=lambda d: (d.epoch, d.step, d.dp_rank))
     cause = _mesh_cause(reference, run, layout, found)
-    told = told_split(run, layout) if cause in (GLOBAL_RANK, REPLICA_IDS, LAYOUT_MISMATCH) else ""
-    if told and cause == LAYOUT_MISMATCH and not told.startswith(TOLD_GLOBAL):
-        told += f"; or the mesh is declared in another order than the script builds it (--mesh {layout.spec})"
-    cause = told or cause
-    data["mesh_cause"] = cause if told or cause in (GLOBAL_RANK, SHARDED_TWICE_MESH, LAYOUT_MISMATCH) else ""
+    data["mesh_cause"] = cause if cause in (GLOBAL_RANK, SHARDED_TWICE_MESH, LAYOUT_MISMATCH) else ""
     data["first"] = {"dp_rank": first.dp_rank, "epoch": first.epoch, "step": first.step, "kind": first.kind}
     one, two = by_rank[first.first].epochs[first.epoch], by_rank[first.other].epochs[first.epoch]
     detail = (
@@ -193,12 +189,8 @@ def check_replica_consistency(reference: RunTrace, run: RunTrace, layout: Layout
         ranks=(first.first, first.other),
         epochs=tuple(sorted({d.epoch for d in found})),
         data=data,
-        fix=mesh_fix(cause),
+        fix=MESH_FIXES.get(cause, ""),
     )
-
-
-def mesh_fix(cause: str) -> str:
-    return MESH_FIXES[GLOBAL_RANK] if cause.startswith(TOLD) else MESH_FIXES.get(cause, "")
 
 
 def told_split(run: RunTrace, layout: Layout) -> str:

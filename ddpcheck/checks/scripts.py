@@ -14,10 +14,20 @@ from dataclasses import replace
 from ddpcheck.checks.diagnose import IGNORES_RANK, TOLD_REPLICAS
 from ddpcheck.checks.fixes import FIXES
 from ddpcheck.checks.mixture import NO_SOURCE
-from ddpcheck.checks.replicas import GLOBAL_RANK, TOLD
+from ddpcheck.checks.replicas import (
+    GLOBAL_RANK,
+    LAYOUT_MISMATCH,
+    MESH_FIXES,
+    REPLICA_IDS,
+    TOLD,
+    TOLD_GLOBAL,
+    told_split,
+)
 from ddpcheck.checks.reshuffle import NOT_FORWARDED
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.checks.work import NO_WORK
+from ddpcheck.layout import Layout
+from ddpcheck.trace import RunTrace
 
 _NOT_FORWARDED_FIX = next(fix for text, fix in FIXES if text == NOT_FORWARDED.split("{")[0])
 SCRIPT_WORDS: dict[str, str] = {
@@ -56,6 +66,22 @@ def in_script_words(verdict: Verdict) -> Verdict:
         if text != getattr(verdict, name):
             changed[name] = text
     return replace(verdict, **changed) if changed else verdict
+
+
+def told_cause(verdict: Verdict, run: RunTrace, layout: Layout) -> Verdict:
+    """A mesh failure the data reads as a split by a non-data coordinate, named from what the script's
+    samplers were given (:func:`~ddpcheck.checks.replicas.told_split`): ``dist.get_rank()`` and the
+    data-parallel rank it needs. A transposed-looking split may also be a ``--mesh`` declared in another
+    order than the script's own mesh: the cause says both."""
+    mesh_causes = (GLOBAL_RANK, REPLICA_IDS, LAYOUT_MISMATCH)
+    if not layout.mesh or not verdict.failed or verdict.cause not in mesh_causes:
+        return verdict
+    told = told_split(run, layout)
+    if not told:
+        return verdict
+    if verdict.cause == LAYOUT_MISMATCH and not told.startswith(TOLD_GLOBAL):
+        told += f"; or --mesh {layout.spec} is declared in another order than the script builds its mesh"
+    return replace(verdict, cause=told, fix=MESH_FIXES[GLOBAL_RANK])
 
 
 def at_loader(verdict: Verdict, name: str) -> Verdict:

@@ -367,7 +367,8 @@ def idle_text(run: WorldResult) -> str:
 def padding_text(run: WorldResult) -> str:
     """``4 padding copies of 64 samples (6%)``, ``1 padding copy of 12 batches (8%)``: the padding a
     passing layout still costs, from padding_bound's data (the most in any epoch, in what the check
-    counted); ``none``; or "" when padding was not judged."""
+    counted); where it fails, the copies named as overlap between ranks ("23 extra copies of 96 samples
+    (24%): overlap between ranks (at most 1 can be padding)"); ``none``; or "" when not judged."""
     verdict = next((v for v in run.verdicts if v.check == PADDING_BOUND), None)
     if verdict is None:
         return ""
@@ -380,7 +381,7 @@ def padding_text(run: WorldResult) -> str:
     share = f"of {count_text(samples, noun)} ({copies / samples:.0%})"
     bound = verdict.data.get("bound")
     if verdict.status == "pass" or not isinstance(bound, int):
-        return f"{count_text(copies, 'padding copies')} {share}: added by the sampler by design"
+        return f"{count_text(copies, 'padding copies')} {share}"  # what the sampler adds by design
     padding = f"at most {bound} can be padding" if bound else "the sampler adds no padding"
     return f"{count_text(copies, 'extra copies')} {share}: overlap between ranks ({padding})"
 

@@ -25,7 +25,7 @@ from ddpcheck.checker.script import GPUS_ENV, NEEDS_CUDA, ScriptTarget
 from ddpcheck.checks.ids import COVERAGE, DETERMINISM, RESHUFFLE, SINGLE_PROCESS_EQUIVALENCE
 from ddpcheck.checks.replicas import data_parallel_view
 from ddpcheck.checks.reshuffle import STALE_EPOCH, evaluation_order
-from ddpcheck.checks.scripts import alone, at_loader, in_script_words, launcher_note
+from ddpcheck.checks.scripts import alone, at_loader, in_script_words, launcher_note, told_cause
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.figures import figure_data
 from ddpcheck.launch.script import ScriptLaunch, launch_script
@@ -531,7 +531,8 @@ def judge_launch(
         judged = judge_world(ref, current, again, layout, options, figures=figures)  # as loader files are
         verdicts = [_script_cause(v, current, name, reason, layout.world_size == 1) for v in judged.verdicts]
         verdicts = [_framework_sampler(v, ref, current) for v in verdicts]
-        verdicts = [in_script_words(at_loader(alone(v, *grouped), name)) for v in verdicts]
+        verdicts = [told_cause(alone(v, *grouped), current, layout) for v in verdicts]
+        verdicts = [in_script_words(at_loader(v, name)) for v in verdicts]
         results.append(
             replace(judged, verdicts=tuple(allowed(verdicts, options.allow)), seconds=seconds, loader=name)
         )
