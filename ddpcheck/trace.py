@@ -152,6 +152,9 @@ class LoaderFacts:
     grad_enabled: bool | None = None
 
 
+PADDED_WIDTH = "input_ids width (padding unknown)"  # LoaderFacts.work when nothing says which tokens pad
+
+
 @dataclass
 class PackingTally:
     """One rank's packed batches of one epoch, summed (``ddpcheck.checker.work`` counts them)."""
@@ -278,6 +281,8 @@ class RunTrace:
     shortcuts: SimulatedShortcuts | None = None
     # non-empty: only these ranks were recorded (a determinism rerun of a huge simulated world samples)
     rank_sample: tuple[int, ...] = ()
+    # a rank created shared memory by a name of its own (machine-wide): this loader's groups never overlap
+    named_memory: bool = False
 
     @property
     def ok(self) -> bool:
@@ -369,6 +374,7 @@ class OptimizerStep:
     micro: tuple[MicroStep, ...] = ()
     grad: Sequence[float] | None = None
     grad_norm: float | None = None  # L2 norm of the whole gradient (every coordinate)
+    not_comparable: str = ""  # why this step cannot be compared with a replay ("": it can; see StepTrace)
 
 
 @dataclass(frozen=True)
