@@ -202,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     target = ScriptTarget(path=path, module=module, args=tuple(script_args))
     watcher = _watch_step(args)
-    trace = record_script(target, options, hooks)
+    trace = replace(record_script(target, options, hooks), frameworks=imported_frameworks())
     if watcher is not None:
         trace = replace(trace, steps=watcher.finish())
     os.makedirs(args.out, exist_ok=True)
@@ -218,6 +218,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ddpcheck.record: rank {trace.rank}: the script iterated no DataLoader", file=sys.stderr)
         return EXIT_SCRIPT_FAILED
     return 0
+
+
+# a framework, by the modules that show the script imported it
+FRAMEWORK_MODULES = {"lightning": ("lightning.fabric", "lightning_fabric", "pytorch_lightning")}
+
+
+def imported_frameworks() -> tuple[str, ...]:
+    """The training frameworks the script imported (their launchers decide how its processes group)."""
+    loaded = sys.modules
+    return tuple(name for name, modules in FRAMEWORK_MODULES.items() if any(m in loaded for m in modules))
 
 
 def _watch_step(args: argparse.Namespace) -> StepWatcher | None:

@@ -136,6 +136,20 @@ class LoaderFacts:
     resumable: str = ""  # where the data state lives, for the resume check ("" none; see checker.recording)
     set_epoch_unreached: str = ""  # parts with a set_epoch the training loop's call never reached
     work: str = ""  # what a batch's work was measured from ("" not measured; see checker.work)
+    # what a rank-splitting sampler (DistributedSampler or alike) was told: the ranks it splits among and
+    # this rank's place; None where no part of the loader says
+    sampler_replicas: int | None = None
+    sampler_rank: int | None = None
+    # the dataset is drawn from a bigger one: "Subset" (torch Subset, what random_split returns) or
+    # "indices mapping" (an HF datasets split, shuffle or select); "" when not
+    subset: str = ""
+    subset_digest: str = (
+        ""  # which samples the subset holds, in order (ranks that drew different ones differ)
+    )
+    subset_call: str = ""  # the script's call that drew it, at its line ("random_split at train.py:17")
+    # autograd was on where the facts were read (a script: its first iter() of the loader); False: iterated
+    # under torch.no_grad() / inference_mode, an evaluation, whose order changes no result
+    grad_enabled: bool | None = None
 
 
 PADDED_WIDTH = "input_ids width (padding unknown)"  # LoaderFacts.work when nothing says which tokens pad
@@ -408,4 +422,5 @@ class ScriptRankTrace:
     stopped: bool = False
     fallback: str = ""
     steps: StepTrace | None = None  # what the training step did (None: not recorded)
+    frameworks: tuple[str, ...] = ()  # training frameworks the script imported: "lightning", "accelerate"...
     version: int = SCRIPT_TRACE_VERSION

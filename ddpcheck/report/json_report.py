@@ -80,7 +80,8 @@ import os
 from typing import Any
 
 from ddpcheck.checks.verdict import Verdict
-from ddpcheck.report.view import Cause, MixtureTable, ReportView, Row, as_view
+from ddpcheck.report.mixture_view import MixtureTable
+from ddpcheck.report.view import Cause, ReportView, Row, as_view
 from ddpcheck.restores import ResumeRow
 from ddpcheck.result import CheckResult, MetricRow
 from ddpcheck.trace import RankFailure

@@ -24,7 +24,8 @@ from ddpcheck.checker.options import BadInput, CheckOptions, mesh_layouts, valid
 from ddpcheck.checker.script_env import GPUS_ENV, NEEDS_CUDA, ScriptTarget
 from ddpcheck.checks.ids import COVERAGE, DETERMINISM, RESHUFFLE, SINGLE_PROCESS_EQUIVALENCE
 from ddpcheck.checks.replicas import data_parallel_view
-from ddpcheck.checks.reshuffle import STALE_EPOCH
+from ddpcheck.checks.reshuffle import STALE_EPOCH, evaluation_order
+from ddpcheck.checks.scripts import alone, at_loader, in_script_words, launcher_note, told_cause
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.figures import figure_data
 from ddpcheck.launch.script import ScriptLaunch, launch_script
@@ -196,6 +197,7 @@ class _ScriptSession:
             "script": self.target.shown,
             "script_args": list(self.target.args),
             "model_steps": "all" if self.options.model_steps is None else self.options.model_steps,
+            "cwd": self.cwd,
         }
         source = "index"
         if self.reference is not None and self.reference.traces:
@@ -213,6 +215,7 @@ class _ScriptSession:
 
     def carry_out(self, layouts: Sequence[Layout]) -> None:
         self.say(f"reference run (1 process) of {self.target.shown}")
+        self.notes.extend(filter(None, [launcher_note(os.environ)]))
         reference = self._launch(Layout.plain(1))
         self.reference = reference
         single = Layout.plain(1)
@@ -497,6 +500,7 @@ def judge_launch(
     ``standin`` (non-empty: why) means the reference is not a real single-process run; the checks
     that need one are skipped with that reason."""
     results = []
+    grouped = _grouped(run)
     for name in _loader_names(reference, run):
         ref = _run_trace(reference, name, 1)
         current = _run_trace(run, name, layout.world_size)
@@ -527,10 +531,19 @@ def judge_launch(
         judged = judge_world(ref, current, again, layout, options, figures=figures)  # as loader files are
         verdicts = [_script_cause(v, current, name, reason, layout.world_size == 1) for v in judged.verdicts]
         verdicts = [_framework_sampler(v, ref, current) for v in verdicts]
+        verdicts = [told_cause(alone(v, *grouped), current, layout) for v in verdicts]
+        verdicts = [in_script_words(at_loader(v, name)) for v in verdicts]
         results.append(
             replace(judged, verdicts=tuple(allowed(verdicts, options.allow)), seconds=seconds, loader=name)
         )
     return results
+
+
+def _grouped(run: _Recorded) -> tuple[bool, tuple[str, ...]]:
+    """(whether the ranks ran in a process group, the frameworks they imported), for :func:`alone`."""
+    traces = run.traces.values()
+    joined = run.layout.world_size == 1 or any(t.joined_group for t in traces)
+    return joined, tuple(sorted({f for t in traces for f in t.frameworks}))
 
 
 def _loader_names(reference: _Recorded, run: _Recorded) -> list[str]:
@@ -617,6 +630,9 @@ def _script_cause(verdict: Verdict, run: RunTrace, name: str, standin: str, sing
         return verdict
     if verdict.check == RESHUFFLE and not run.set_epoch:
         repeated = verdict.epochs if verdict.failed else repeats_without_set_epoch(run)
+        harmless = evaluation_order(run.ranks[0].facts) if run.ranks else ""
+        if repeated and harmless:
+            return Verdict(RESHUFFLE, "pass", f"{harmless} (the loop never calls set_epoch on it)")
         if repeated:
             cause = f"the loop never calls set_epoch on the sampler of the loader built at {name}"
             fix = f"call set_epoch(epoch) on that loader's sampler at the start of every epoch ({name})"
