@@ -366,7 +366,9 @@ class StepTrace:
     ``grad_dtype``: the parameters' dtype (the tolerance depends on it); ``per_rank_norm``: modules
     that normalise over the rank's batch (BatchNorm without SyncBatchNorm); ``dropout_off``: dropout
     was switched off while steps were compared; ``replay``: a reference replay of another launch ("":
-    a run of its own)."""
+    a run of its own); ``loss_scale`` (a replay's): how the loss answers a micro-batch given twice,
+    ``mean`` (the same gradient), ``sum`` (twice the gradient: a sum over a fixed normaliser, which
+    one process fed every rank's batch scales by the world size), "" not probed."""
 
     steps: tuple[OptimizerStep, ...] = ()
     open_micro: tuple[MicroStep, ...] = ()
@@ -377,6 +379,7 @@ class StepTrace:
     dropout_off: bool = False
     replay: str = ""
     notes: tuple[str, ...] = ()
+    loss_scale: str = ""
 
 
 SCRIPT_TRACE_VERSION = 2
