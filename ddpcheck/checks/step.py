@@ -468,13 +468,13 @@ def _outermost(names: Sequence[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class Mismatch:
-    step: str  # "step 3" or "after the last step"
+    step: str  # "in step 3" or "after the last optimizer step"
     module: str  # "" for backward passes
     counts: tuple[int, ...]
 
 
 def _windows(trace: StepTrace) -> list[tuple[str, tuple[MicroStep, ...]]]:
-    out = [(f"step {s.index}", s.micro) for s in trace.steps]
+    out = [(f"in step {s.index}", s.micro) for s in trace.steps]
     if trace.open_micro:
         out.append(("after the last optimizer step", trace.open_micro))
     return out
@@ -483,7 +483,10 @@ def _windows(trace: StepTrace) -> list[tuple[str, tuple[MicroStep, ...]]]:
 def _mismatches(traces: Sequence[StepTrace]) -> list[Mismatch]:
     found: list[Mismatch] = []
     windows = [_windows(t) for t in traces]
-    for k in range(min(len(w) for w in windows)):
+    longest = max(len(w) for w in windows)
+    for w in windows:  # equal step counts: only the open window (after the last step) may be missing
+        w.extend(("after the last optimizer step", ()) for _ in range(longest - len(w)))
+    for k in range(longest):
         label = windows[0][k][0]
         micro = [w[k][1] for w in windows]
         backward = tuple(len(m) for m in micro)
@@ -524,26 +527,27 @@ def check_equal_microsteps(run: Sequence[StepTrace | None], layout: Layout) -> V
     windows = len(_windows(traces[0]))
     if not found:
         backward = sorted({len(m) for _, m in _windows(traces[0])})
-        shape = str(backward[0]) if len(backward) == 1 else f"{backward[0]} to {backward[-1]}"
+        passes = count_text(backward[0], "backward passes")
+        shape = passes if len(backward) == 1 else f"{backward[0]} to {backward[-1]} backward passes"
         modules = len({n for t in traces for _, m in _windows(t) for n in _forward_counts(m)})
         return Verdict(
             EQUAL_MICROSTEPS,
             "pass",
             f"every rank ran the same micro-steps: {count_text(len(traces[0].steps), 'optimizer steps')} of "
-            f"{shape} backward passes each, the same forward calls of {count_text(modules, 'modules')}",
+            f"{shape} each, the same forward calls of {count_text(modules, 'modules')}",
         )
     first = next((m for m in found if not m.module), found[0])
     affected = len({m.step for m in found})
-    where = f"{first.step}; {affected} of {count_text(windows, 'steps')} differ"
+    where = f"{first.step}; {affected} of {count_text(windows, 'steps')} differ"  # "in step 3; 2 of 8 ..."
     if not first.module:
-        detail = f"backward passes: {_per_rank_text(first.counts, ranks)} in {where}"
+        detail = f"backward passes: {_per_rank_text(first.counts, ranks)} {where}"
         cause, fix = MICRO_COUNTS, MICRO_FIXES[MICRO_COUNTS]
     else:
-        detail = f"{first.module}: {_per_rank_text(first.counts, ranks)} in {where}"
+        detail = f"{first.module}: {_per_rank_text(first.counts, ranks)} {where}"
         cause = MODULE_SKIPPED.format(module=first.module)
         fix = MICRO_FIXES[MODULE_SKIPPED].format(module=first.module)
     odd = tuple(r for r, n in enumerate(first.counts) if n != max(set(first.counts), key=first.counts.count))
     data: dict[str, object] = {
-        "mismatches": [{"step": m.step, "module": m.module, "counts": list(m.counts)} for m in found[:64]]
+        "mismatches": [{"where": m.step, "module": m.module, "counts": list(m.counts)} for m in found[:64]]
     }
     return Verdict(EQUAL_MICROSTEPS, "fail", detail, cause, ranks=odd or tuple(ranks), data=data, fix=fix)
