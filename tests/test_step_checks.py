@@ -177,6 +177,9 @@ def test_the_tolerance_follows_the_dtype() -> None:
     assert check_step_equivalence(run16, trace([(ref[0], [micro(8)])]), W2).status == "pass"
     run32 = _run([_noisy(ref[0], 1e-2)], [[[micro()]]] * 2)
     assert check_step_equivalence(run32, trace([(ref[0], [micro(8)])]), W2).failed
+    autocast = _run([_noisy(ref[0], 1e-2)], [[[micro()]]] * 2, compute_dtype="bfloat16")  # float32 weights
+    verdict = check_step_equivalence(autocast, trace([(ref[0], [micro(8)])]), W2)
+    assert verdict.status == "pass" and "tolerance 0.05 for bfloat16" in verdict.detail
 
 
 def test_what_cannot_be_compared_is_never_a_failure() -> None:
@@ -193,6 +196,23 @@ def test_what_cannot_be_compared_is_never_a_failure() -> None:
     shards = [trace([(ref[0][:25], [micro()])])] * 2
     assert check_step_equivalence(shards, trace([(ref[0], [micro()])]), mesh).status == "n/a"
     assert check_step_equivalence(run, trace([([math.nan] * 50, [micro(8)])]), W2).status == "n/a"
+
+
+def test_a_kept_sample_of_coordinates_compares_whole_norms() -> None:
+    """Large models keep an evenly spaced sample of coordinates and the whole gradient's norm: the norms of
+    the two whole gradients are compared, never a whole norm with a sample's."""
+    from dataclasses import replace
+
+    ref = _grad(0)
+
+    def kept(values: list[float], norm: float) -> object:
+        base = trace([(values, [micro()])])
+        return replace(base, steps=(replace(base.steps[0], grad_norm=norm),), parameters=5000)
+
+    same = check_step_equivalence([kept(ref, 31.0)] * 2, kept(ref, 31.0), W2)  # type: ignore[list-item,arg-type]
+    assert same.status == "pass", same
+    apart = check_step_equivalence([kept(ref, 31.0)] * 2, kept(ref, 40.0), W2)  # type: ignore[list-item,arg-type]
+    assert apart.failed and "by 0.23 at step 0" in apart.detail  # |31 - 40| / 40
 
 
 def test_fit_factor() -> None:
