@@ -97,10 +97,10 @@ def test_ranks_that_hold_different_token_counts_under_a_per_rank_mean() -> None:
 
 @pytest.mark.parametrize(
     ("factor", "scale", "text", "hedged"),
-    [(0.5, "", "exactly 1/2 of one process's: 1 / world size", True),
-     (0.5, "mean", "exactly 1/2 of one process's: 1 / world size", False),
-     (2.0, "mean", "exactly 2x one process's: the world size", False),
-     (0.25, "mean", "exactly 1/4 of one process's: a constant factor", False)],
+    [(0.5, "", "exactly 1/2 of one process's, 1 / the world size", True),
+     (0.5, "mean", "exactly 1/2 of one process's, 1 / the world size", False),
+     (2.0, "mean", "exactly 2x one process's, the world size", False),
+     (0.25, "mean", "exactly 1/4 of one process's, a constant", False)],
 )  # fmt: skip
 def test_an_exact_factor_is_named(factor: float, scale: str, text: str, hedged: bool) -> None:
     ref = [_grad(k) for k in range(2)]

@@ -48,16 +48,16 @@ RANKS_APART = (
     "the ranks hold different gradients when the optimizer steps: the gradient was not averaged over the "
     "data-parallel group (the model is not wrapped in DDP, or the window's last backward ran under no_sync)"
 )
-FACTOR = "the gradient is exactly {factor} one process's: {why}"
+FACTOR = "the gradient is exactly {factor} one process's, {why}"
 FACTOR_WHY = {
     "world": "the world size: the ranks' gradients are summed instead of averaged (an all_reduce without "
     "dividing by the world size), or the loss is multiplied by the world size on top of a mean over the "
     "global batch",
-    "inverse world": "1 / world size: the loss is divided by the global batch's count and DDP's average "
+    "inverse world": "1 / the world size: the loss is divided by the global batch's count and DDP's average "
     "divides it once more (multiply it by the world size)",
     "micro": "the micro-batch count: each micro-batch's loss is scaled by the number of micro-batches, "
     "which differs between one process and the ranks",
-    "other": "a constant factor: the loss is scaled by a number that depends on the world size",
+    "other": "a constant: the loss is scaled by a number that depends on the world size",
 }
 UNPROBED = (
     "; a loss summed over a fixed per-rank normaliser would show the same factor, and the replay did not "
@@ -136,6 +136,9 @@ class StepDiff:
     micro: tuple[int, ...]  # micro-steps per data-parallel rank
     samples: tuple[int, ...]  # samples per data-parallel rank (-1 unknown)
     supervised: tuple[int, ...] | None  # supervised labels per data-parallel rank (None: no labels)
+    # per micro-step position, each rank's count (supervised labels where known, else samples; -1 unknown
+    # or no such micro-step): a per-rank mean weighs the ranks apart where these differ
+    per_micro: tuple[tuple[int, ...], ...] = ()
 
 
 def _samples(step: OptimizerStep) -> int:
@@ -159,6 +162,7 @@ def _step_diff(index: int, heads: Sequence[StepTrace], reference: OptimizerStep,
         rel = max(rel, abs(norm_g - norm_r * scale) / (norm_r * scale))
     factor, residual = fit_factor(g, expected) if not math.isnan(rel) else (math.nan, math.nan)
     sup = [_supervised(s) for s in steps]
+    labelled = not any(c is None for c in sup)
     return StepDiff(
         index,
         rel,
@@ -166,8 +170,21 @@ def _step_diff(index: int, heads: Sequence[StepTrace], reference: OptimizerStep,
         residual,
         tuple(len(s.micro) for s in steps),
         tuple(_samples(s) for s in steps),
-        None if any(c is None for c in sup) else tuple(c for c in sup if c is not None),
+        tuple(c for c in sup if c is not None) if labelled else None,
+        _per_micro(steps, labelled),
     )
+
+
+def _per_micro(steps: Sequence[OptimizerStep], labelled: bool) -> tuple[tuple[int, ...], ...]:
+    def count(step: OptimizerStep, m: int) -> int:
+        if m >= len(step.micro):
+            return -1
+        micro = step.micro[m]
+        value = micro.supervised if labelled else micro.samples
+        return -1 if value is None else value
+
+    width = max((len(s.micro) for s in steps), default=0)
+    return tuple(tuple(count(s, m) for s in steps) for m in range(width))
 
 
 def _heads(run: Sequence[StepTrace | None], layout: Layout) -> list[StepTrace | None]:
@@ -237,16 +254,41 @@ def check_step_equivalence(
         return apart
     scale = 1.0 / layout.dp_world_size if replay.loss_scale == "sum" else 1.0
     by_index = {s.index: s for s in replay.steps if s.grad is not None}
-    if any(any(math.isnan(v) for v in by_index[i].grad or ()) for i in indices):
+    # a replayed step whose gradient is NaN compares with nothing (it started from NaN weights, or its
+    # loss is NaN at one process too)
+    finite = [i for i in indices if not any(math.isnan(v) for v in by_index[i].grad or ())]
+    dropped = len(indices) - len(finite)
+    indices = finite
+    if not indices:
         return not_applicable(
             STEP_EQUIVALENCE, "the one-process replay's gradient is NaN: the loss is NaN at one process too"
         )
     diffs = [_step_diff(i, heads, by_index[i], scale) for i in indices]
-    bad = [d for d in diffs if math.isnan(d.rel) or d.rel > tol]
+    note = " (the loss sums over a fixed normaliser: compared with the replay's step / world size)"
+    note = note if scale != 1.0 else ""
+    if dropped:
+        note += (
+            f"; {count_text(dropped, 'later steps')} not compared: the replay from the run's weights is NaN"
+        )
+    return _judged(diffs, heads, layout, Settings(tol, dtype, replay.loss_scale, note))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the compared steps are judged and described."""
+
+    tol: float
+    dtype: str
+    loss_scale: str
+    note: str  # appended to the detail
+
+
+def _judged(diffs: Sequence[StepDiff], heads: Sequence[StepTrace], layout: Layout, how: Settings) -> Verdict:
+    bad = [d for d in diffs if math.isnan(d.rel) or d.rel > how.tol]
     data: dict[str, object] = {
-        "tolerance": tol,
-        "dtype": dtype,
-        "loss_scale": replay.loss_scale,
+        "tolerance": how.tol,
+        "dtype": how.dtype,
+        "loss_scale": how.loss_scale,
         "steps": [
             {
                 "index": d.index,
@@ -258,8 +300,7 @@ def check_step_equivalence(
             for d in diffs
         ],
     }
-    summed = " (the loss sums over a fixed normaliser: compared with the replay's step / world size)"
-    note = summed if scale != 1.0 else ""
+    tolerance = f"tolerance {how.tol:g} for {how.dtype}"
     if not bad:
         worst = max(d.rel for d in diffs)
         return Verdict(
@@ -267,25 +308,18 @@ def check_step_equivalence(
             "pass",
             f"the DDP gradient equals one process's on the union of the ranks' micro-batches at "
             f"{count_text(len(diffs), 'compared steps')} ({_windows_text(diffs)}; largest rel. difference "
-            f"{worst:.2g}, tolerance {tol:g} for {dtype}){note}",
+            f"{worst:.2g}, {tolerance}){how.note}",
             data=data,
         )
-    cause, fix = _cause(diffs, bad, heads, layout, tol, replay.loss_scale)
+    cause, fix = _cause(diffs, bad, heads, layout, how.tol, how.loss_scale)
     detail = (
         f"the DDP gradient differs from one process's on the union of the ranks' micro-batches by "
         f"{_diffs_text(bad)} ({len(bad)} of {count_text(len(diffs), 'compared steps')}; "
-        f"{_windows_text(bad)}; tolerance {tol:g} for {dtype}){note}"
+        f"{_windows_text(bad)}; {tolerance}){how.note}"
     )
-    return Verdict(
-        STEP_EQUIVALENCE,
-        "fail",
-        detail,
-        cause,
-        ranks=tuple(range(len(heads))),
-        examples=tuple(d.index for d in bad[:MAX_LISTED]),
-        data=data,
-        fix=fix,
-    )
+    examples = tuple(d.index for d in bad[:MAX_LISTED])
+    ranks = tuple(range(len(heads)))
+    return Verdict(STEP_EQUIVALENCE, "fail", detail, cause, ranks, examples=examples, data=data, fix=fix)
 
 
 def _ranks_apart(heads: Sequence[StepTrace], indices: Sequence[int], tol: float) -> Verdict | None:
@@ -337,8 +371,11 @@ def _cause(
     if all(_counts_differ(d) for d in bad) and not any(_counts_differ(d) for d in good):
         d = bad[0]
         what, noun = ("supervised-token", "tokens") if d.supervised is not None else ("sample", "samples")
-        counts = d.supervised if d.supervised is not None else d.samples
+        counts = _counts_differ(d)
         shown = " vs ".join(str(c) for c in counts[:4]) + (" ..." if len(counts) > 4 else "")
+        if len(d.per_micro) > 1:
+            position = next(m for m, c in enumerate(d.per_micro) if c == counts)
+            shown += f" in micro-batch {position} of step {d.index}"
         return RANK_MEAN.format(what=what, counts=shown, noun=noun), FIXES[RANK_MEAN].format(noun=what)
     return OTHER, FIXES[OTHER]
 
@@ -378,9 +415,12 @@ def _differ(d: StepDiff) -> bool:
     return len(set(d.micro)) > 1 or len(set(d.samples)) > 1
 
 
-def _counts_differ(d: StepDiff) -> bool:
-    counts = d.supervised if d.supervised is not None else d.samples
-    return len(set(counts)) > 1 and min(counts) >= 0
+def _counts_differ(d: StepDiff) -> tuple[int, ...]:
+    """The first micro-step's per-rank counts that differ (all known); () when none do."""
+    for counts in d.per_micro:
+        if min(counts) >= 0 and len(set(counts)) > 1:
+            return counts
+    return ()
 
 
 def _window_counts(d: StepDiff) -> str:
