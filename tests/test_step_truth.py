@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -211,3 +213,19 @@ def test_the_noise_of_the_same_seed_is_the_same_numbers() -> None:
     workers = TRUTH[("bug_same_seed_workers", 2)]["fetch_first"]
     assert workers["r0w0"] == workers["r1w0"] and workers["r0w0"] != workers["r0w1"]
     assert all(not math.isnan(v) for v in workers["r0w0"])
+
+
+@pytest.mark.slow
+def test_the_stored_truth_is_what_torchrun_shows_today(tmp_path: Path) -> None:
+    """Re-measure one fixture under a real torchrun (the run, its replay and the probe): the stored facts
+    hold, up to float noise."""
+    sys.path.insert(0, str(STEPS))
+    try:
+        import truth  # fixtures/steps/truth.py
+    finally:
+        sys.path.remove(str(STEPS))
+    now = json.loads(json.dumps(truth.measure("bug_global_count_no_world", 2, logs=tmp_path)["facts"]))
+    stored = TRUTH[("bug_global_count_no_world", 2)]
+    assert now["supervised_per_step"] == stored["supervised_per_step"] and now["loss_scale"] == "mean"
+    for a, b in zip(now["per_step"], stored["per_step"], strict=True):
+        assert abs(a["rel_diff"] - b["rel_diff"]) < 1e-6 and abs(a["c"] - b["c"]) < 1e-6
