@@ -8,10 +8,12 @@ applied (after DDP's average, before clipping) with the gradient of the one-proc
 at each micro-step the union of what the ranks received at that micro-step and started from the same
 weights. The measure is the relative L2 difference ``|g - r| / |r|``, held to a tolerance derived from the
 gradient's dtype (:data:`TOLERANCE`). The float noise of an exact replay, measured on the correct fixtures
-of ``fixtures/steps`` under torchrun (float32, CPU, 2 ranks), is at most 2.4e-7 (NOTES.md); float32's bound
-1e-5 leaves a margin of 40, and the smallest real bug there differs by 4e-3. A loss that sums over a fixed
-normaliser (the replay's ``loss_scale`` is ``sum``) is compared with the replay's gradient divided by the
-world size: fed every rank's batch, one process takes a step that many times larger.
+of ``fixtures/steps`` under torchrun (float32, CPU, 2 ranks, 37 exact steps of 9 scripts), is 2.9e-8 to 2.7e-7
+(NOTES.md there); float32's bound 1e-5 leaves a margin of 37, and the smallest bug there differs by 0.07.
+bf16 autocast on CPU (exact splits of the same models) shows up to 3.7e-3, float16 4.6e-4: their bounds
+are 5e-2 and 1e-2 (no GPU was lent to measure CUDA's). A loss that sums over a fixed normaliser (the
+replay's ``loss_scale`` is ``sum``) is compared with the replay's gradient divided by the world size: fed
+every rank's batch, one process takes a step that many times larger.
 
 Causes, from the evidence: a NaN gradient spread by the all-reduce; ranks holding different gradients after
 it; an exact scalar factor (``c = <g, r> / <r, r>`` with a tiny residual: the world size, its inverse, the
