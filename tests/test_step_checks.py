@@ -482,3 +482,15 @@ def test_the_step_checks_are_known_everywhere_a_check_id_is() -> None:
     by = {v.check: v for v in verdicts}
     assert by["supervision"].status == "pass" and by["rng_independence"].status == "n/a"
     assert step_check.TOLERANCE["float32"] == 1e-5
+
+
+def test_allow_accepts_the_step_checks() -> None:
+    """``--allow`` and ``[tool.ddpcheck]`` are validated by one function against ALL_CHECKS: the step
+    checks are accepted, a misspelt one is refused naming them."""
+    from ddpcheck.checker.options import BadInput, CheckOptions, validate
+    from ddpcheck.checks.verdict import Verdict, allow
+
+    assert validate(CheckOptions(allow=STEP_CHECKS)).allow == STEP_CHECKS
+    with pytest.raises(BadInput, match=r"choose from .*step_equivalence, equal_microsteps"):
+        validate(CheckOptions(allow=("step_equivalenc",)))
+    assert allow(Verdict("step_equivalence", "fail", "d", "c")).status == "allowed"
