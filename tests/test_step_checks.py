@@ -196,6 +196,8 @@ def test_what_cannot_be_compared_is_never_a_failure() -> None:
     shards = [trace([(ref[0][:25], [micro()])])] * 2
     assert check_step_equivalence(shards, trace([(ref[0], [micro()])]), mesh).status == "n/a"
     assert check_step_equivalence(run, trace([([math.nan] * 50, [micro(8)])]), W2).status == "n/a"
+    other_size = check_step_equivalence(run, trace([(ref[0][:40], [micro(8)])]), W2)
+    assert other_size.status == "n/a" and "different sizes (40, 50 values)" in other_size.detail
 
 
 def test_a_kept_sample_of_coordinates_compares_whole_norms() -> None:

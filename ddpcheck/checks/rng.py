@@ -18,8 +18,10 @@ that seeds its own augmentation and was padded onto a second rank, is not a seed
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import combinations
 
 from ddpcheck.checks.context import Context
 from ddpcheck.checks.ids import RNG_INDEPENDENCE
@@ -99,11 +101,24 @@ class Finding:
     ranks: tuple[int, ...]
 
 
-def _shared(a: Stream, b: Stream) -> int:
-    """How many states two streams share, when that makes them the same stream (else 0)."""
-    common = len(set(a.states) & set(b.states))
-    need = max(1, math.ceil(min(len(a.states), len(b.states)) / 2))
-    return common if common >= need else 0
+def _alike(streams: Sequence[Stream]) -> list[tuple[int, int, int]]:
+    """``(i, j, shared)`` for every pair of streams of one name that share at least half of the shorter
+    one's states: one hash index over all states, so the cost grows with the states, not with the pairs
+    of a thousand ranks' streams."""
+    owners: dict[tuple[str, int], list[int]] = {}
+    for i, s in enumerate(streams):
+        for state in set(s.states):
+            owners.setdefault((s.stream, state), []).append(i)
+    shared: Counter[tuple[int, int]] = Counter()
+    for indices in owners.values():
+        for i, j in combinations(indices, 2):
+            shared[(i, j)] += 1
+    out = []
+    for (i, j), n in sorted(shared.items()):
+        need = max(1, math.ceil(min(len(streams[i].states), len(streams[j].states)) / 2))
+        if n >= need:
+            out.append((i, j, n))
+    return out
 
 
 def _loading_streams(loading: Mapping[str, Sequence[Sequence[EpochTrace]]]) -> dict[str, list[Stream]]:
@@ -161,39 +176,36 @@ def _dp_groups(layout: Layout, ranks: int) -> list[int]:
 
 
 def _loading_finding(name: str, streams: Sequence[Stream], dp: Sequence[int]) -> Finding | None:
-    for a_i, a in enumerate(streams):
-        for b in streams[a_i + 1 :]:
-            if a.stream != b.stream or not _shared(a, b):
-                continue
-            if a.rank == b.rank and a.worker != b.worker:
-                text = WORKERS_ALIKE.format(stream=a.stream)
-                detail = f"{name}: {a.where} and {b.where} draw {a.stream} from the same states while loading"
-                return Finding(text, RNG_FIXES[WORKERS_ALIKE], detail, (a.rank,))
-            if dp[a.rank] == dp[b.rank]:
-                continue  # peers of one data-parallel rank: _peer_finding asks them to agree
-            cause, key = _loading_cause(a, streams)
-            shared = _shared(a, b)
-            detail = (
-                f"{name}: {a.where} and {b.where} draw {a.stream} from the same states while loading "
-                f"({shared} of {count_text(len(a.states), 'fetches')})"
-            )
-            return Finding(cause, RNG_FIXES[key], detail, (a.rank, b.rank))
+    pairs = _alike(streams)
+    for i, j, shared in pairs:
+        a, b = streams[i], streams[j]
+        if a.rank == b.rank and a.worker != b.worker:
+            text = WORKERS_ALIKE.format(stream=a.stream)
+            detail = f"{name}: {a.where} and {b.where} draw {a.stream} from the same states while loading"
+            return Finding(text, RNG_FIXES[WORKERS_ALIKE], detail, (a.rank,))
+        if dp[a.rank] == dp[b.rank]:
+            continue  # peers of one data-parallel rank: _peer_finding asks them to agree
+        cause, key = _loading_cause(a, streams, pairs)
+        detail = (
+            f"{name}: {a.where} and {b.where} draw {a.stream} from the same states while loading "
+            f"({shared} of {count_text(len(a.states), 'fetches')})"
+        )
+        return Finding(cause, RNG_FIXES[key], detail, (a.rank, b.rank))
     return None
 
 
-def _loading_cause(a: Stream, streams: Sequence[Stream]) -> tuple[str, str]:
+def _loading_cause(
+    a: Stream, streams: Sequence[Stream], pairs: Sequence[tuple[int, int, int]]
+) -> tuple[str, str]:
     """Name why one worker's stream repeats on another rank (the cause text and its fixes key)."""
     if a.worker is None:
         return MAIN_SAME.format(stream=a.stream), MAIN_SAME
     worker = a.worker
     torch_alike = any(
-        s.stream == "torch"
-        and t.stream == "torch"
-        and s.worker == t.worker
-        and s.rank != t.rank
-        and _shared(s, t)
-        for s in streams
-        for t in streams
+        streams[i].stream == "torch"
+        and streams[i].worker == streams[j].worker
+        and streams[i].rank != streams[j].rank
+        for i, j, _ in pairs
     )
     if torch_alike:
         return SAME_BASE_SEED.format(worker=worker, stream=a.stream), SAME_BASE_SEED
@@ -222,17 +234,16 @@ def _source(s: Stream) -> str:
 def _loop_finding(
     streams: Sequence[Stream], dp: Sequence[int], groups: Sequence[Sequence[int]]
 ) -> Finding | None:
-    for a_i, a in enumerate(streams):
-        for b in streams[a_i + 1 :]:
-            if a.stream == b.stream and dp[a.rank] != dp[b.rank] and _shared(a, b):
-                site = a.site or "an unknown line"
-                cause = LOOP_SAME.format(what=_what(a), site=site, source=_source(a))
-                shared = _shared(a, b)
-                detail = (
-                    f"rank {a.rank} and rank {b.rank} draw {_what(a)} at {site} from the same states "
-                    f"({shared} of {count_text(len(a.states), 'draws')})"
-                )
-                return Finding(cause, RNG_FIXES[LOOP_SAME], detail, (a.rank, b.rank))
+    for i, j, shared in _alike(streams):
+        a, b = streams[i], streams[j]
+        if dp[a.rank] != dp[b.rank]:
+            site = a.site or "an unknown line"
+            cause = LOOP_SAME.format(what=_what(a), site=site, source=_source(a))
+            detail = (
+                f"rank {a.rank} and rank {b.rank} draw {_what(a)} at {site} from the same states "
+                f"({shared} of {count_text(len(a.states), 'draws')})"
+            )
+            return Finding(cause, RNG_FIXES[LOOP_SAME], detail, (a.rank, b.rank))
     return _peer_finding(streams, groups)
 
 
