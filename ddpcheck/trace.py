@@ -138,6 +138,9 @@ class LoaderFacts:
     work: str = ""  # what a batch's work was measured from ("" not measured; see checker.work)
 
 
+PADDED_WIDTH = "input_ids width (padding unknown)"  # LoaderFacts.work when nothing says which tokens pad
+
+
 @dataclass
 class PackingTally:
     """One rank's packed batches of one epoch, summed (``ddpcheck.checker.work`` counts them)."""
@@ -264,6 +267,8 @@ class RunTrace:
     shortcuts: SimulatedShortcuts | None = None
     # non-empty: only these ranks were recorded (a determinism rerun of a huge simulated world samples)
     rank_sample: tuple[int, ...] = ()
+    # a rank created shared memory by a name of its own (machine-wide): this loader's groups never overlap
+    named_memory: bool = False
 
     @property
     def ok(self) -> bool:
@@ -355,6 +360,7 @@ class OptimizerStep:
     micro: tuple[MicroStep, ...] = ()
     grad: Sequence[float] | None = None
     grad_norm: float | None = None  # L2 norm of the whole gradient (every coordinate)
+    not_comparable: str = ""  # why this step cannot be compared with a replay ("": it can; see StepTrace)
 
 
 @dataclass(frozen=True)

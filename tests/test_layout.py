@@ -122,7 +122,8 @@ LEVELS = (
     ("ddpcheck.scenarios",),
     ("ddpcheck.checker",),
     ("ddpcheck.launch", "ddpcheck.checks", "ddpcheck.reference", "ddpcheck.report"),
-    ("ddpcheck.trace", "ddpcheck.result", "ddpcheck.figures", "ddpcheck.layout", "ddpcheck.messages",
+    ("ddpcheck.trace", "ddpcheck.result", "ddpcheck.restores", "ddpcheck.figures", "ddpcheck.layout",
+     "ddpcheck.messages",
      *CHECK_DATA, "ddpcheck"),
 )  # fmt: skip
 
@@ -190,6 +191,15 @@ def _private_imports() -> set[tuple[str, str]]:
 
 def _private(dotted: str) -> bool:
     return any(part.startswith("_") and not part.startswith("__") for part in dotted.split("."))
+
+
+def test_the_judges_take_plain_data_not_the_result() -> None:
+    """The resume judges fill rows that the result holds: the rows are plain data below both."""
+    graph = _imports()
+    judges = {m for m in graph if m.startswith("ddpcheck.checks.resume")}
+    assert len(judges) >= 3
+    assert {(m, d) for m in judges for d in graph[m] if d == "ddpcheck.result"} == set()
+    assert "ddpcheck.restores" in graph["ddpcheck.result"]
 
 
 def test_no_private_name_crosses_a_package() -> None:

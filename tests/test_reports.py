@@ -42,7 +42,8 @@ from ddpcheck.report import (
 from ddpcheck.report.json_report import jsonable
 from ddpcheck.report.junit import xml_text
 from ddpcheck.report.view import build_view, evidence
-from ddpcheck.result import CheckResult, MetricRow, ResumeRow, WorldResult
+from ddpcheck.restores import RankRestore, ResumeRow
+from ddpcheck.result import CheckResult, MetricRow, WorldResult
 from ddpcheck.session import check_loader
 from ddpcheck.trace import RankFailure
 from tests.conftest import FIXTURES, JUNIT_XSD
@@ -366,6 +367,7 @@ def _known() -> CheckResult:
                         outcome="failed",
                         before=6,
                         after=10,
+                        ranks=(RankRestore(0, 3, 3), RankRestore(1, 3, 7, lost=4)),
                     ),
                 ),
             ),
@@ -488,6 +490,10 @@ KNOWN_JSON = {
                     "repeated": 0,
                     "first_divergence": 3,
                     "note": "state_dict lost the position",
+                    "ranks": [
+                        {"rank": 0, "before": 3, "after": 3, "lost": 0, "repeated": 0},
+                        {"rank": 1, "before": 3, "after": 7, "lost": 4, "repeated": 0},
+                    ],
                 }
             ],
         },

@@ -20,7 +20,7 @@ from ddpcheck.checker.identity import batch_digest
 from ddpcheck.checker.loaderfile import BadLoaderFile
 from ddpcheck.checker.mixture import SourceReader
 from ddpcheck.checker.recipe import RecordOptions
-from ddpcheck.checker.work import Measured, WorkMeter, add_tally, looks_like_tokens
+from ddpcheck.checker.work import Measured, WorkMeter, add_tally, looks_like_tokens, pad_token_of
 from ddpcheck.launch.rank import report_progress
 from ddpcheck.trace import EpochTrace, IdBuffer, PackingTally, SourceCodes
 
@@ -30,11 +30,11 @@ ENDLESS_PROBE = 20_000
 Batch = tuple[list[Hashable], "int | None", "int | None", "Measured | None"]  # ids, worker, digest, work
 
 
-def guard_size(n: int) -> None:
+def guard_size(n: int, subject: str = "the loader") -> None:
     if n > MAX_ITEMS_PER_EPOCH:
         raise BadLoaderFile(
-            f"one epoch yielded more than {MAX_ITEMS_PER_EPOCH:,} items; the loader looks infinite "
-            "(check it in windows with --steps N)"
+            f"{subject} passed more than {MAX_ITEMS_PER_EPOCH:,} samples in one epoch; check it in windows "
+            "with --steps N"
         )
 
 
@@ -51,11 +51,24 @@ def record_indices(loader: Any, epoch: int) -> EpochTrace:
 
 
 class EndlessGuard:
-    """Stops an epoch that cannot end: it passed several times the dataset, or an absurd count."""
+    """Stops an epoch that cannot end: it passed several times the dataset, or an absurd count.
 
-    def __init__(self, dataset_len: int | None, windowed: bool) -> None:
+    ``subject`` names the loader in the message; ``probe_distinct`` False leaves out the probe of
+    distinct ids (a training script's recorder: the more permissive rule, as scripts had before the
+    guard was shared)."""
+
+    def __init__(
+        self,
+        dataset_len: int | None,
+        windowed: bool,
+        *,
+        subject: str = "the loader",
+        probe_distinct: bool = True,
+    ) -> None:
         self.dataset_len = dataset_len
         self.windowed = windowed
+        self.subject = subject
+        self.probe_distinct = probe_distinct
         self.next_probe = ENDLESS_PROBE
         self.due = 0  # the length below which :meth:`check` cannot raise or probe
         self._update_due()
@@ -63,7 +76,8 @@ class EndlessGuard:
     def _update_due(self) -> None:
         due = MAX_ITEMS_PER_EPOCH + 1
         if not self.windowed:
-            due = min(due, self.next_probe)
+            if self.probe_distinct:
+                due = min(due, self.next_probe)
             if self.dataset_len is not None:
                 due = min(due, ENDLESS_FACTOR * self.dataset_len + ENDLESS_PROBE + 1)
         self.due = due
@@ -71,23 +85,23 @@ class EndlessGuard:
     def check(self, ids: IdBuffer) -> None:
         n = len(ids)
         if self.windowed:
-            guard_size(n)
+            guard_size(n, self.subject)
             return
         if self.dataset_len is not None and n > ENDLESS_FACTOR * self.dataset_len + ENDLESS_PROBE:
             raise BadLoaderFile(
-                f"the loader looks endless: one epoch passed {n:,} samples, more than {ENDLESS_FACTOR}x "
+                f"{self.subject} looks endless: one epoch passed {n:,} samples, more than {ENDLESS_FACTOR}x "
                 f"its dataset's {self.dataset_len:,}; check it in windows with --steps N"
             )
-        if n >= self.next_probe:
+        if self.probe_distinct and n >= self.next_probe:
             self.next_probe = n * 2
             self._update_due()
             distinct = ids.distinct()
             if n > ENDLESS_FACTOR * distinct:
                 raise BadLoaderFile(
-                    f"the loader looks endless: one epoch passed {n:,} samples but only {distinct:,} "
+                    f"{self.subject} looks endless: one epoch passed {n:,} samples but only {distinct:,} "
                     "distinct ones; check it in windows with --steps N"
                 )
-        guard_size(n)
+        guard_size(n, self.subject)
 
 
 @dataclass
@@ -246,7 +260,7 @@ def work_meter(opened: OpenedLoader, options: RecordOptions) -> WorkMeter | None
     hook, tokens = opened.hooks.work, opened.hooks.tokens
     if hook is None and tokens is None and not _sample_has_tokens(opened.loader):
         return None
-    return WorkMeter(hook=hook, token_hook=tokens, cost=options.work_cost)
+    return WorkMeter(hook=hook, token_hook=tokens, cost=options.work_cost, pad_id=pad_token_of(opened.loader))
 
 
 def peek(dataset: Any) -> Any:

@@ -28,8 +28,8 @@ from ddpcheck.report.view import (
     divergence_cause,
     fmt_diff,
     fmt_number,
+    resume_caption,
     resume_cells,
-    resume_summary,
     trim_stack,
 )
 from ddpcheck.result import CheckResult
@@ -318,12 +318,7 @@ def _resume(view: ReportView) -> list[str]:
         blocks.append(f'<section class="resume" id="resume-{_e(row.anchor)}"><h3>{_e(row.label)}</h3>')
         if row.bad_restores:
             svg = resume_svg(row.bad_restores, row.label)
-            caption = f"Failed and refused restores, {row.label}: " + "; ".join(
-                f"{summary.topology}: {summary.failed} failed, {summary.refused} refused"
-                + (f", worst {summary.worst}" if summary.worst else "")
-                for summary in resume_summary(view, row)
-                if summary.failed or summary.refused
-            )
+            caption = resume_caption(view, row)
             blocks.append(f'<figure class="resume">{svg}<figcaption>{_e(caption)}</figcaption></figure>')
         blocks.append(
             f'<table class="resume"><thead><tr>{head}</tr></thead><tbody>{"".join(lines)}</tbody></table>'

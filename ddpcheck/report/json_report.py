@@ -50,7 +50,9 @@ Schema (``SCHEMA_VERSION = 3``); every key is always present::
                     "epoch": int, "step": int, "status": str,
                     "before": int, "after": int,   # samples trained before the stop / after the restore
                     "skipped": int, "repeated": int,
-                    "first_divergence": int | null, "note": str}]
+                    "first_divergence": int | null, "note": str,
+                    "ranks": [{"rank": int, "before": int, "after": int,   # every rank's part ([]: not
+                               "lost": int, "repeated": int}]}]            # known); see RankRestore
       }],
       "mixture": [{                  # per layout whose batches carry a source (sample_source / "source")
         "label": str, "status": str, "sources": [str, ...],
@@ -79,7 +81,8 @@ from typing import Any
 
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.report.view import Cause, MixtureTable, ReportView, Row, as_view
-from ddpcheck.result import CheckResult, MetricRow, ResumeRow
+from ddpcheck.restores import ResumeRow
+from ddpcheck.result import CheckResult, MetricRow
 from ddpcheck.trace import RankFailure
 
 SCHEMA_VERSION = 3  # 2: layouts (label, mesh), padding, each cause's fix; 3: resume topology/outcome, idle
@@ -215,6 +218,10 @@ def _resume(row: ResumeRow) -> dict[str, Any]:
         "repeated": row.repeated,
         "first_divergence": row.first_divergence,
         "note": row.note,
+        "ranks": [
+            {"rank": r.rank, "before": r.before, "after": r.after, "lost": r.lost, "repeated": r.repeated}
+            for r in row.ranks
+        ],
     }
 
 

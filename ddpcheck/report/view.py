@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from ddpcheck.checks.ids import ALL_CHECKS, MIXTURE, PADDING_BOUND, SHORT_LABELS, WORK_BALANCE
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.messages import count_text, short_id
-from ddpcheck.result import CheckResult, ResumeRow, WorldResult
+from ddpcheck.restores import ResumeRow
+from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.trace import RankFailure
 
 STATUS_WORD = {"pass": "PASS", "fail": "FAIL", "skip": "skip", "n/a": "n/a", "allowed": "allowed"}
@@ -545,19 +546,31 @@ def resume_summary(view: ReportView, only: Row | None = None) -> list[TopologySu
     return out
 
 
+def resume_caption(view: ReportView, row: Row) -> str:
+    """What a layout's resume picture shows, per topology change: failed and refused counts, the worst
+    loss (every report words it so)."""
+    return f"Failed and refused restores, {row.label}: " + "; ".join(
+        f"{summary.topology}: {summary.failed} failed, {summary.refused} refused"
+        + (f", worst {summary.worst}" if summary.worst else "")
+        for summary in resume_summary(view, row)
+        if summary.failed or summary.refused
+    )
+
+
 def restore_outcome(row: ResumeRow) -> str:
     """exact, resharded, refused or failed (a row judged before outcomes were named: by its status)."""
     return row.outcome or {"pass": "exact", "fail": "failed"}.get(row.status, row.status)
 
 
 def resume_notes(view: ReportView) -> list[tuple[str, int, tuple[str, ...]]]:
-    """The notes of refused and failed restores, identical ones once: (note, how many, topologies).
+    """The notes of refused, failed and unjudged restores, identical ones once: (note, how many,
+    topologies).
     A failure note that only restates its row's numbers ("not elastic: 2 -> 1 at ...") is left to the
     summary's worst loss."""
     found: dict[str, tuple[int, list[str]]] = {}
     for row in view.rows:
         for stop in row.run.resume:
-            if restore_outcome(stop) not in ("refused", "failed") or not stop.note:
+            if restore_outcome(stop) not in ("refused", "failed", "skip") or not stop.note:
                 continue
             if stop.note.startswith("not elastic: "):
                 continue

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.layout import Layout
-from ddpcheck.result import MetricRow, ResumeRow
+from ddpcheck.restores import ResumeRow
+from ddpcheck.result import MetricRow
 from ddpcheck.trace import RankFailure, RunTrace
 
 if TYPE_CHECKING:

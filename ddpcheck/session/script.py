@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpcheck.checker.options import BadInput, CheckOptions, mesh_layouts, validate
-from ddpcheck.checker.script import GPUS_ENV, NEEDS_CUDA, ScriptTarget
+from ddpcheck.checker.script_env import GPUS_ENV, NEEDS_CUDA, ScriptTarget
 from ddpcheck.checks.ids import COVERAGE, DETERMINISM, RESHUFFLE, SINGLE_PROCESS_EQUIVALENCE
 from ddpcheck.checks.replicas import data_parallel_view
 from ddpcheck.checks.reshuffle import STALE_EPOCH
@@ -387,7 +387,7 @@ def _in_collective(stacks: str) -> bool:
 def _where(stacks: str) -> str:
     """``, in train.py line 17`` where the stack names a line of the user's code, else ""; and what
     ddpcheck was doing there when it was draining an epoch that never ended."""
-    from ddpcheck.checker.script import is_user_file, shown_path
+    from ddpcheck.checker.frames import is_user_file, shown_path
 
     main = stacks.split("\n\n", 1)[0]
     draining = " in _drain" in main or " in drain_rest" in main
