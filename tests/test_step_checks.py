@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import random
 from array import array
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -185,9 +186,16 @@ def test_the_tolerance_follows_the_dtype() -> None:
 def test_what_cannot_be_compared_is_never_a_failure() -> None:
     ref = [_grad(0)]
     run = _run([_noisy(ref[0], 0.4)], [[[micro()]]] * 2)
-    unfaithful = trace([(ref[0], [micro(8)])], notes=("the loop draws noise at train.py:57 (torch.randn)",))
+    why = "train.py:57 torch.randn draws before the step's first batch: not replayed"
+    replayed = trace([(ref[0], [micro(8)])])
+    unfaithful = replace(replayed, steps=(replace(replayed.steps[0], not_comparable=why),))
     verdict = check_step_equivalence(run, unfaithful, W2)
-    assert verdict.status == "n/a" and "not faithful: the loop draws noise at train.py:57" in verdict.detail
+    assert verdict.status == "n/a" and verdict.detail == f"the one-process replay is not faithful: {why}"
+    on_rank = [
+        replace(run[0], steps=(replace(run[0].steps[0], not_comparable="numpy's stream ..."),)),
+        run[1],
+    ]
+    assert "not faithful: rank 0: numpy's stream" in check_step_equivalence(on_rank, replayed, W2).detail
     assert check_step_equivalence(run, None, W2).status == "skip"
     assert check_step_equivalence([run[0], None], trace([(ref[0], [])]), W2).status == "skip"
     kept_none = check_step_equivalence(run, trace([(None, [micro(8)])]), W2)
@@ -203,8 +211,6 @@ def test_what_cannot_be_compared_is_never_a_failure() -> None:
 def test_a_kept_sample_of_coordinates_compares_whole_norms() -> None:
     """Large models keep an evenly spaced sample of coordinates and the whole gradient's norm: the norms of
     the two whole gradients are compared, never a whole norm with a sample's."""
-    from dataclasses import replace
-
     ref = _grad(0)
 
     def kept(values: list[float], norm: float) -> object:
@@ -215,6 +221,16 @@ def test_a_kept_sample_of_coordinates_compares_whole_norms() -> None:
     assert same.status == "pass", same
     apart = check_step_equivalence([kept(ref, 31.0)] * 2, kept(ref, 40.0), W2)  # type: ignore[list-item,arg-type]
     assert apart.failed and "by 0.23 at step 0" in apart.detail  # |31 - 40| / 40
+
+
+def test_steps_that_cannot_be_replayed_are_left_out_and_named() -> None:
+    ref = [_grad(0), _grad(1)]
+    run = _run([_noisy(ref[0], 1e-7), _noisy(ref[1], 0.3)], [[[micro()]] * 2] * 2)
+    replayed = trace([(g, [micro(8)]) for g in ref])
+    why = "rank 1 made 3 random draws here, the replay 2"
+    second = replace(replayed.steps[1], not_comparable=why)
+    verdict = check_step_equivalence(run, replace(replayed, steps=(replayed.steps[0], second)), W2)
+    assert verdict.status == "pass" and verdict.detail.endswith(f"; 1 step not compared: {why}")
 
 
 def test_fit_factor() -> None:
@@ -442,8 +458,15 @@ def test_noise_drawn_alike_on_every_rank_names_the_line() -> None:
         == "rank 0 and rank 1 draw torch.randn(...) at train.py:57 from the same states (6 of 6 draws)"
     )
     assert check_rng_independence(W2, steps=_loop([_states(1), _states(2)])).status == "pass"
-    scalar = check_rng_independence(W2, steps=_loop([_states(1), _states(1)], shape=(1,)))
+    scalar = check_rng_independence(W2, steps=_loop([_states(1), _states(1)], shape=()))
     assert scalar.status == "pass"  # one number per step, shared on purpose (a resolution, a task)
+    per_sample = [  # one number at a time, but four per micro-step: per-sample timesteps, drawn alike
+        trace([(None, [micro(draws=_noise(_states(1)[4 * k : 4 * k + 4], shape=()))]) for k in range(2)])
+        for _ in range(2)
+    ]
+    assert check_rng_independence(W2, steps=per_sample).failed
+    unknown = check_rng_independence(W2, steps=_loop([[0] * 6, [0] * 6]))
+    assert unknown.status == "pass"  # state 0: not known, never taken for equal
 
 
 def test_non_data_peers_draw_one_noise_per_sample() -> None:

@@ -7,8 +7,9 @@ state before the draw: equal fingerprints mean the same numbers):
 * **loading**: per fetch (a batch built by a worker or the main process), the state of each stream the
   fetch consumed (``EpochTrace.draws``);
 * **the loop**: draws made outside any module's forward before the model is called (noise, timesteps,
-  masks: ``MicroStep.draws``). A draw of one number (shape with one element) is a step-wide decision (a
-  resolution, a task) that ranks may share on purpose: it is left out.
+  masks: ``MicroStep.draws``). A site that draws one number at most once per micro-step makes a
+  step-wide decision (a resolution, a task) that ranks may share on purpose: it is left out; a site that
+  draws a batch's worth, or several numbers per micro-step, draws per sample. A state of 0 is unknown.
 
 Only streams actually consumed are recorded, so a pipeline that draws nothing passes. Two streams count
 as the same when they share at least half of the shorter one's states (one coincidence, such as a sample
@@ -133,6 +134,8 @@ def _loading_streams(loading: Mapping[str, Sequence[Sequence[EpochTrace]]]) -> d
                 seen: set[tuple[int | None, str]] = set()
                 for fetch in sorted(epoch.draws or (), key=lambda f: f.batch):
                     for draw in fetch.draws:
+                        if not draw.state:  # unknown
+                            continue
                         key = (fetch.worker, draw.stream)
                         keyed.setdefault(key, []).append(draw.state)
                         if key not in seen:
@@ -146,23 +149,33 @@ def _loading_streams(loading: Mapping[str, Sequence[Sequence[EpochTrace]]]) -> d
     return out
 
 
-def _loop_draws(trace: StepTrace) -> list[Draw]:
-    micro = [m for s in trace.steps for m in s.micro] + list(trace.open_micro)
-    return [d for m in micro for d in m.draws if not _scalar(d)]
-
-
-def _scalar(draw: Draw) -> bool:
-    return len(draw.shape) > 0 and math.prod(draw.shape) == 1
+def _decisions(trace: StepTrace) -> set[tuple[str, str]]:
+    """(stream, site) pairs that draw one number at most once per micro-step: a step-wide decision (a
+    resolution, a task) that ranks may share on purpose. A site drawing several numbers per micro-step,
+    or a batch's worth at once, draws per sample."""
+    single: dict[tuple[str, str], bool] = {}
+    for micro in [m for s in trace.steps for m in s.micro] + list(trace.open_micro):
+        seen: dict[tuple[str, str], int] = {}
+        for d in micro.draws:
+            key = (d.stream, d.site)
+            seen[key] = seen.get(key, 0) + 1
+            single[key] = single.get(key, True) and math.prod(d.shape) == 1 and seen[key] == 1
+    return {key for key, one in single.items() if one}
 
 
 def _loop_streams(steps: Sequence[StepTrace | None]) -> list[Stream]:
+    """Per rank, one Stream per (stream, site) of the loop's draws; unknown states (0) and step-wide
+    decisions left out."""
     out: list[Stream] = []
     for rank, trace in enumerate(steps):
         if trace is None:
             continue
+        shared = _decisions(trace)
         by_key: dict[tuple[str, str], list[Draw]] = {}
-        for draw in _loop_draws(trace):
-            by_key.setdefault((draw.stream, draw.site), []).append(draw)
+        for micro in [m for s in trace.steps for m in s.micro] + list(trace.open_micro):
+            for draw in micro.draws:
+                if draw.state and (draw.stream, draw.site) not in shared:
+                    by_key.setdefault((draw.stream, draw.site), []).append(draw)
         for (stream, site), draws in by_key.items():
             out.append(Stream(rank, None, stream, tuple(d.state for d in draws), site, draws[0].call))
     return out

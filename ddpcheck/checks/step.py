@@ -176,13 +176,18 @@ class StepDiff:
     per_micro: tuple[tuple[int, ...], ...] = ()
 
 
+def _fed(step: OptimizerStep) -> list[MicroStep]:
+    """The micro-steps a loader fed (a padding pass the loop builds itself holds no data)."""
+    return [m for m in step.micro if m.batches]
+
+
 def _samples(step: OptimizerStep) -> int:
-    counts = [m.samples for m in step.micro]
+    counts = [m.samples for m in _fed(step)]
     return -1 if any(c < 0 for c in counts) else sum(counts)
 
 
 def _supervised(step: OptimizerStep) -> int | None:
-    counts = [m.supervised for m in step.micro]
+    counts = [m.supervised for m in _fed(step)]
     return None if not counts or any(c is None for c in counts) else sum(c for c in counts if c is not None)
 
 
@@ -236,6 +241,15 @@ def _compared(heads: Sequence[StepTrace], replay: StepTrace) -> list[int]:
     return sorted(mine.intersection(*kept))
 
 
+def _why_not(index: int, heads: Sequence[StepTrace], replay: StepTrace) -> str:
+    """Why step ``index`` cannot be compared, as the run's ranks or the replay recorded it ("": it can)."""
+    for where, trace in (*((f"rank {r}: ", h) for r, h in enumerate(heads)), ("", replay)):
+        step = next((s for s in trace.steps if s.index == index), None)
+        if step is not None and step.not_comparable:
+            return where + step.not_comparable
+    return ""
+
+
 def _unjudgeable(run: Sequence[StepTrace | None], replay: StepTrace | None, layout: Layout) -> Verdict | None:
     missing = [r for r, t in enumerate(run) if t is None]
     if missing:
@@ -244,8 +258,6 @@ def _unjudgeable(run: Sequence[StepTrace | None], replay: StepTrace | None, layo
         return skipped(
             STEP_EQUIVALENCE, "the one-process replay did not run: nothing to compare the step with"
         )
-    if replay.notes:
-        return not_applicable(STEP_EQUIVALENCE, f"the one-process replay is not faithful: {replay.notes[0]}")
     heads = [t for t in _heads(run, layout) if t is not None]
     if layout.replicas > 1 and any(h.parameters != replay.parameters for h in heads):
         return not_applicable(
@@ -255,9 +267,13 @@ def _unjudgeable(run: Sequence[StepTrace | None], replay: StepTrace | None, layo
         )
     indices = _compared(heads, replay)
     if not indices:
+        why = f" ({replay.notes[0]})" if replay.notes else ""
         return not_applicable(
-            STEP_EQUIVALENCE, "no optimizer step kept its gradient on every rank and in the replay"
+            STEP_EQUIVALENCE, f"no optimizer step kept its gradient on every rank and in the replay{why}"
         )
+    reasons = [_why_not(i, heads, replay) for i in indices]
+    if all(reasons):
+        return not_applicable(STEP_EQUIVALENCE, f"the one-process replay is not faithful: {reasons[0]}")
     sizes = {len(s.grad or ()) for t in (*heads, replay) for s in t.steps if s.index in indices}
     if len(sizes) > 1:
         shown = ", ".join(map(str, sorted(sizes)))
@@ -292,7 +308,9 @@ def check_step_equivalence(
         heads[0].grad_dtype or DEFAULT_DTYPE, heads[0].compute_dtype or DEFAULT_DTYPE, key=tolerance_for
     )
     tol = tolerance if tolerance is not None else tolerance_for(dtype)
-    indices = _compared(heads, replay)
+    candidates = _compared(heads, replay)
+    reasons = {i: _why_not(i, heads, replay) for i in candidates}
+    indices = [i for i in candidates if not reasons[i]]
     apart = _ranks_apart(heads, indices, tol)
     if apart is not None:
         return apart
@@ -314,6 +332,9 @@ def check_step_equivalence(
         note += (
             f"; {count_text(dropped, 'later steps')} not compared: the replay from the run's weights is NaN"
         )
+    unfaithful = [i for i in candidates if reasons[i]]
+    if unfaithful:
+        note += f"; {count_text(len(unfaithful), 'steps')} not compared: {reasons[unfaithful[0]]}"
     return _judged(diffs, heads, layout, Settings(tol, dtype, replay.loss_scale, note))
 
 
