@@ -637,7 +637,7 @@ def check_equal_microsteps(run: Sequence[StepTrace | None], layout: Layout) -> V
     windows = len(_windows(traces[0]))
     if not found:
         backward = sorted({len(m) for _, m in _windows(traces[0])})
-        passes = count_text(backward[0], "backward passes")
+        passes = f"{backward[0]} backward pass" + ("" if backward[0] == 1 else "es")
         shape = passes if len(backward) == 1 else f"{backward[0]} to {backward[-1]} backward passes"
         modules = len({n for t in traces for _, m in _windows(t) for n in _forward_counts(m)})
         return Verdict(
