@@ -386,7 +386,11 @@ class StepTrace:
     ``grad_dtype``: the parameters' dtype (the tolerance depends on it); ``per_rank_norm``: modules
     that normalise over the rank's batch (BatchNorm without SyncBatchNorm); ``dropout_off``: dropout
     was switched off while steps were compared; ``replay``: a reference replay of another launch ("":
-    a run of its own)."""
+    a run of its own); ``loss_scale`` (a replay's): how the loss answers a micro-batch given twice,
+    ``mean`` (the same gradient), ``sum`` (twice the gradient: a sum over a fixed normaliser, which
+    one process fed every rank's batch scales by the world size), "" not probed; ``compute_dtype``: the
+    autocast dtype the compared steps ran under ("" none): float32 parameters under bf16 autocast carry
+    bf16's noise, and the tolerance follows the coarser of the two."""
 
     steps: tuple[OptimizerStep, ...] = ()
     open_micro: tuple[MicroStep, ...] = ()
@@ -397,6 +401,8 @@ class StepTrace:
     dropout_off: bool = False
     replay: str = ""
     notes: tuple[str, ...] = ()
+    loss_scale: str = ""
+    compute_dtype: str = ""
 
 
 SCRIPT_TRACE_VERSION = 2
