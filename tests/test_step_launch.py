@@ -10,7 +10,6 @@ Each launch starts fresh interpreters as torchrun does (``ddpcheck.launch.script
 from __future__ import annotations
 
 import pickle
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
