@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ddpcheck.launch.script import PARENT_ENV, STACK_ENV
+from ddpcheck.launch.workdir import enter_workdir  # the standard library only: no thread starts
 
 EXIT_BAD_INPUT = 2
 EXIT_SCRIPT_FAILED = 3
@@ -95,6 +95,10 @@ def trace_path(out: str, rank: int) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    problem = enter_workdir()  # first: a mount namespace is entered only while this is one thread
+    if problem:
+        print(f"ddpcheck.record: {problem}", file=sys.stderr)
+        return EXIT_SCRIPT_FAILED
     ours, path, module, script_args = split_command(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(ours)
@@ -147,6 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _die_with_launcher() -> None:
     """Under ``ddpcheck run``: die with it, even if it is SIGKILLed (its janitor kills our group too)."""
+    from ddpcheck.launch.script import PARENT_ENV
+
     parent = os.environ.get(PARENT_ENV, "")
     if not parent.isdigit() or sys.platform != "linux":
         return
@@ -162,6 +168,8 @@ def _die_with_launcher() -> None:
 
 
 def _stack_dumps() -> None:
+    from ddpcheck.launch.script import STACK_ENV
+
     where = os.environ.get(STACK_ENV, "")
     if not where:
         return
