@@ -1,14 +1,15 @@
 """The fallback where no private mount namespace can be had: a *view* of the working directory.
 
-A view is a fresh folder whose entries are symbolic links to the top-level entries of the user's
-directory; a run's ranks start in it. What the script creates there (``gpt_snapshot.pt``, a new
-``runs/``) stays in the view. Inside each rank the Python calls that change files (``open`` for writing,
-``os.open``, ``os.mkdir``, ``os.remove``, ``os.rename``, ``shutil.rmtree``...) first make the path the
-view's own: a linked folder on the way becomes a real folder of links (materialised lazily), a linked
-file opened to be changed is copied in first. What no Python call of the rank does (a write from C
-code, such as ``torch.save``'s writer overwriting an existing file, or from a subprocess that is not
-Python) still reaches the user's directory: the caller compares the directory before and after and
-reports it.
+A view is a fresh folder holding a copy of each small file at the top of the user's directory (the
+script, its configs, a small checkpoint: :data:`COPY_BYTES` in all) and a symbolic link to every other
+entry; a run's ranks start in it. What the script creates there (``gpt_snapshot.pt``, a new ``runs/``),
+or writes into a copied file, stays in the view. Inside each rank the Python calls that change files
+(``open`` for writing, ``os.open``, ``os.mkdir``, ``os.remove``, ``os.rename``, ``shutil.rmtree``...)
+first make the path the view's own: a linked folder on the way becomes a real folder of links
+(materialised lazily), a linked file opened to be changed is copied in first. What no Python call of
+the rank does (a write from C code, such as ``torch.save``'s writer overwriting a large linked file, or
+from a program that is not Python) still reaches the user's directory: the caller compares the
+directory before and after each run and reports it.
 
 Only the standard library, and nothing runs unless a rank installs it (:func:`install`).
 """
@@ -16,6 +17,7 @@ Only the standard library, and nothing runs unless a rank installs it (:func:`in
 from __future__ import annotations
 
 import builtins
+import contextlib
 import io
 import os
 import shutil
@@ -23,13 +25,35 @@ from collections.abc import Callable
 from typing import Any
 
 _ORIGINAL: dict[str, Any] = {}
+COPY_BYTES = 64 << 20  # top-level files copied into a view, in all
+COPY_FILES = 256
 
 
-def build(real: str, view: str) -> None:
-    """Fill the empty folder ``view`` with links to the entries of ``real``."""
-    with os.scandir(real) as entries:
-        for entry in entries:
-            os.symlink(os.path.join(real, entry.name), os.path.join(view, entry.name))
+def build(real: str, view: str, copies: bool = False) -> None:
+    """Fill the empty folder ``view`` with links to the entries of ``real``; with ``copies``, the smallest
+    regular files are copied instead, within :data:`COPY_BYTES` and :data:`COPY_FILES`."""
+    with os.scandir(real) as scanned:
+        entries = [(_copy_size(entry) if copies else -1, entry.name) for entry in scanned]
+    room, files = COPY_BYTES, COPY_FILES
+    for size, name in sorted(entries):
+        source, target = os.path.join(real, name), os.path.join(view, name)
+        if 0 <= size <= room and files > 0:
+            try:
+                shutil.copy2(source, target)
+                room, files = room - size, files - 1
+                continue
+            except OSError:  # unreadable: a link, as for the rest
+                with contextlib.suppress(OSError):
+                    os.unlink(target)
+        os.symlink(source, target)
+
+
+def _copy_size(entry: os.DirEntry[str]) -> int:
+    """The size of a regular file worth copying, -1 for anything else."""
+    try:
+        return entry.stat(follow_symlinks=False).st_size if entry.is_file(follow_symlinks=False) else -1
+    except OSError:
+        return -1
 
 
 class _View:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ddpcheck.launch import mountns, view
-from ddpcheck.launch.procs import kill_group, reap, remove_tree
+from ddpcheck.launch.procs import Janitor, kill_group, reap, remove_tree
 from ddpcheck.messages import count_text
 
 WORKDIR_ENV = "DDPCHECK_WORKDIR"  # auto | overlay | view | off
@@ -106,6 +106,19 @@ class WorkdirGuard:
         self.written: list[tuple[str, str, tuple[Change, ...]]] = []  # (label, how, changes)
 
     # --- a run ---------------------------------------------------------------------------------------
+
+    def ready(self) -> None:
+        """Where the overlay is asked for by name, make sure it can be had before any run starts (one
+        holder started and ended); raises WorkdirUnavailable with the reason."""
+        if self.mode != "overlay":
+            return
+        folder = tempfile.mkdtemp(prefix="ddpchk-probe-")
+        janitor = Janitor(folder)
+        try:
+            self.finish(self.start("", janitor))
+        finally:
+            janitor.close()
+            remove_tree(folder)
 
     def start(self, label: str, janitor: Janitorial) -> RunWorkdir:
         """Make run ``label``'s view; its leftovers are the janitor's if ddpcheck dies."""
@@ -216,7 +229,7 @@ class WorkdirGuard:
         where = os.path.join(temp, "view")
         try:
             os.mkdir(where)
-            view.build(self.cwd, where)
+            view.build(self.cwd, where, copies=True)
         except OSError as exc:
             remove_tree(temp)
             raise WorkdirUnavailable(f"cannot make a view of {self.cwd}: {exc}") from None
@@ -237,7 +250,7 @@ class WorkdirGuard:
         groups: dict[tuple[str, tuple[tuple[str, str], ...]], list[str]] = {}
         first: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[Change, ...]] = {}
         for label, how, changes in self.written:
-            if changes:
+            if changes and label:
                 key = (how, tuple((c.kind, c.path) for c in changes))
                 groups.setdefault(key, [])
                 if label not in groups[key]:

@@ -137,7 +137,8 @@ def audit_script(
         raise BadInput(str(exc)) from None
     try:  # each run sees the directory as the user left it (DDPCHECK_WORKDIR)
         guard = WorkdirGuard(cwd)
-    except ValueError as exc:
+        guard.ready()
+    except (ValueError, WorkdirUnavailable) as exc:
         raise BadInput(str(exc)) from None
     workdir = tempfile.mkdtemp(prefix="ddpchk-")
     guard.keep.append(os.path.realpath(workdir))
