@@ -178,7 +178,7 @@ def test_a_crash_and_a_hang_show_the_ranks_last_output_lines(tmp_path: Path) -> 
     (tmp_path / "hangs.py").write_text(
         "import time\nprint('waiting for the data server', flush=True)\ntime.sleep(600)\n"
     )
-    for script, kind, timeout in (("crashes.py", "error", "60"), ("hangs.py", "hang", "8")):
+    for script, kind, timeout in (("crashes.py", "error", "60"), ("hangs.py", "hang", "30")):
         reports = tmp_path / f"reports-{script}"
         proc = ddpcheck_run(
             tmp_path, "--world-sizes", "1", "--timeout", timeout, "--report-dir", str(reports), "--", script
@@ -353,7 +353,7 @@ def take_back_keep(folder: Path, before: dict[str, tuple[int, int, str]]) -> str
 @pytest.mark.skipif(not LINUX, reason="the overlay needs Linux mount namespaces")
 def test_the_overlay_keeps_a_runs_writes_apart_and_lists_them(tmp_path: Path) -> None:
     folder = user_directory(tmp_path)
-    guard = WorkdirGuard(str(folder), keep=[str(folder / "keep")], mode="overlay")
+    guard = WorkdirGuard(str(folder), own=[str(folder / "keep")], mode="overlay")
     with _Janitor(tmp_path) as janitor:
         before = tree(folder)
         run = guard.start("world size 2", janitor)
@@ -379,7 +379,7 @@ def test_the_overlay_keeps_a_runs_writes_apart_and_lists_them(tmp_path: Path) ->
 def test_the_view_keeps_pythons_writes_apart_and_reports_what_got_past(tmp_path: Path) -> None:
     folder = user_directory(tmp_path)
     (folder / "data" / "shell.txt").write_text("kept?\n")
-    guard = WorkdirGuard(str(folder), keep=[str(folder / "keep")], mode="view")
+    guard = WorkdirGuard(str(folder), own=[str(folder / "keep")], mode="view")
     with _Janitor(tmp_path) as janitor:
         before = tree(folder)
         run = guard.start("world size 1", janitor)

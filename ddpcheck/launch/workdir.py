@@ -92,13 +92,13 @@ def mode_from_env(value: str | None = None) -> str:
 class WorkdirGuard:
     """The working directory of one ddpcheck session's runs (see the module docstring).
 
-    ``keep``: ddpcheck's own folders (traces, stacks): where they lie inside the directory they stay the
-    real ones, so what the ranks write there reaches ddpcheck."""
+    ``own``: ddpcheck's own folders (traces, stacks): where they lie inside the directory they stay the
+    real ones, so what the ranks write there reaches ddpcheck; and they go if ddpcheck dies."""
 
-    def __init__(self, cwd: str, keep: Sequence[str] = (), mode: str | None = None) -> None:
+    def __init__(self, cwd: str, own: Sequence[str] = (), mode: str | None = None) -> None:
         self.given = cwd
         self.cwd = os.path.realpath(cwd)
-        self.keep = [os.path.realpath(path) for path in keep]
+        self.own = [os.path.realpath(path) for path in own]
         self.mode = mode_from_env(mode)
         self.why = ""  # why a view stands in for the overlay
         self.base = ""  # the temp folder the overlays' upper folders are made in, once one worked
@@ -121,7 +121,10 @@ class WorkdirGuard:
             remove_tree(folder)
 
     def start(self, label: str, janitor: Janitorial) -> RunWorkdir:
-        """Make run ``label``'s view; its leftovers are the janitor's if ddpcheck dies."""
+        """Make run ``label``'s view; its leftovers (and ddpcheck's own folders) are the janitor's if
+        ddpcheck dies."""
+        for path in self.own:
+            janitor.remove(path)
         if self.mode in ("auto", "overlay"):
             run = self._overlay(label, janitor)
             if run is not None:
@@ -198,7 +201,7 @@ class WorkdirGuard:
                 os.mkdir(upper)
                 os.mkdir(work)
                 layers.append([target, upper, work])
-            keep = [path for path in self.keep if _inside(path, self.cwd)]
+            keep = [path for path in self.own if _inside(path, self.cwd)]
             spec = json.dumps({"layers": layers, "keep": keep})
             holder = subprocess.Popen(
                 [sys.executable, "-m", "ddpcheck.launch.mountns", spec],
@@ -240,7 +243,7 @@ class WorkdirGuard:
         return RunWorkdir(label, "view", where, {RANK_ENV: json.dumps(rank)}, temp)
 
     def _scan(self) -> dict[str, tuple[int, int, int]] | None:
-        skip = [*self.keep, os.path.realpath(tempfile.gettempdir())]  # ours, and other programs' temp
+        skip = [*self.own, os.path.realpath(tempfile.gettempdir())]  # ours, and other programs' temp
         return scan(self.cwd, [path for path in skip if _inside(path, self.cwd)])
 
     # --- the report ----------------------------------------------------------------------------------

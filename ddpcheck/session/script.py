@@ -141,7 +141,7 @@ def audit_script(
     except (ValueError, WorkdirUnavailable) as exc:
         raise BadInput(str(exc)) from None
     workdir = tempfile.mkdtemp(prefix="ddpchk-")
-    guard.keep.append(os.path.realpath(workdir))
+    guard.own.append(os.path.realpath(workdir))
     session = _ScriptSession(target, options, cwd, workdir, say, guard)
     try:
         session.carry_out(layouts)
