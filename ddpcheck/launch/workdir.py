@@ -270,6 +270,8 @@ class WorkdirGuard:
                 )
             elif how == "view":
                 after = "" if leaked else ", and your directory is unchanged"
+                if self.state is None:  # too large to compare
+                    after = f" (your directory itself, over {SCAN_LIMIT:,} entries, was not compared)"
                 notes.append(
                     f"the script {what} in its working directory at {at}; every run started from a view "
                     f"of your directory ({self._view_why()}) and what it wrote stayed in the view{after}"
