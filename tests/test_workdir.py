@@ -222,7 +222,7 @@ def test_nothing_outlives_a_killed_ddpcheck(tmp_path: Path) -> None:
 
 
 def _holders(tag: str) -> set[int]:
-    return {pid for pid in processes_with_env(TAG, tag) if b"ddpcheck.launch.mountns" in _cmdline(pid)}
+    return {pid for pid in processes_with_env(TAG, tag) if b"mountns.py" in _cmdline(pid)}
 
 
 def _in_namespace(tag: str) -> set[int]:

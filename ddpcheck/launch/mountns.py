@@ -1,6 +1,6 @@
 """A private mount namespace per run in which the working directory is an overlay (Linux).
 
-``python -m ddpcheck.launch.mountns SPEC`` is the *holder* of one run: it leaves the host's mount
+``python -I -S mountns.py SPEC`` (this file, run by its path) is the *holder* of one run: it leaves the host's mount
 namespace (as root, or in a user namespace of its own that maps the user to itself), mounts an overlayfs
 ON the working directory (the user's directory is its lower layer, a temp directory its upper), one per
 filesystem mounted below it, binds ddpcheck's own folders back where they lie below it, says ``ok`` and
@@ -9,8 +9,8 @@ see one directory (a checkpoint one rank writes, another may read, as on a share
 write lands in the upper directory, and the user's directory is never written. Overlayfs refuses two
 mounts sharing an upper directory, hence one holder per run rather than a namespace per rank.
 
-Only the standard library: a rank imports this before anything starts a thread (``setns`` into a
-mount namespace fails in a multi-threaded process).
+Only the standard library: the holder runs without ddpcheck's package, and a rank imports this before
+anything starts a thread (``setns`` into a mount namespace fails in a multi-threaded process).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def join(holder: int, user: bool, cwd: str) -> None:
 
 def main(argv: Sequence[str]) -> int:
     """The holder: ``ok USER`` on stdout once the namespace is ready (``error MESSAGE`` if it cannot
-    be), then it waits for end-of-file on stdin, and dies with its parent."""
+    be), then it waits until it is killed (or its stdin ends), and dies with its parent."""
     try:
         _libc().prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)  # SIGKILL when ddpcheck goes
         user = hold(json.loads(argv[0]))

@@ -203,8 +203,8 @@ class WorkdirGuard:
                 layers.append([target, upper, work])
             keep = [path for path in self.own if _inside(path, self.cwd)]
             spec = json.dumps({"layers": layers, "keep": keep})
-            holder = subprocess.Popen(
-                [sys.executable, "-m", "ddpcheck.launch.mountns", spec],
+            holder = subprocess.Popen(  # the file itself, isolated, without site: a bare interpreter
+                [sys.executable, "-I", "-S", mountns.__file__, spec],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
@@ -543,14 +543,13 @@ def _answer(holder: subprocess.Popen[bytes], timeout: float) -> str:
 
 
 def _stop(holder: subprocess.Popen[bytes]) -> None:
-    """End a holder: end-of-file on its stdin, then SIGKILL if it lingers; reaped either way."""
+    """End a holder (it has nothing to finish: SIGKILL) and reap it."""
+    kill_group(holder.pid)
+    reap(holder.pid, 5.0)
     for pipe in (holder.stdin, holder.stdout):
         if pipe is not None:
             with contextlib.suppress(OSError):
                 pipe.close()
-    if not reap(holder.pid, 2.0):
-        kill_group(holder.pid)
-        reap(holder.pid, 5.0)
     holder.returncode = holder.returncode if holder.returncode is not None else -9
 
 
