@@ -109,9 +109,8 @@ def main() -> None:
             f"baseline (every rank pays it): a bare Python interpreter, {base_wall * 1000:.0f} ms wall, "
             f"{base_cpu * 1000:.0f} ms CPU"
         )
-        print(
-            f"{'mode':8} {'':5} {'start':>8} {'enter':>8} {'finish':>8} {'per run':>9} {'x baseline':>11}  target"
-        )
+        heads = f"{'start':>8} {'enter':>8} {'finish':>8} {'per run':>9} {'x baseline':>11}"
+        print(f"{'mode':8} {'':5} {heads}  target")
         for mode in ("overlay", "view"):
             guard = WorkdirGuard(str(folder), mode=mode)
             janitor = Janitor(str(root / f"janitor-{mode}"))
