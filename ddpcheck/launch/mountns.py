@@ -4,10 +4,10 @@
 host's mount namespace (as root, or in a user namespace of its own that maps the user to itself), mounts
 an overlayfs ON the working directory (the user's directory is its lower layer, a temp directory its
 upper), one per filesystem mounted below it, binds ddpcheck's own folders back where they lie below it,
-says ``ok`` and waits until it is killed. Every rank of the run enters that namespace (:func:`join`), so all ranks
-see one directory (a checkpoint one rank writes, another may read, as on a shared filesystem), every
-write lands in the upper directory, and the user's directory is never written. Overlayfs refuses two
-mounts sharing an upper directory, hence one holder per run rather than a namespace per rank.
+says ``ok`` and waits until it is killed. Every rank of the run enters that namespace (:func:`join`),
+so all ranks see one directory (a checkpoint one rank writes, another may read, as on a shared
+filesystem), every write lands in the upper directory, and the user's directory is never written.
+Overlayfs refuses two mounts sharing an upper directory, hence one holder per run, not one per rank.
 
 Only the standard library: the holder runs without ddpcheck's package, and a rank imports this before
 anything starts a thread (``setns`` into a mount namespace fails in a multi-threaded process).
