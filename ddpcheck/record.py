@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ddpcheck.launch.script import PARENT_ENV, STACK_ENV
+from ddpcheck.launch.workdir import enter_workdir  # the standard library only: no thread starts
 
 if TYPE_CHECKING:
     from ddpcheck.checker.step import StepWatcher
@@ -160,6 +160,10 @@ def trace_path(out: str, rank: int) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    problem = enter_workdir()  # first: a mount namespace is entered only while this is one thread
+    if problem:
+        print(f"ddpcheck.record: {problem}", file=sys.stderr)
+        return EXIT_SCRIPT_FAILED
     ours, path, module, script_args = split_command(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(ours)
@@ -248,6 +252,8 @@ def _watch_step(args: argparse.Namespace) -> StepWatcher | None:
 
 def _die_with_launcher() -> None:
     """Under ``ddpcheck run``: die with it, even if it is SIGKILLed (its janitor kills our group too)."""
+    from ddpcheck.launch.script import PARENT_ENV
+
     parent = os.environ.get(PARENT_ENV, "")
     if not parent.isdigit() or sys.platform != "linux":
         return
@@ -263,6 +269,8 @@ def _die_with_launcher() -> None:
 
 
 def _stack_dumps() -> None:
+    from ddpcheck.launch.script import STACK_ENV
+
     where = os.environ.get(STACK_ENV, "")
     if not where:
         return

@@ -243,13 +243,15 @@ class RankTrace:
 
 @dataclass(frozen=True)
 class RankFailure:
-    """A rank that crashed, hung or was killed; ``stack`` is its traceback or its dumped stacks."""
+    """A rank that crashed, hung or was killed; ``stack`` is its traceback or its dumped stacks,
+    ``output`` the last lines the rank printed (a script's rank: what its own prints said)."""
 
     rank: int
     kind: str  # "error" | "hang" | "killed" | "secondary"
     message: str
     stack: str = ""
     progress: str = ""  # last known position, e.g. "epoch 0, batch 4, in all_reduce"
+    output: str = ""
 
 
 @dataclass(frozen=True)

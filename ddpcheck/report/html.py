@@ -235,6 +235,9 @@ def _details(view: ReportView) -> list[str]:
             stack = "\n".join(trim_stack(failure.stack, HTML_STACK_LINES))
             summary = f"<summary>stack of rank {failure.rank}</summary>"
             body.append(f"<details>{summary}<pre>{_e(stack)}</pre></details>")
+        if failure.output.strip():
+            summary = f"<summary>last output lines of rank {failure.rank}</summary>"
+            body.append(f"<details open>{summary}<pre>{_e(failure.output)}</pre></details>")
         items.append(f'<div class="item rank"{anchor}>{"".join(body)}</div>')
     return ["<h2>Details</h2>", *items] if items else []
 

@@ -166,6 +166,10 @@ def _rank_failures(view: ReportView) -> str:
             summary = html.escape(f"stack of rank {failure.rank} at {where}")
             stack = _fence(trim_stack(failure.stack, MD_STACK_LINES))
             parts.append(f"\n<details><summary>{summary}</summary>\n\n{stack}\n\n</details>\n")
+        if failure.output.strip():
+            summary = html.escape(f"last output lines of rank {failure.rank} at {where}")
+            output = _fence(failure.output.splitlines())
+            parts.append(f"\n<details><summary>{summary}</summary>\n\n{output}\n\n</details>\n")
     return "\n".join(["### Rank failures", "", *parts]).rstrip() if parts else ""
 
 

@@ -253,6 +253,9 @@ def _details(view: ReportView, width: int) -> str:
         if failure.stack.strip():
             lines.append(f"{_INDENT}stack{' (the first)' if len(entries) > 1 else ''}:")
             lines += [f"{_INDENT * 2}{line}" for line in trim_stack(failure.stack)]
+        if failure.output.strip():
+            lines.append(f"{_INDENT}its last output lines{' (the first)' if len(entries) > 1 else ''}:")
+            lines += [f"{_INDENT * 2}{line}" for line in failure.output.splitlines()]
     return _section("Details", lines)
 
 

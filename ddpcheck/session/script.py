@@ -28,7 +28,8 @@ from ddpcheck.checks.reshuffle import STALE_EPOCH, evaluation_order
 from ddpcheck.checks.scripts import alone, at_loader, in_script_words, launcher_note, told_cause
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.figures import figure_data
-from ddpcheck.launch.script import ScriptLaunch, launch_script
+from ddpcheck.launch.script import ScriptLaunch, launch_script, output_tail
+from ddpcheck.launch.workdir import WorkdirGuard, WorkdirUnavailable
 from ddpcheck.layout import Layout, LayoutError, check_ranks
 from ddpcheck.messages import count_text, one_line
 from ddpcheck.result import CheckResult, WorldResult
@@ -67,6 +68,7 @@ class _Recorded:
     failures: tuple[RankFailure, ...]
     seconds: float = 0.0
     environment: dict[str, str] = field(default_factory=dict)  # what ddpcheck set for the ranks
+    outputs: dict[int, str] = field(default_factory=dict)  # the last lines each rank printed
 
 
 def check_script(
@@ -134,10 +136,18 @@ def audit_script(
             check_ranks(layout.world_size, mesh=bool(layout.mesh), instead=instead)
     except LayoutError as exc:
         raise BadInput(str(exc)) from None
+    try:  # each run sees the directory as the user left it (DDPCHECK_WORKDIR)
+        guard = WorkdirGuard(cwd)
+        guard.ready()
+    except (ValueError, WorkdirUnavailable) as exc:
+        raise BadInput(str(exc)) from None
     workdir = tempfile.mkdtemp(prefix="ddpchk-")
-    session = _ScriptSession(target, options, cwd, workdir, say)
+    guard.own.append(os.path.realpath(workdir))
+    session = _ScriptSession(target, options, cwd, workdir, say, guard)
     try:
         session.carry_out(layouts)
+    except WorkdirUnavailable as exc:
+        raise BadInput(str(exc)) from None
     except KeyboardInterrupt:
         session.notes.append("interrupted: layouts after the last one shown were not checked")
         raise Interrupted(session.result(interrupted=True)) from None
@@ -184,8 +194,17 @@ def _compiles(path: str, shown: str) -> None:
 
 
 class _ScriptSession:
-    def __init__(self, target: ScriptTarget, options: ScriptOptions, cwd: str, workdir: str, say: Progress):
+    def __init__(
+        self,
+        target: ScriptTarget,
+        options: ScriptOptions,
+        cwd: str,
+        workdir: str,
+        say: Progress,
+        guard: WorkdirGuard | None = None,
+    ):
         self.target, self.options, self.cwd, self.workdir, self.say = target, options, cwd, workdir, say
+        self.guard = guard
         self.runs: list[WorldResult] = []
         self.notes: list[str] = []
         self.reference: _Recorded | None = None
@@ -209,7 +228,7 @@ class _ScriptSession:
             id_source=source,
             epochs=self.options.check.epochs,
             options=options,
-            notes=tuple(dict.fromkeys(self.notes)),
+            notes=tuple(dict.fromkeys([*self.notes, *(self.guard.notes() if self.guard else [])])),
             interrupted=interrupted,
         )
 
@@ -225,7 +244,7 @@ class _ScriptSession:
                 WorldResult(
                     1,
                     "gloo",
-                    failures=reference.failures or (_failure(problem),),
+                    failures=reference.failures or (_failure(problem, reference),),
                     layout=single,
                     seconds=reference.seconds,
                     loader=self.target.shown,
@@ -281,7 +300,16 @@ class _ScriptSession:
         else:
             command += ["--", self.target.path, *self.target.args]
         env = rank_environment(layout.world_size)
-        launch = launch_script(command, layout.world_size, out, cwd=self.cwd, timeout=check.timeout, env=env)
+        launch = launch_script(
+            command,
+            layout.world_size,
+            out,
+            cwd=self.cwd,
+            timeout=check.timeout,
+            env=env,
+            workdir=self.guard,
+            label=layout_name(layout),
+        )
         return replace(read_launch(launch, layout), environment=env)
 
     def _judge(
@@ -300,7 +328,7 @@ class _ScriptSession:
                 WorldResult(
                     layout.world_size,
                     "gloo",
-                    failures=run.failures or (_failure(problem),),
+                    failures=run.failures or (_failure(problem, run),),
                     layout=layout,
                     seconds=run.seconds,
                     loader=self.target.shown,
@@ -375,7 +403,10 @@ def read_launch(launch: ScriptLaunch, layout: Layout) -> _Recorded:
                     entry.output,
                 )
             )
-    return _Recorded(layout, traces, tuple(failures), launch.seconds)
+    outputs = {entry.rank: output_tail(entry.output) for entry in launch.ranks}
+    printed = {entry.rank: entry.output for entry in launch.ranks}  # shown whole as the stack already
+    failures = [f if f.stack == printed[f.rank] else replace(f, output=outputs[f.rank]) for f in failures]
+    return _Recorded(layout, traces, tuple(failures), launch.seconds, outputs=outputs)
 
 
 COLLECTIVE_FILES = ("distributed_c10d.py", "c10d_logger.py")
@@ -465,8 +496,9 @@ def _launch_problem(recorded: _Recorded) -> str:
     return ""
 
 
-def _failure(message: str) -> RankFailure:
-    return RankFailure(0, "error", message)
+def _failure(message: str, recorded: _Recorded | None = None) -> RankFailure:
+    """The launch's one failure (no rank failed, yet nothing can be judged), with what rank 0 printed."""
+    return RankFailure(0, "error", message, output=recorded.outputs.get(0, "") if recorded else "")
 
 
 def _trace_notes(recorded: _Recorded) -> list[str]:
