@@ -206,6 +206,20 @@ def test_no_private_name_crosses_a_package() -> None:
     assert _private_imports() == set()
 
 
+def test_a_plain_type_of_the_checks_costs_no_check_and_no_numpy() -> None:
+    """``ddpcheck.checks`` resolves its registry lazily: a front end that wants ``Verdict`` or a check id
+    imports neither the check modules nor numpy; the package's names still resolve on first use."""
+    heavy = "('numpy', 'torch', 'ddpcheck.checks.registry', 'ddpcheck.checks.coverage')"
+    code = (
+        "import sys; from ddpcheck.checks.verdict import Verdict; from ddpcheck.checks import ids; "
+        f"print(sorted(m for m in {heavy} if m in sys.modules)); "
+        "from ddpcheck.checks import REGISTRY, run_checks; print(len(REGISTRY) > 10, callable(run_checks))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:2] == ["[]", "True True"]
+
+
 def test_the_pytest_surface_imports_neither_torch_nor_the_checker() -> None:
     """pytest imports the entry point in every session: it must stay cheap."""
     heavy = "('torch', 'ddpcheck.session', 'ddpcheck.launch')"

@@ -28,7 +28,7 @@ from ddpcheck.checker.facts import len_or_none
 from ddpcheck.checker.frames import user_site
 from ddpcheck.checker.hooks import LoaderHooks
 from ddpcheck.checker.identity import batch_digest
-from ddpcheck.checker.index_log import indices_of, log_of
+from ddpcheck.checker.index_log import dispatched, indices_of, log_of
 from ddpcheck.checker.loaderfile import BadLoaderFile
 from ddpcheck.checker.running import EndlessGuard, EpochBuilder
 from ddpcheck.checker.script_env import (
@@ -237,18 +237,17 @@ class ScriptEpoch:
             return False
         if self.meter is not None or self.recorder.options.steps is not None:
             return False
-        sent = getattr(it, "_ddpcheck_sent", None)
-        if sent is None or getattr(it, "_ddpcheck_log", None) is not self.log:
+        sent = dispatched(it, self.log)
+        if sent is None:
             return False
         pending: list[tuple[Any, int | None]] = []
         worker_of: Callable[[], int | None] = lambda: None  # noqa: E731
         if kind is _MultiProcessingDataLoaderIter:
             if not getattr(it, "_in_order", True):
                 return False  # delivered out of order: which tasks are left is not a range
-            base = it._ddpcheck_base
             for task in range(it._rcvd_idx, it._send_idx):
                 info = it._task_info.get(task, ())
-                pending.append((sent[base + task], info[0] if info else None))
+                pending.append((sent.item(task), info[0] if info else None))
             worker_of = _next_worker(it)
         for item, worker in (*pending, *((i, worker_of()) for i in it._sampler_iter)):
             ids = indices_of(item)
