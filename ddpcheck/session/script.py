@@ -26,6 +26,7 @@ from ddpcheck.checks.ids import COVERAGE, DETERMINISM, RESHUFFLE, SINGLE_PROCESS
 from ddpcheck.checks.replicas import data_parallel_view
 from ddpcheck.checks.reshuffle import STALE_EPOCH, evaluation_order
 from ddpcheck.checks.scripts import alone, at_loader, in_script_words, launcher_note, told_cause
+from ddpcheck.checks.step_judge import IGNORE_INDEX, StepRecord, fed_loader, judge_step, merged
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.figures import figure_data
 from ddpcheck.launch.script import ScriptLaunch, launch_script, output_tail
@@ -57,6 +58,8 @@ class ScriptOptions:
     model_steps: int | None = DEFAULT_MODEL_STEPS  # None: the script's loop receives whole epochs
     hooks: str = ""  # a file with loader-file hooks (sample_ids, batch_work, token_ids)
     cwd: str = ""  # the script's working directory ("" = this process's)
+    step: bool = True  # watch the training step and judge it (--no-step: the loaders alone)
+    ignore_index: int = IGNORE_INDEX  # the label value that supervises nothing
 
 
 @dataclass
@@ -69,6 +72,7 @@ class _Recorded:
     seconds: float = 0.0
     environment: dict[str, str] = field(default_factory=dict)  # what ddpcheck set for the ranks
     outputs: dict[int, str] = field(default_factory=dict)  # the last lines each rank printed
+    out: str = ""  # the launch's trace directory (a replay reads its saved steps there)
 
 
 def check_script(
@@ -254,7 +258,9 @@ class _ScriptSession:
             self.say(f"the single-process run failed: {problem}")
             return
         self.notes.extend(_trace_notes(reference))
-        self.runs.extend(self._judge(reference, reference, None, single))
+        self.runs.extend(
+            self._judge(reference, reference, None, single, self._step_record(reference, single))
+        )
         determinism = self.options.check.determinism
         for layout in layouts:
             window_reference = reference
@@ -263,25 +269,51 @@ class _ScriptSession:
                 self.say(f"{layout_name(layout)}: reference window of {steps} steps (1 process)")
                 window_reference = self._launch(Layout.plain(1), steps=steps)
             self.say(f"{layout_name(layout)}: running {count_text(layout.world_size, 'ranks')}")
-            run = self._launch(layout)
+            run = self._launch(layout, compare=layout.dp_world_size > 1)
             rerun = None
             if determinism and run.traces and not run.failures:
                 self.say(f"{layout_name(layout)}: determinism rerun")
                 rerun = self._launch(layout)
                 determinism = False  # one rerun: the first layout with several ranks
             self.notes.extend(_trace_notes(run))
-            results = self._judge(window_reference, run, rerun, layout)
+            results = self._judge(window_reference, run, rerun, layout, self._step_record(run, layout))
             self.runs.extend(results)
             for result in results:
                 self.say(
                     f"{result.loader} at {layout_name(layout)}: {status_text(result)} ({result.seconds:.2f}s)"
                 )
 
-    def _launch(self, layout: Layout, steps: int | None = None) -> _Recorded:
+    def _step_record(self, run: _Recorded, layout: Layout) -> StepRecord | None:
+        """The run's step recordings and, where data-parallel ranks split the step, the one-process replay
+        of what they received (one more launch); None without ``--step``."""
+        if not self.options.step:
+            return None
+        record = step_record(run, self.options.ignore_index)
+        if layout.dp_world_size < 2 or not record.backward or _launch_problem(run):
+            return record
+        self.say(f"{layout_name(layout)}: replaying its first steps at 1 process")
+        replay = self._launch(Layout.plain(1), replay=run.out)
+        traces = [t.steps for t in replay.traces.values() if t.steps is not None]
+        if traces and not _launch_problem(replay):
+            return replace(record, replay=traces[0])
+        problem = _launch_problem(replay) or "it recorded no step"
+        return replace(record, no_replay=f"the one-process replay failed ({problem})")
+
+    def _launch(
+        self, layout: Layout, steps: int | None = None, replay: str = "", compare: bool = False
+    ) -> _Recorded:
+        """One launch of the script at ``layout``; ``compare``: keep the compared steps' gradients and save
+        their batches for a replay (the run that is replayed, and the replay)."""
         self.launches += 1
         out = os.path.join(self.workdir, f"l{self.launches}")
         check = replace(self.options.check, steps=steps) if steps is not None else self.options.check
         command = ["-m", "ddpcheck.record", "--out", out, "--epochs", str(check.epochs)]
+        if self.options.step:
+            command += ["--step"] if compare or replay else ["--step", "--compare-batches", "0"]
+            if self.options.ignore_index != IGNORE_INDEX:
+                command += ["--ignore-index", str(self.options.ignore_index)]
+        if replay:
+            command += ["--replay", replay]
         command += [
             "--model-steps",
             "all" if self.options.model_steps is None else str(self.options.model_steps),
@@ -310,10 +342,15 @@ class _ScriptSession:
             workdir=self.guard,
             label=layout_name(layout),
         )
-        return replace(read_launch(launch, layout), environment=env)
+        return replace(read_launch(launch, layout), environment=env, out=out)
 
     def _judge(
-        self, reference: _Recorded, run: _Recorded, rerun: _Recorded | None, layout: Layout
+        self,
+        reference: _Recorded,
+        run: _Recorded,
+        rerun: _Recorded | None,
+        layout: Layout,
+        step: StepRecord | None = None,
     ) -> list[WorldResult]:
         problem = _launch_problem(run)
         gpus = run.environment.get(GPUS_ENV)
@@ -334,7 +371,7 @@ class _ScriptSession:
                     loader=self.target.shown,
                 )
             ]
-        return judge_launch(reference, run, rerun, layout, self.options.check, run.seconds)
+        return judge_launch(reference, run, rerun, layout, self.options.check, step=step)
 
 
 def rank_environment(world_size: int, gpus: int | None = None) -> dict[str, str]:
@@ -523,14 +560,51 @@ def judge_launch(
     rerun: _Recorded | None,
     layout: Layout,
     options: CheckOptions,
-    seconds: float = 0.0,
     *,
     standin: str = "",
+    step: StepRecord | None = None,
 ) -> list[WorldResult]:
     """Every loader of ``run`` judged against the same loader of ``reference``: one WorldResult each.
 
     ``standin`` (non-empty: why) means the reference is not a real single-process run; the checks
-    that need one are skipped with that reason."""
+    that need one are skipped with that reason. ``step``: the launch's step recordings, judged with the
+    loader whose batches reached backward (the first loader when none did)."""
+    results = _judge_loaders(reference, run, rerun, layout, options, standin)
+    if step is None or not results:
+        return results
+    fed = fed_loader(step.steps)
+    at = next((i for i, r in enumerate(results) if r.loader == fed), 0)
+    verdicts = [in_script_words(at_loader(v, results[at].loader)) for v in judge_step(step, layout)]
+    joined = merged(results[at].verdicts, allowed(verdicts, options.allow))
+    results[at] = replace(results[at], verdicts=tuple(joined))
+    return results
+
+
+def step_record(run: _Recorded, ignore_index: int = IGNORE_INDEX) -> StepRecord:
+    """What the step checks read from one launch: each rank's steps, each loader's epochs per rank."""
+    ranks = range(run.layout.world_size)
+    steps = tuple(run.traces[r].steps if r in run.traces else None for r in ranks)
+    loading: dict[str, list[tuple[EpochTrace, ...]]] = {}
+    for name in _loader_names(run, run):
+        per_rank = [
+            next((lo.trace.epochs for lo in run.traces[r].loaders if lo.name == name), ())
+            if r in run.traces
+            else ()
+            for r in ranks
+        ]
+        loading[name] = per_rank
+    return StepRecord(steps, loading=loading, ignore_index=ignore_index)
+
+
+def _judge_loaders(
+    reference: _Recorded,
+    run: _Recorded,
+    rerun: _Recorded | None,
+    layout: Layout,
+    options: CheckOptions,
+    standin: str,
+) -> list[WorldResult]:
+    seconds = run.seconds
     results = []
     grouped = _grouped(run)
     for name in _loader_names(reference, run):
