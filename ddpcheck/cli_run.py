@@ -81,6 +81,20 @@ def build_run_parser(command: LoaderCommand) -> argparse.ArgumentParser:
         metavar="FILE",
         help="a file with loader-file hooks (sample_ids, batch_work, ...)",
     )
+    parser.add_argument(
+        "--no-step",
+        dest="step",
+        action="store_false",
+        help="do not watch the training step (step_equivalence, equal_microsteps; supervision and "
+        "rng_independence then judge the loaders' batches alone); saves one replay launch per layout",
+    )
+    parser.add_argument(
+        "--ignore-index",
+        type=int,
+        default=-100,
+        metavar="N",
+        help="the label value that supervises nothing, for supervision and the step's token counts (-100)",
+    )
     return parser
 
 
@@ -189,7 +203,13 @@ def _run_script(args: argparse.Namespace) -> tuple[CheckResult, bool]:
     from ddpcheck.session.script import ScriptOptions, audit_script
 
     path, module, script_args = args.target
-    options = ScriptOptions(check=_check_options(args), model_steps=args.model_steps, hooks=args.hooks)
+    options = ScriptOptions(
+        check=_check_options(args),
+        model_steps=args.model_steps,
+        hooks=args.hooks,
+        step=args.step,
+        ignore_index=args.ignore_index,
+    )
     quiet = getattr(args, "quiet", False)
 
     def progress(message: str) -> None:

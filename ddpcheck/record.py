@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ddpcheck.launch.script import PARENT_ENV, STACK_ENV
+from ddpcheck.launch.workdir import enter_workdir  # the standard library only: no thread starts
 
 if TYPE_CHECKING:
     from ddpcheck.checker.step import StepWatcher
@@ -160,6 +160,10 @@ def trace_path(out: str, rank: int) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    problem = enter_workdir()  # first: a mount namespace is entered only while this is one thread
+    if problem:
+        print(f"ddpcheck.record: {problem}", file=sys.stderr)
+        return EXIT_SCRIPT_FAILED
     ours, path, module, script_args = split_command(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(ours)
@@ -202,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     target = ScriptTarget(path=path, module=module, args=tuple(script_args))
     watcher = _watch_step(args)
-    trace = record_script(target, options, hooks)
+    trace = replace(record_script(target, options, hooks), frameworks=imported_frameworks())
     if watcher is not None:
         trace = replace(trace, steps=watcher.finish())
     os.makedirs(args.out, exist_ok=True)
@@ -218,6 +222,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ddpcheck.record: rank {trace.rank}: the script iterated no DataLoader", file=sys.stderr)
         return EXIT_SCRIPT_FAILED
     return 0
+
+
+# a framework, by the modules that show the script imported it
+FRAMEWORK_MODULES = {"lightning": ("lightning.fabric", "lightning_fabric", "pytorch_lightning")}
+
+
+def imported_frameworks() -> tuple[str, ...]:
+    """The training frameworks the script imported (their launchers decide how its processes group)."""
+    loaded = sys.modules
+    return tuple(name for name, modules in FRAMEWORK_MODULES.items() if any(m in loaded for m in modules))
 
 
 def _watch_step(args: argparse.Namespace) -> StepWatcher | None:
@@ -238,6 +252,8 @@ def _watch_step(args: argparse.Namespace) -> StepWatcher | None:
 
 def _die_with_launcher() -> None:
     """Under ``ddpcheck run``: die with it, even if it is SIGKILLed (its janitor kills our group too)."""
+    from ddpcheck.launch.script import PARENT_ENV
+
     parent = os.environ.get(PARENT_ENV, "")
     if not parent.isdigit() or sys.platform != "linux":
         return
@@ -253,6 +269,8 @@ def _die_with_launcher() -> None:
 
 
 def _stack_dumps() -> None:
+    from ddpcheck.launch.script import STACK_ENV
+
     where = os.environ.get(STACK_ENV, "")
     if not where:
         return

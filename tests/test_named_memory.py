@@ -15,7 +15,7 @@ import os
 import signal
 import time
 import uuid
-from multiprocessing import shared_memory
+from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +117,8 @@ def test_groups_that_name_nothing_are_not_flagged() -> None:
 def _create_and_die(name: str) -> None:
     segment = shared_memory.SharedMemory(name=name, create=True, size=16)
     segment.buf[:4] = b"held"
+    # a launcher that kills the job kills Python's resource tracker with it: the name is then on no one's list
+    resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
     os.kill(os.getpid(), signal.SIGKILL)  # no exit handler runs: the name would outlive the job
 
 

@@ -10,7 +10,6 @@ Each launch starts fresh interpreters as torchrun does (``ddpcheck.launch.script
 from __future__ import annotations
 
 import pickle
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,5 +167,5 @@ def test_record_refuses_a_replay_of_nothing(tmp_path: Path, capsys: pytest.Captu
     from ddpcheck.record import EXIT_BAD_INPUT, main
 
     nowhere = str(tmp_path / "none")
-    assert main(["--out", str(tmp_path), "--replay", nowhere, "--", sys.argv[0]]) == EXIT_BAD_INPUT
+    assert main(["--out", str(tmp_path), "--replay", nowhere, "--", __file__]) == EXIT_BAD_INPUT
     assert "no recorded steps there" in capsys.readouterr().err

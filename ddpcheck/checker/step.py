@@ -489,6 +489,8 @@ ACTIVE: StepWatcher | None = None
 def active_watcher() -> StepWatcher | None:
     """The watcher installed in this process (None: the step is not watched)."""
     return ACTIVE
+
+
 _installed = False
 
 

@@ -125,7 +125,7 @@ def render_html(result: CheckResult | ReportView) -> str:
         f"<title>ddpcheck {word}: {_e(res.loader)}</title>",
         f"<style>{CSS}</style></head><body><main>",
         f'<h1>ddpcheck <span class="badge {"ok" if res.ok else "failed"}">{word.upper()}</span></h1>',
-        f'<p class="meta">Loader <code>{_e(res.loader)}</code></p>',
+        f'<p class="meta">{view.subject} <code>{_e(res.loader)}</code></p>',
         f'<p class="meta">{_e(facts)}</p>',
         f'<p class="summary" id="summary">{_e(view.summary())}</p>',
     ]
@@ -172,8 +172,10 @@ def _grid(view: ReportView) -> list[str]:
     rows = []
     for row in view.rows:
         pictured = row.run.figures is not None
-        label = f'<a href="#{_e(row.anchor)}">{_e(row.label)}</a>' if pictured else _e(row.label)
-        cells = [f"<th>{label}</th>"]
+        shown = row.short if view.loader_column else row.label
+        label = f'<a href="#{_e(row.anchor)}">{_e(shown)}</a>' if pictured else _e(shown)
+        cells = [f"<th>{_e(row.loader)}</th>"] if view.loader_column else []
+        cells.append(f"<th>{label}</th>")
         for cell in (row.cell(c) for c in view.columns):
             if cell.status is None:
                 cells.append(f'<td class="status notrun">{NOT_RUN}</td>')
@@ -193,10 +195,11 @@ def _grid(view: ReportView) -> list[str]:
         cells.append(f'<td class="ranks">{_e(row.ranks)}</td>')
         rows.append(f'<tr data-world-size="{row.run.world_size}">{"".join(cells)}</tr>')
     pad_head = ("<th>padding</th>" if padding else "") + ("<th>idle</th>" if idle else "")
+    named = "<th>loader</th>" if view.loader_column else ""
     return [
         "<h2>Checks</h2>",
-        f'<div class="grid"><table class="grid"><thead><tr><th>world size</th>{head}{pad_head}<th>ranks</th>'
-        "</tr></thead><tbody>",
+        f'<div class="grid"><table class="grid"><thead><tr>{named}<th>world size</th>{head}{pad_head}'
+        "<th>ranks</th></tr></thead><tbody>",
         *rows,
         "</tbody></table></div>",
         f'<p class="legend">{_e(view.legend)}</p>',
@@ -232,6 +235,9 @@ def _details(view: ReportView) -> list[str]:
             stack = "\n".join(trim_stack(failure.stack, HTML_STACK_LINES))
             summary = f"<summary>stack of rank {failure.rank}</summary>"
             body.append(f"<details>{summary}<pre>{_e(stack)}</pre></details>")
+        if failure.output.strip():
+            summary = f"<summary>last output lines of rank {failure.rank}</summary>"
+            body.append(f"<details open>{summary}<pre>{_e(failure.output)}</pre></details>")
         items.append(f'<div class="item rank"{anchor}>{"".join(body)}</div>')
     return ["<h2>Details</h2>", *items] if items else []
 

@@ -40,7 +40,8 @@ Schema (``SCHEMA_VERSION = 3``); every key is always present::
                      "cause": str, "fix": str, "ranks": [int, ...], "epochs": [int, ...], "examples": [...],
                      "data": {...}}
         },
-        "failures": [{"rank": int, "kind": str, "message": str, "stack": str, "progress": str}],
+        "failures": [{"rank": int, "kind": str, "message": str, "stack": str, "progress": str,
+                      "output": str}],         # output: a script rank's last printed lines
         "divergence": [{"metric": str, "reference": float, "naive": float, "corrected": float,
                         "naive_diff": float, "corrected_diff": float, "duplicated": int,
                         "dropped": int, "order_only": bool, "cause": str}],
@@ -80,7 +81,8 @@ import os
 from typing import Any
 
 from ddpcheck.checks.verdict import Verdict
-from ddpcheck.report.view import Cause, MixtureTable, ReportView, Row, as_view
+from ddpcheck.report.mixture_view import MixtureTable
+from ddpcheck.report.view import Cause, ReportView, Row, as_view
 from ddpcheck.restores import ResumeRow
 from ddpcheck.result import CheckResult, MetricRow
 from ddpcheck.trace import RankFailure
@@ -245,6 +247,7 @@ def _failure(failure: RankFailure) -> dict[str, Any]:
         "message": failure.message,
         "stack": failure.stack,
         "progress": failure.progress,
+        "output": failure.output,
     }
 
 

@@ -74,7 +74,7 @@ def render_markdown(result: CheckResult | ReportView, *, figure_stem: str | None
     blocks = [
         f"## {icon} ddpcheck {res.verdict_word}",
         md_escape(view.summary()),
-        f"Loader {md_code(res.loader)} · ids {md_code(res.id_source)} · epochs {res.epochs}",
+        f"{view.subject} {md_code(res.loader)} · ids {md_code(res.id_source)} · epochs {res.epochs}",
     ]
     if view.causes:
         blocks.append(_causes(view))
@@ -112,9 +112,15 @@ def _status(row: Row, check: str) -> str:
 
 
 def _grid(view: ReportView) -> str:
-    headers = ["world size", *(md_code(c) for c in view.grid_columns), "ranks"]
+    named = ["loader"] if view.loader_column else []  # a script's loaders: a column of their own
+    headers = [*named, "world size", *(md_code(c) for c in view.grid_columns), "ranks"]
     rows = [
-        [md_escape(row.label), *(_status(row, c) for c in view.grid_columns), md_escape(row.ranks)]
+        [
+            *([md_escape(row.loader)] if named else []),
+            md_escape(row.short if named else row.label),
+            *(_status(row, c) for c in view.grid_columns),
+            md_escape(row.ranks),
+        ]
         for row in view.rows
     ]
     return _table(rows, headers)
@@ -160,6 +166,10 @@ def _rank_failures(view: ReportView) -> str:
             summary = html.escape(f"stack of rank {failure.rank} at {where}")
             stack = _fence(trim_stack(failure.stack, MD_STACK_LINES))
             parts.append(f"\n<details><summary>{summary}</summary>\n\n{stack}\n\n</details>\n")
+        if failure.output.strip():
+            summary = html.escape(f"last output lines of rank {failure.rank} at {where}")
+            output = _fence(failure.output.splitlines())
+            parts.append(f"\n<details><summary>{summary}</summary>\n\n{output}\n\n</details>\n")
     return "\n".join(["### Rank failures", "", *parts]).rstrip() if parts else ""
 
 

@@ -23,10 +23,13 @@ from typing import Any
 from ddpcheck.checker.script_env import GPUS_ENV, NEEDS_CUDA, ScriptTarget
 from ddpcheck.checks.ids import COVERAGE, DETERMINISM, RESHUFFLE, SINGLE_PROCESS_EQUIVALENCE
 from ddpcheck.checks.replicas import data_parallel_view
-from ddpcheck.checks.reshuffle import STALE_EPOCH
+from ddpcheck.checks.reshuffle import STALE_EPOCH, evaluation_order
+from ddpcheck.checks.scripts import alone, at_loader, in_script_words, launcher_note, told_cause
+from ddpcheck.checks.step_judge import IGNORE_INDEX, StepRecord, fed_loader, judge_step, merged
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.figures import figure_data
-from ddpcheck.launch.script import ScriptLaunch, launch_script
+from ddpcheck.launch.script import ScriptLaunch, launch_script, output_tail
+from ddpcheck.launch.workdir import WorkdirGuard, WorkdirUnavailable
 from ddpcheck.layout import Layout, LayoutError, check_ranks
 from ddpcheck.messages import count_text, one_line
 from ddpcheck.options import BadInput, CheckOptions, mesh_layouts, validate
@@ -55,6 +58,8 @@ class ScriptOptions:
     model_steps: int | None = DEFAULT_MODEL_STEPS  # None: the script's loop receives whole epochs
     hooks: str = ""  # a file with loader-file hooks (sample_ids, batch_work, token_ids)
     cwd: str = ""  # the script's working directory ("" = this process's)
+    step: bool = True  # watch the training step and judge it (--no-step: the loaders alone)
+    ignore_index: int = IGNORE_INDEX  # the label value that supervises nothing
 
 
 @dataclass
@@ -66,6 +71,8 @@ class _Recorded:
     failures: tuple[RankFailure, ...]
     seconds: float = 0.0
     environment: dict[str, str] = field(default_factory=dict)  # what ddpcheck set for the ranks
+    outputs: dict[int, str] = field(default_factory=dict)  # the last lines each rank printed
+    out: str = ""  # the launch's trace directory (a replay reads its saved steps there)
 
 
 def check_script(
@@ -133,10 +140,18 @@ def audit_script(
             check_ranks(layout.world_size, mesh=bool(layout.mesh), instead=instead)
     except LayoutError as exc:
         raise BadInput(str(exc)) from None
+    try:  # each run sees the directory as the user left it (DDPCHECK_WORKDIR)
+        guard = WorkdirGuard(cwd)
+        guard.ready()
+    except (ValueError, WorkdirUnavailable) as exc:
+        raise BadInput(str(exc)) from None
     workdir = tempfile.mkdtemp(prefix="ddpchk-")
-    session = _ScriptSession(target, options, cwd, workdir, say)
+    guard.own.append(os.path.realpath(workdir))
+    session = _ScriptSession(target, options, cwd, workdir, say, guard)
     try:
         session.carry_out(layouts)
+    except WorkdirUnavailable as exc:
+        raise BadInput(str(exc)) from None
     except KeyboardInterrupt:
         session.notes.append("interrupted: layouts after the last one shown were not checked")
         raise Interrupted(session.result(interrupted=True)) from None
@@ -183,8 +198,17 @@ def _compiles(path: str, shown: str) -> None:
 
 
 class _ScriptSession:
-    def __init__(self, target: ScriptTarget, options: ScriptOptions, cwd: str, workdir: str, say: Progress):
+    def __init__(
+        self,
+        target: ScriptTarget,
+        options: ScriptOptions,
+        cwd: str,
+        workdir: str,
+        say: Progress,
+        guard: WorkdirGuard | None = None,
+    ):
         self.target, self.options, self.cwd, self.workdir, self.say = target, options, cwd, workdir, say
+        self.guard = guard
         self.runs: list[WorldResult] = []
         self.notes: list[str] = []
         self.reference: _Recorded | None = None
@@ -196,6 +220,7 @@ class _ScriptSession:
             "script": self.target.shown,
             "script_args": list(self.target.args),
             "model_steps": "all" if self.options.model_steps is None else self.options.model_steps,
+            "cwd": self.cwd,
         }
         source = "index"
         if self.reference is not None and self.reference.traces:
@@ -207,12 +232,13 @@ class _ScriptSession:
             id_source=source,
             epochs=self.options.check.epochs,
             options=options,
-            notes=tuple(dict.fromkeys(self.notes)),
+            notes=tuple(dict.fromkeys([*self.notes, *(self.guard.notes() if self.guard else [])])),
             interrupted=interrupted,
         )
 
     def carry_out(self, layouts: Sequence[Layout]) -> None:
         self.say(f"reference run (1 process) of {self.target.shown}")
+        self.notes.extend(filter(None, [launcher_note(os.environ)]))
         reference = self._launch(Layout.plain(1))
         self.reference = reference
         single = Layout.plain(1)
@@ -222,7 +248,7 @@ class _ScriptSession:
                 WorldResult(
                     1,
                     "gloo",
-                    failures=reference.failures or (_failure(problem),),
+                    failures=reference.failures or (_failure(problem, reference),),
                     layout=single,
                     seconds=reference.seconds,
                     loader=self.target.shown,
@@ -232,7 +258,9 @@ class _ScriptSession:
             self.say(f"the single-process run failed: {problem}")
             return
         self.notes.extend(_trace_notes(reference))
-        self.runs.extend(self._judge(reference, reference, None, single))
+        self.runs.extend(
+            self._judge(reference, reference, None, single, self._step_record(reference, single))
+        )
         determinism = self.options.check.determinism
         for layout in layouts:
             window_reference = reference
@@ -241,25 +269,51 @@ class _ScriptSession:
                 self.say(f"{layout_name(layout)}: reference window of {steps} steps (1 process)")
                 window_reference = self._launch(Layout.plain(1), steps=steps)
             self.say(f"{layout_name(layout)}: running {count_text(layout.world_size, 'ranks')}")
-            run = self._launch(layout)
+            run = self._launch(layout, compare=layout.dp_world_size > 1)
             rerun = None
             if determinism and run.traces and not run.failures:
                 self.say(f"{layout_name(layout)}: determinism rerun")
                 rerun = self._launch(layout)
                 determinism = False  # one rerun: the first layout with several ranks
             self.notes.extend(_trace_notes(run))
-            results = self._judge(window_reference, run, rerun, layout)
+            results = self._judge(window_reference, run, rerun, layout, self._step_record(run, layout))
             self.runs.extend(results)
             for result in results:
                 self.say(
                     f"{result.loader} at {layout_name(layout)}: {status_text(result)} ({result.seconds:.2f}s)"
                 )
 
-    def _launch(self, layout: Layout, steps: int | None = None) -> _Recorded:
+    def _step_record(self, run: _Recorded, layout: Layout) -> StepRecord | None:
+        """The run's step recordings and, where data-parallel ranks split the step, the one-process replay
+        of what they received (one more launch); None without ``--step``."""
+        if not self.options.step:
+            return None
+        record = step_record(run, self.options.ignore_index)
+        if layout.dp_world_size < 2 or not record.backward or _launch_problem(run):
+            return record
+        self.say(f"{layout_name(layout)}: replaying its first steps at 1 process")
+        replay = self._launch(Layout.plain(1), replay=run.out)
+        traces = [t.steps for t in replay.traces.values() if t.steps is not None]
+        if traces and not _launch_problem(replay):
+            return replace(record, replay=traces[0])
+        problem = _launch_problem(replay) or "it recorded no step"
+        return replace(record, no_replay=f"the one-process replay failed ({problem})")
+
+    def _launch(
+        self, layout: Layout, steps: int | None = None, replay: str = "", compare: bool = False
+    ) -> _Recorded:
+        """One launch of the script at ``layout``; ``compare``: keep the compared steps' gradients and save
+        their batches for a replay (the run that is replayed, and the replay)."""
         self.launches += 1
         out = os.path.join(self.workdir, f"l{self.launches}")
         check = replace(self.options.check, steps=steps) if steps is not None else self.options.check
         command = ["-m", "ddpcheck.record", "--out", out, "--epochs", str(check.epochs)]
+        if self.options.step:
+            command += ["--step"] if compare or replay else ["--step", "--compare-batches", "0"]
+            if self.options.ignore_index != IGNORE_INDEX:
+                command += ["--ignore-index", str(self.options.ignore_index)]
+        if replay:
+            command += ["--replay", replay]
         command += [
             "--model-steps",
             "all" if self.options.model_steps is None else str(self.options.model_steps),
@@ -278,11 +332,25 @@ class _ScriptSession:
         else:
             command += ["--", self.target.path, *self.target.args]
         env = rank_environment(layout.world_size)
-        launch = launch_script(command, layout.world_size, out, cwd=self.cwd, timeout=check.timeout, env=env)
-        return replace(read_launch(launch, layout), environment=env)
+        launch = launch_script(
+            command,
+            layout.world_size,
+            out,
+            cwd=self.cwd,
+            timeout=check.timeout,
+            env=env,
+            workdir=self.guard,
+            label=layout_name(layout),
+        )
+        return replace(read_launch(launch, layout), environment=env, out=out)
 
     def _judge(
-        self, reference: _Recorded, run: _Recorded, rerun: _Recorded | None, layout: Layout
+        self,
+        reference: _Recorded,
+        run: _Recorded,
+        rerun: _Recorded | None,
+        layout: Layout,
+        step: StepRecord | None = None,
     ) -> list[WorldResult]:
         problem = _launch_problem(run)
         gpus = run.environment.get(GPUS_ENV)
@@ -297,13 +365,13 @@ class _ScriptSession:
                 WorldResult(
                     layout.world_size,
                     "gloo",
-                    failures=run.failures or (_failure(problem),),
+                    failures=run.failures or (_failure(problem, run),),
                     layout=layout,
                     seconds=run.seconds,
                     loader=self.target.shown,
                 )
             ]
-        return judge_launch(reference, run, rerun, layout, self.options.check, run.seconds)
+        return judge_launch(reference, run, rerun, layout, self.options.check, step=step)
 
 
 def rank_environment(world_size: int, gpus: int | None = None) -> dict[str, str]:
@@ -372,7 +440,10 @@ def read_launch(launch: ScriptLaunch, layout: Layout) -> _Recorded:
                     entry.output,
                 )
             )
-    return _Recorded(layout, traces, tuple(failures), launch.seconds)
+    outputs = {entry.rank: output_tail(entry.output) for entry in launch.ranks}
+    printed = {entry.rank: entry.output for entry in launch.ranks}  # shown whole as the stack already
+    failures = [f if f.stack == printed[f.rank] else replace(f, output=outputs[f.rank]) for f in failures]
+    return _Recorded(layout, traces, tuple(failures), launch.seconds, outputs=outputs)
 
 
 COLLECTIVE_FILES = ("distributed_c10d.py", "c10d_logger.py")
@@ -462,8 +533,9 @@ def _launch_problem(recorded: _Recorded) -> str:
     return ""
 
 
-def _failure(message: str) -> RankFailure:
-    return RankFailure(0, "error", message)
+def _failure(message: str, recorded: _Recorded | None = None) -> RankFailure:
+    """The launch's one failure (no rank failed, yet nothing can be judged), with what rank 0 printed."""
+    return RankFailure(0, "error", message, output=recorded.outputs.get(0, "") if recorded else "")
 
 
 def _trace_notes(recorded: _Recorded) -> list[str]:
@@ -488,15 +560,53 @@ def judge_launch(
     rerun: _Recorded | None,
     layout: Layout,
     options: CheckOptions,
-    seconds: float = 0.0,
     *,
     standin: str = "",
+    step: StepRecord | None = None,
 ) -> list[WorldResult]:
     """Every loader of ``run`` judged against the same loader of ``reference``: one WorldResult each.
 
     ``standin`` (non-empty: why) means the reference is not a real single-process run; the checks
-    that need one are skipped with that reason."""
+    that need one are skipped with that reason. ``step``: the launch's step recordings, judged with the
+    loader whose batches reached backward (the first loader when none did)."""
+    results = _judge_loaders(reference, run, rerun, layout, options, standin)
+    if step is None or not results:
+        return results
+    fed = fed_loader(step.steps)
+    at = next((i for i, r in enumerate(results) if r.loader == fed), 0)
+    verdicts = [in_script_words(at_loader(v, results[at].loader)) for v in judge_step(step, layout)]
+    joined = merged(results[at].verdicts, allowed(verdicts, options.allow))
+    results[at] = replace(results[at], verdicts=tuple(joined))
+    return results
+
+
+def step_record(run: _Recorded, ignore_index: int = IGNORE_INDEX) -> StepRecord:
+    """What the step checks read from one launch: each rank's steps, each loader's epochs per rank."""
+    ranks = range(run.layout.world_size)
+    steps = tuple(run.traces[r].steps if r in run.traces else None for r in ranks)
+    loading: dict[str, list[tuple[EpochTrace, ...]]] = {}
+    for name in _loader_names(run, run):
+        per_rank = [
+            next((lo.trace.epochs for lo in run.traces[r].loaders if lo.name == name), ())
+            if r in run.traces
+            else ()
+            for r in ranks
+        ]
+        loading[name] = per_rank
+    return StepRecord(steps, loading=loading, ignore_index=ignore_index)
+
+
+def _judge_loaders(
+    reference: _Recorded,
+    run: _Recorded,
+    rerun: _Recorded | None,
+    layout: Layout,
+    options: CheckOptions,
+    standin: str,
+) -> list[WorldResult]:
+    seconds = run.seconds
     results = []
+    grouped = _grouped(run)
     for name in _loader_names(reference, run):
         ref = _run_trace(reference, name, 1)
         current = _run_trace(run, name, layout.world_size)
@@ -527,10 +637,19 @@ def judge_launch(
         judged = judge_world(ref, current, again, layout, options, figures=figures)  # as loader files are
         verdicts = [_script_cause(v, current, name, reason, layout.world_size == 1) for v in judged.verdicts]
         verdicts = [_framework_sampler(v, ref, current) for v in verdicts]
+        verdicts = [told_cause(alone(v, *grouped), current, layout) for v in verdicts]
+        verdicts = [in_script_words(at_loader(v, name)) for v in verdicts]
         results.append(
             replace(judged, verdicts=tuple(allowed(verdicts, options.allow)), seconds=seconds, loader=name)
         )
     return results
+
+
+def _grouped(run: _Recorded) -> tuple[bool, tuple[str, ...]]:
+    """(whether the ranks ran in a process group, the frameworks they imported), for :func:`alone`."""
+    traces = run.traces.values()
+    joined = run.layout.world_size == 1 or any(t.joined_group for t in traces)
+    return joined, tuple(sorted({f for t in traces for f in t.frameworks}))
 
 
 def _loader_names(reference: _Recorded, run: _Recorded) -> list[str]:
@@ -617,6 +736,9 @@ def _script_cause(verdict: Verdict, run: RunTrace, name: str, standin: str, sing
         return verdict
     if verdict.check == RESHUFFLE and not run.set_epoch:
         repeated = verdict.epochs if verdict.failed else repeats_without_set_epoch(run)
+        harmless = evaluation_order(run.ranks[0].facts) if run.ranks else ""
+        if repeated and harmless:
+            return Verdict(RESHUFFLE, "pass", f"{harmless} (the loop never calls set_epoch on it)")
         if repeated:
             cause = f"the loop never calls set_epoch on the sampler of the loader built at {name}"
             fix = f"call set_epoch(epoch) on that loader's sampler at the start of every epoch ({name})"
