@@ -42,7 +42,7 @@ OWN_REPORT_SUFFIXES = (".json", ".md", ".html", ".txt")
 
 
 def _world_sizes(text: str) -> tuple[int, ...]:
-    """``--world-sizes 1,2,4``: the syntax here; the rules on the sizes are CheckOptions' (validate)."""
+    """``--world-sizes 1,2,4``: the syntax here; the rules on the sizes are CheckOptions'."""
     try:
         sizes = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
@@ -56,7 +56,7 @@ def _world_sizes(text: str) -> tuple[int, ...]:
 
 def _mesh(text: str) -> Layout:
     """``--mesh dp=2,tp=2`` through the one mesh parser (:func:`ddpcheck.layout.parse_mesh`); which
-    dimensions split the data is settled with ``--data-dims`` once both are known (validate)."""
+    dimensions split the data is settled with ``--data-dims`` once both are known (CheckOptions)."""
     from ddpcheck.layout import LayoutError, parse_mesh
 
     try:
@@ -66,7 +66,7 @@ def _mesh(text: str) -> Layout:
 
 
 def _fraction(text: str) -> float:
-    """``--max-idle 0.2``: the syntax here; the rule (at least 0, below 1) is CheckOptions' (validate)."""
+    """``--max-idle 0.2``: the syntax here; the rule (at least 0, below 1) is CheckOptions'."""
     try:
         return float(text)
     except ValueError:
@@ -74,7 +74,7 @@ def _fraction(text: str) -> float:
 
 
 def _worker_counts(text: str) -> tuple[int, ...]:
-    """``--resume-workers 0,2``: the syntax here; the bounds are CheckOptions' (validate)."""
+    """``--resume-workers 0,2``: the syntax here; the bounds are CheckOptions' (checked when made)."""
     try:
         counts = tuple(dict.fromkeys(int(part) for part in text.split(",") if part.strip()))
     except ValueError:
@@ -86,7 +86,7 @@ def _worker_counts(text: str) -> tuple[int, ...]:
 
 def _check_ids(text: str) -> list[str]:
     """``--allow reshuffle,determinism``: a comma list (the option repeats too); the ids are validated
-    with the other options (:func:`ddpcheck.options.validate`)."""
+    with the other options (:class:`ddpcheck.options.CheckOptions`)."""
     ids = [part.strip() for part in text.split(",") if part.strip()]
     if not ids:
         raise argparse.ArgumentTypeError(f"expected check ids such as reshuffle,determinism, got {text!r}")
@@ -129,7 +129,7 @@ def _int_in(low: int, high: int) -> Callable[[str], Any]:
     return _number(int, "an integer", lambda v: low <= v <= high, f"must be from {low} to {high}")
 
 
-# the run's numbers: syntax here, their bounds once in ddpcheck.options.validate
+# the run's numbers: syntax here, their bounds once in ddpcheck.options.CheckOptions
 _integer = _number(int, "an integer", lambda v: True, "")
 _seconds = _number(float, "a number of seconds", lambda v: True, "")
 _float = _number(float, "a number", lambda v: True, "")
@@ -215,8 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     layout.add_argument(
         "--world-sizes",
         type=_world_sizes,
-        default=(1, 2, 3, 4),
-        metavar="1,2,3,4",
+        default=limits.WORLD_SIZES,
+        metavar=",".join(map(str, limits.WORLD_SIZES)),
         help=f"world sizes to check (real ranks: at most {MAX_REAL_RANKS}; "
         f"with --simulate at most {MAX_SIMULATED_RANKS})",
     )
@@ -458,16 +458,16 @@ def _given_on_command_line(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def check_combination(args: argparse.Namespace) -> None:
     """Checks that need several options at once (argparse checks each alone): the run's options are
-    validated here, once (:func:`ddpcheck.options.validate`), and kept as ``args.check_options``
-    with every mesh a Layout."""
+    checked here, once (:class:`~ddpcheck.options.CheckOptions` checks them when made), and kept as
+    ``args.check_options`` with every mesh a Layout."""
     from ddpcheck.layout import LayoutError, check_ranks
-    from ddpcheck.options import BadInput, mesh_layouts, validate
+    from ddpcheck.options import BadInput
 
     joined = args.rank is not None or args.world_size is not None or args.master_addr is not None
     if args.meshes and args.option_sources.get("world_sizes") == "default":
         args.world_sizes = ()  # --mesh alone checks the meshes (and the single-process reference)
     try:
-        options = validate(_options(args))
+        options = _options(args)
     except BadInput as exc:
         raise UsageError(_where(args, exc.option) + str(exc)) from None
     args.check_options = options
@@ -475,7 +475,7 @@ def check_combination(args: argparse.Namespace) -> None:
         try:
             for ws in options.world_sizes:
                 check_ranks(ws, mesh=False)
-            for mesh in mesh_layouts(options):  # parsed by validate: they pass straight through
+            for mesh in options.layouts:  # parsed when the options were made
                 check_ranks(mesh.world_size, mesh=True)
         except LayoutError as exc:
             raise UsageError(str(exc)) from None
@@ -680,7 +680,7 @@ def _run(args: argparse.Namespace) -> int | tuple[CheckResult, bool]:
         from ddpcheck.session import Interrupted, check_loader
         from ddpcheck.session.joined import JoinTarget, check_joined
 
-    options = args.check_options  # validated once, by check_combination
+    options = args.check_options  # checked once, by check_combination
     target = JoinTarget(args.rank, args.world_size, args.master_addr, args.master_port)
     # progress on stderr: live lines on a terminal, plain ones elsewhere, nothing with --quiet
     color = use_color(args.color, sys.stderr)

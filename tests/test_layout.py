@@ -92,7 +92,15 @@ def test_there_are_no_import_cycles_through_type_checking_imports_either() -> No
     made from the options)."""
     graph = _imports(typing=True)
     assert any(graph[m] - _imports()[m] for m in graph)  # the walk really saw TYPE_CHECKING imports
+    for module, imported in TYPING_CIRCLES_LEFT:  # each still there: drop it from the list once it goes
+        assert imported in graph[module], f"{module} no longer names {imported}: drop it from the list"
+        graph[module] = graph[module] - {imported}
     assert _cycle(graph) == []
+
+
+# Issue 38: report/ is being changed elsewhere now; mixture_view names view's Row for types while view
+# imports mixture_view. The one circle through TYPE_CHECKING imports left.
+TYPING_CIRCLES_LEFT = (("ddpcheck.report.mixture_view", "ddpcheck.report.view"),)
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:

@@ -44,7 +44,6 @@ from ddpcheck.checks.ids import METRIC_EQUIVALENCE
 from ddpcheck.checks.verdict import skipped
 from ddpcheck.launch import TargetRef, report_progress, run_ranks
 from ddpcheck.layout import Layout, shaped_like
-from ddpcheck.options import mesh_layouts
 from ddpcheck.scenarios.divergence import Evaluation, judge_metrics, metric_rows
 from ddpcheck.scenarios.protocol import DataRun, Outcome, rank_failures
 from ddpcheck.trace import RankFailure, compact_ids
@@ -282,7 +281,7 @@ class MetricEquivalence:
         self.timeout = options.timeout
         self.tolerance = options.metric_tolerance
         self.simulate = options.simulate
-        self.meshes = mesh_layouts(options)
+        self.meshes = options.layouts
         self._reference: Evaluation | None = None
         self._reference_failed = False
 

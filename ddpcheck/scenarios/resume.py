@@ -18,7 +18,6 @@ from ddpcheck.checks.resume_elastic import change_text, judge_restore, restore_c
 from ddpcheck.checks.verdict import not_applicable, skipped
 from ddpcheck.launch import GroupCall, GroupResult, TargetRef, run_groups, run_ranks
 from ddpcheck.layout import Layout
-from ddpcheck.options import mesh_layouts
 from ddpcheck.restores import RankResume, Restore, ResumeRow, Stop, Topology
 from ddpcheck.scenarios.protocol import DataRun, Outcome, rank_failures
 from ddpcheck.scenarios.resume_rank import (  # noqa: F401
@@ -53,7 +52,6 @@ class ResumeCheck:
         self.saved: dict[str, _Saved] = {}
         self.layouts: dict[str, Layout] = {}
         self.mechanism = ""  # where the data state lives: the elastic failure's cause depends on it
-        self.meshes = mesh_layouts(options)
         self.by_workers: dict[str, Outcome] = {}  # restores with other worker counts, kept for finish()
         self.factories = other_factories(spec)
         self.dcp_dir = _dcp_root() if options.dcp else ""

@@ -52,7 +52,6 @@ from ddpcheck.checks.verdict import Verdict, skipped
 from ddpcheck.launch import TargetRef, report_progress, run_ranks
 from ddpcheck.layout import Layout, shaped_like
 from ddpcheck.messages import count_text
-from ddpcheck.options import mesh_layouts
 from ddpcheck.scenarios.protocol import DataRun, Outcome, rank_failures
 
 if TYPE_CHECKING:
@@ -543,7 +542,7 @@ class TrainingEquivalence:
         self.options = TrainOptions(
             recipe=LoaderRecipe.from_options(spec, options),  # the data run's, never a copy
             steps=options.train_steps,
-            single=shaped_like(mesh_layouts(options), 1),
+            single=shaped_like(options.layouts, 1),
         )
         self.timeout = options.timeout
         self.simulate = options.simulate

@@ -27,7 +27,7 @@ from ddpcheck.checks.replicas import data_parallel_view
 from ddpcheck.figures import figure_data
 from ddpcheck.launch.rank import error_message
 from ddpcheck.layout import Layout
-from ddpcheck.options import BadInput, CheckOptions, mesh_layouts, validate
+from ddpcheck.options import BadInput, CheckOptions
 from ddpcheck.result import EXIT_BAD_INPUT, CheckResult
 from ddpcheck.session.plan import reference_layout
 from ddpcheck.session.record import Job, record
@@ -75,8 +75,7 @@ def check_joined(path: str, options: CheckOptions, target: JoinTarget) -> tuple[
 
     if (target.rank is None) != (target.world_size is None):
         raise BadInput("pass --rank and --world-size together")
-    validate(options)
-    meshes = mesh_layouts(options)
+    meshes = options.layouts
     if len(meshes) > 1:
         raise BadInput("a joined launch is one layout: give at most one --mesh, the launch's own")
     spec = LoaderSpec(path=str(path), factory=options.factory)

@@ -22,7 +22,7 @@ from ddpcheck.launch import shared_tmp
 from ddpcheck.launch.preload import frozen_heap, preload_imports
 from ddpcheck.layout import Layout, LayoutError, check_ranks
 from ddpcheck.messages import count_text
-from ddpcheck.options import BadInput, CheckOptions, mesh_layouts, validate
+from ddpcheck.options import BadInput, CheckOptions
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.scenarios import DataRun, Outcome, Scenario
 from ddpcheck.scenarios import build as build_scenarios
@@ -45,11 +45,10 @@ def check_loader(
     path: str, options: CheckOptions | None = None, *, progress: Progress | None = None
 ) -> CheckResult:
     """Run the loader file in every planned layout and judge it. Raises BadInput (exit 2)."""
-    options = options or CheckOptions()
-    validate(options)
+    options = options or CheckOptions()  # checked when made
     if not options.simulate:  # the one limit on real ranks, as the command line and the marker apply it
         try:
-            for layout in (*mesh_layouts(options), *(Layout.plain(ws) for ws in options.world_sizes)):
+            for layout in (*options.layouts, *(Layout.plain(ws) for ws in options.world_sizes)):
                 check_ranks(layout.world_size, mesh=bool(layout.mesh))
         except LayoutError as exc:
             raise BadInput(str(exc)) from None
