@@ -66,11 +66,13 @@ class ResumeCheck:
 
     def _launch(self, target: Any, layout: Layout, kwargs: dict[str, Any]) -> GroupResult:
         return run_ranks(
-            TargetRef.of(target),
-            layout.world_size,
-            backend=self.options.backend,
-            timeout=self.options.timeout,
-            kwargs={**kwargs, "recipe": self.recipe.evolve(layout=layout)},
+            GroupCall(
+                TargetRef.of(target),
+                layout.world_size,
+                backend=self.options.backend,
+                timeout=self.options.timeout,
+                kwargs={**kwargs, "recipe": self.recipe.evolve(layout=layout)},
+            )
         )
 
     def world(self, ctx: DataRun) -> Outcome:

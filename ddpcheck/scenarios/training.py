@@ -49,7 +49,7 @@ from ddpcheck.checker.loaderfile import LoaderSpec
 from ddpcheck.checker.recipe import LoaderRecipe, group_position
 from ddpcheck.checks.ids import TRAINING_EQUIVALENCE
 from ddpcheck.checks.verdict import Verdict, skipped
-from ddpcheck.launch import TargetRef, report_progress, run_ranks
+from ddpcheck.launch import GroupCall, TargetRef, report_progress, run_ranks
 from ddpcheck.layout import Layout, shaped_like
 from ddpcheck.messages import count_text
 from ddpcheck.scenarios.protocol import DataRun, Outcome, rank_failures
@@ -569,7 +569,7 @@ class TrainingEquivalence:
         target = TargetRef.of(train_rank)
         options = replace(self.options, recipe=self.options.recipe.evolve(layout=layout))
         kwargs: dict[str, Any] = {"options": options}
-        group = run_ranks(target, world_size, timeout=self.timeout, kwargs=kwargs)
+        group = run_ranks(GroupCall(target, world_size, timeout=self.timeout, kwargs=kwargs))
         failures = rank_failures(group, TRAINING_EQUIVALENCE)
         if not group.ok:
             return Outcome(failures=failures)
@@ -583,7 +583,9 @@ class TrainingEquivalence:
             accumulated_steps=lead.accumulated_steps,
             init=lead.init,
         )
-        ref_group = run_ranks(TargetRef.of(train_reference_rank), 1, timeout=self.timeout, kwargs=kwargs)
+        ref_group = run_ranks(
+            GroupCall(TargetRef.of(train_reference_rank), 1, timeout=self.timeout, kwargs=kwargs)
+        )
         failures = rank_failures(ref_group, TRAINING_EQUIVALENCE)
         if not ref_group.ok:
             return Outcome(failures=failures)

@@ -31,7 +31,7 @@ from ddpcheck.options import BadInput, CheckOptions
 from ddpcheck.result import EXIT_BAD_INPUT, CheckResult
 from ddpcheck.session.plan import reference_layout
 from ddpcheck.session.record import Job, record
-from ddpcheck.session.run import jsonable_options, judge_world, raise_if_bad_input, reference_notes
+from ddpcheck.session.run import jsonable_options, judge_world, raise_if_bad_input, reference_notes, timed
 from ddpcheck.trace import RankFailure, RunTrace
 
 DETERMINISM_SKIP = "a joined launch runs once: start the launch twice and compare to check determinism"
@@ -221,8 +221,9 @@ def _judge(
         failures=failures,
     )
     figures = figure_data(reference, data_parallel_view(layout, run))
-    world = judge_world(
-        reference, run, None, layout, options, figures=figures, started=started, no_rerun=DETERMINISM_SKIP
+    world = timed(
+        judge_world(reference, run, None, layout, options, figures=figures, no_rerun=DETERMINISM_SKIP),
+        started,
     )
     return CheckResult(
         loader=str(path),

@@ -165,10 +165,10 @@ class _Session:
             self.say(f"{name}: reference window of {plan.window.options.steps} steps (1 process)")
         assert self.reference is not None
         judged = self._record_layout(plan, rerun)
-        result = judge_world(
-            judged.reference, judged.run, judged.rerun, layout, self.options, scenarios,
-            figures=judged.figures, started=started,
-        )  # fmt: skip
+        recorded = (judged.reference, judged.run, judged.rerun)
+        result = timed(
+            judge_world(*recorded, layout, self.options, scenarios, figures=judged.figures), started
+        )
         status = status_text(result)
         if result.ok and self.options.elastic and self.options.resume:
             status = "ok so far (elastic resume is checked once every layout has run)"
@@ -224,7 +224,6 @@ def judge_world(
     scenarios: Sequence[Scenario] = (),
     *,
     figures: FigureData | None = None,
-    started: float | None = None,
     no_rerun: str = "",
 ) -> WorldResult:
     """One layout's result from its recordings: the one judging path of local and joined runs.
@@ -232,7 +231,7 @@ def judge_world(
     The data checks (``judge_layout``), ``--max-idle`` on ``work_balance``, the scenarios' checks (their
     own rank-side runs: metric, training, resume; only when the run is ok), then ``--allow`` over all
     of them. ``no_rerun``: why there is no determinism rerun, when none could be recorded (a joined
-    launch runs once). ``started``: the layout's ``time.monotonic()`` start, for its seconds.
+    launch runs once). Its ``seconds`` are the caller's to time (:func:`timed`).
     """
     verdicts = judge_layout(reference, run, rerun, layout)
     if no_rerun and rerun is None:
@@ -250,9 +249,13 @@ def judge_world(
         failures=failures + extra.failures,
         divergence=extra.divergence,
         resume=extra.resume,
-        seconds=time.monotonic() - started if started is not None else 0.0,
         figures=with_replicas(figures, layout, verdicts) if figures is not None else None,
     )
+
+
+def timed(result: WorldResult, started: float) -> WorldResult:
+    """``result`` with its seconds: since ``started`` (its layout's ``time.monotonic()`` start)."""
+    return replace(result, seconds=time.monotonic() - started)
 
 
 def _by_data(
