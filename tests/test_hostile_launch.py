@@ -216,18 +216,15 @@ def test_the_command_lines_timeout_bounds_a_simulated_rank_that_spins(tmp_path: 
 
 def test_a_reference_that_never_finishes_stops_the_run_at_once(tmp_path: Path) -> None:
     """No world size can be judged without the reference: none is started after it hangs (each would
-    have cost its deadline again), and the report says why, with the stack."""
-    started = time.monotonic()
+    have cost its deadline again; the report would list it), and the report says why, with the stack."""
     proc, tag = _cli(
         "endless.py", "--simulate", "--world-sizes", "1,2,4", "--timeout", "2", tmp=tmp_path, timeout=90
     )
-    elapsed = time.monotonic() - started
     assert proc.returncode == 3, proc.stderr[-2000:]
     report = json.loads((tmp_path / "ddpcheck.json").read_text())
-    assert [run["world_size"] for run in report["runs"]] == [1]
+    assert [run["world_size"] for run in report["runs"]] == [1]  # world sizes 2 and 4 never started
     assert report["runs"][0]["failures"][0]["kind"] == "hang"
     assert any("could not be recorded" in note for note in report["notes"])
-    assert elapsed < 2 + 10 + 20, f"the run went on after the reference hung: {elapsed:.0f} s"
     assert not _tagged(tag)
 
 
