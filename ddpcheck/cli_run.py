@@ -107,6 +107,13 @@ def build_judge_parser(command: LoaderCommand) -> argparse.ArgumentParser:
     parser.add_argument(
         "--reference", default=None, metavar="DIR1", help="the same script recorded at one process"
     )
+    parser.add_argument(
+        "--replay",
+        default=None,
+        metavar="DIR1",
+        help="the launch's one-process replay (python -m ddpcheck.record --replay DIR --out DIR1), for "
+        "step_equivalence",
+    )
     _copy_options(parser, JUDGE_SHARED, command)
     return parser
 
@@ -232,7 +239,8 @@ def _judge(args: argparse.Namespace) -> tuple[CheckResult, bool]:
     meshes = mesh_layouts(options)
     if len(meshes) > 1:
         raise BadInput("a recorded launch is one layout: give at most one --mesh")
-    result = judge_directory(args.directory, args.reference, options, meshes[0] if meshes else None)
+    layout = meshes[0] if meshes else None
+    result = judge_directory(args.directory, args.reference, options, layout, replay=args.replay)
     return result, False
 
 

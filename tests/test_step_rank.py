@@ -384,3 +384,19 @@ def test_batchnorm_normalises_over_the_rank(watch: Any) -> None:
     model(batch).sum().backward()
     optimizer.step()
     assert watcher.finish().per_rank_norm == ("1",)
+
+
+def test_a_window_fetched_ahead_gives_each_backward_its_own_batch() -> None:
+    from ddpcheck.checker.step import one_batch_each
+    from ddpcheck.trace import MicroStep
+
+    fetched = [MicroStep("train", 0, (0, 1), 8, 30), MicroStep("train", 0, (), -1, None)]
+    parts = [[(("train", 0, 0), 4, 7), (("train", 0, 1), 4, 23)], []]  # HF Trainer: both before backward
+    split = one_batch_each(fetched, parts)
+    assert [(m.batches, m.samples, m.supervised) for m in split] == [((0,), 4, 7), ((1,), 4, 23)]
+    plain = [MicroStep("train", 0, (0,), 4, 7), MicroStep("train", 0, (1,), 4, 23)]
+    assert one_batch_each(plain, [[parts[0][0]], [parts[0][1]]]) == tuple(plain)
+    behind = [MicroStep(), MicroStep("train", 0, (0, 1), 8, 30)]  # a padding pass before any batch: as is
+    assert one_batch_each(behind, [[], parts[0]]) == tuple(behind)
+    more = [MicroStep("train", 0, (0, 1, 2), 12, 40), MicroStep()]  # three batches for two backward passes
+    assert one_batch_each(more, [[*parts[0], (("train", 0, 2), 4, 10)], []]) == tuple(more)

@@ -221,10 +221,8 @@ def _judge(
         failures=failures,
     )
     figures = figure_data(reference, data_parallel_view(layout, run))
-    world = timed(
-        judge_world(reference, run, None, layout, options, figures=figures, no_rerun=DETERMINISM_SKIP),
-        started,
-    )
+    judged = judge_world(reference, run, None, layout, options, figures=figures, no_rerun=DETERMINISM_SKIP)
+    world = timed(judged, started)
     return CheckResult(
         loader=str(path),
         runs=(world,),

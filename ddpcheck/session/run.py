@@ -165,10 +165,9 @@ class _Session:
             self.say(f"{name}: reference window of {plan.window.options.steps} steps (1 process)")
         assert self.reference is not None
         judged = self._record_layout(plan, rerun)
-        recorded = (judged.reference, judged.run, judged.rerun)
-        result = timed(
-            judge_world(*recorded, layout, self.options, scenarios, figures=judged.figures), started
-        )
+        reference, run, again = judged.reference, judged.run, judged.rerun
+        result = judge_world(reference, run, again, layout, self.options, scenarios, figures=judged.figures)
+        result = timed(result, started)
         status = status_text(result)
         if result.ok and self.options.elastic and self.options.resume:
             status = "ok so far (elastic resume is checked once every layout has run)"

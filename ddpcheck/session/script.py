@@ -48,6 +48,8 @@ from ddpcheck.trace import (
 Progress = Callable[[str], None]
 DEFAULT_MODEL_STEPS = 2
 TRACE_GLOB = "rank*.trace"
+COMPARED_BATCHES = 4  # with whole epochs: the step windows that start in an epoch's first 4 batches...
+TAIL_BATCHES = 8  # ...and in its last 8 (each compared window saves the weights and its batches)
 
 
 @dataclass(frozen=True)
@@ -88,14 +90,16 @@ def check_script(
     cwd: str = "",
     hooks: str = "",
     progress: Progress | None = None,
+    step: bool = True,
     **options: Any,
 ) -> CheckResult:
     """Audit a training script as ``ddpcheck run`` does; returns the result (never raises on findings).
 
     ``path_or_module``: a ``.py`` file, or a module name run as ``python -m`` (``"pkg.train"``);
     ``args``: the script's own command line; ``model_steps``: batches per epoch its loop receives
-    (None: whole epochs). Other keywords are :class:`~ddpcheck.options.CheckOptions` fields
-    (``steps``, ``max_idle``, ``data_dims``...). Raises BadInput for a missing script or bad options.
+    (None: whole epochs); ``step``: watch and judge the training step (``--no-step``: False). Other
+    keywords are :class:`~ddpcheck.options.CheckOptions` fields (``steps``, ``max_idle``,
+    ``data_dims``...). Raises BadInput for a missing script or bad options.
 
     Example::
 
@@ -116,7 +120,8 @@ def check_script(
         resume=False,
         **options,
     )
-    return audit_script(target, ScriptOptions(check, model_steps, hooks, cwd), progress=progress)
+    settings = ScriptOptions(check, model_steps, hooks, cwd, step=step)
+    return audit_script(target, settings, progress=progress)
 
 
 def audit_script(
@@ -283,6 +288,16 @@ class _ScriptSession:
                     f"{result.loader} at {layout_name(layout)}: {status_text(result)} ({result.seconds:.2f}s)"
                 )
 
+    def _compared(self, compare: bool) -> list[str]:
+        """Which step windows a launch keeps for the replay: none (a launch nothing replays), the windows
+        the loop reaches in an epoch's first batches, and with whole epochs (``--model-steps all``) also
+        the epoch's last windows, where the ranks' shorter tails differ."""
+        if not compare:
+            return ["--compare-batches", "0"]
+        if self.options.model_steps is None:
+            return ["--compare-batches", str(COMPARED_BATCHES), "--tail-batches", str(TAIL_BATCHES)]
+        return ["--compare-batches", str(self.options.model_steps)]
+
     def _step_record(self, run: _Recorded, layout: Layout) -> StepRecord | None:
         """The run's step recordings and, where data-parallel ranks split the step, the one-process replay
         of what they received (one more launch); None without ``--step``."""
@@ -309,7 +324,7 @@ class _ScriptSession:
         check = replace(self.options.check, steps=steps) if steps is not None else self.options.check
         command = ["-m", "ddpcheck.record", "--out", out, "--epochs", str(check.epochs)]
         if self.options.step:
-            command += ["--step"] if compare or replay else ["--step", "--compare-batches", "0"]
+            command += ["--step", *self._compared(compare or bool(replay))]
             if self.options.ignore_index != IGNORE_INDEX:
                 command += ["--ignore-index", str(self.options.ignore_index)]
         if replay:
@@ -813,10 +828,14 @@ def judge_directory(
     reference: str | Path | None = None,
     options: CheckOptions | None = None,
     layout: Layout | None = None,
+    replay: str | Path | None = None,
 ) -> CheckResult:
-    """Judge one recorded launch; ``reference``: the same script recorded at one process."""
+    """Judge one recorded launch; ``reference``: the same script recorded at one process; ``replay``: the
+    launch's one-process replay (``python -m ddpcheck.record --replay DIR``), for ``step_equivalence``.
+    The step checks are judged where the launch was recorded with ``--step``."""
     options = options or CheckOptions()
     run = read_trace_dir(directory, layout)
+    step = _recorded_step(run, replay)
     notes = _trace_notes(run)
     runs: list[WorldResult] = []
     if reference is not None:
@@ -841,7 +860,7 @@ def judge_directory(
         )
     else:
         names_from = ref if reference is not None else run
-        results = judge_launch(names_from, run, None, run.layout, options, standin=standin)
+        results = judge_launch(names_from, run, None, run.layout, options, standin=standin, step=step)
         runs.extend(replace(r, verdicts=tuple(_no_rerun(v) for v in r.verdicts)) for r in results)
     return CheckResult(
         loader=str(directory),
@@ -850,6 +869,24 @@ def judge_directory(
         options={**jsonable_options(options), "judged": str(directory)},
         notes=tuple(dict.fromkeys(notes)),
     )
+
+
+def _recorded_step(run: _Recorded, replay: str | Path | None) -> StepRecord | None:
+    """The step recordings of a launch recorded with ``--step`` (None: recorded without), with its replay's
+    step when one is given."""
+    if not any(t.steps is not None for t in run.traces.values()):
+        if replay is not None:
+            raise BadInput("--replay: the launch was recorded without --step: nothing to compare")
+        return None
+    record = step_record(run)
+    if replay is None:
+        why = "no --replay given (record the launch's replay: python -m ddpcheck.record --replay DIR)"
+        return replace(record, no_replay=why)
+    replayed = read_trace_dir(replay)
+    steps = [t.steps for t in replayed.traces.values() if t.steps is not None and t.steps.replay]
+    if replayed.layout.world_size != 1 or not steps:
+        raise BadInput(f"--replay {replay} holds no one-process replay (record it with --replay DIR)")
+    return replace(record, replay=steps[0])
 
 
 def _no_rerun(verdict: Verdict) -> Verdict:
