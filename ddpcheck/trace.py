@@ -9,7 +9,7 @@ costs 8 MB, not the ~36 MB of a Python list of ints.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,82 @@ def compact_ids(ids: Iterable[Hashable]) -> Sequence[Hashable]:
         except OverflowError:
             pass
     return tuple(items)
+
+
+class IdArray(Sequence[int]):
+    """Integer ids held as one numpy array: in memory, or in a ``.npy`` file opened only while read.
+
+    The compact form of an epoch at scale: the narrowest integer type that holds its ids (a billion
+    dataset indices cost 4 GB as ``uint32``, not 28 GB as Python ints). A file-backed one keeps no file
+    open and no page mapped between reads (:meth:`array` maps the file afresh), so a run of 4096 ranks
+    holds 4096 of them for the price of their names. Elements read one by one come back as Python ints;
+    the checks read :meth:`array` in chunks instead. ``lo``/``hi``: the smallest and largest id
+    (``hi < lo`` when empty), known without reading the ids.
+    """
+
+    __slots__ = ("_array", "dtype", "hi", "lo", "path", "size")
+
+    def __init__(self, values: Any = None, *, path: str = "", dtype: str = "", size: int = 0,
+                 lo: int = 0, hi: int = -1) -> None:  # fmt: skip
+        import numpy as np
+
+        if values is not None:
+            values = np.asarray(values)
+            if values.dtype.kind not in "iu" or values.ndim != 1:
+                raise TypeError(f"IdArray holds a 1-d array of integers, not {values.dtype} x {values.shape}")
+            self._array: Any = values
+            self.path, self.dtype, self.size = "", values.dtype.str, len(values)
+            self.lo, self.hi = (int(values.min()), int(values.max())) if len(values) else (0, -1)
+        else:
+            self._array, self.path, self.dtype, self.size, self.lo, self.hi = None, path, dtype, size, lo, hi
+
+    def array(self) -> Any:
+        """The ids as a numpy array (a read-only memory map for a file: drop it when done)."""
+        if self._array is not None:
+            return self._array
+        import numpy as np
+
+        if not self.size:
+            return np.zeros(0, np.dtype(self.dtype))
+        values = np.load(self.path, mmap_mode="r")
+        if len(values) != self.size or values.dtype.str != self.dtype:
+            raise ValueError(f"{self.path} holds {len(values)} {values.dtype} ids, not {self.size} {self.dtype}")
+        return values
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return self.array()[index].tolist()
+        return int(self.array()[index])
+
+    def __iter__(self) -> Iterator[int]:
+        values = self.array()
+        for start in range(0, len(values), 1 << 16):
+            yield from values[start : start + (1 << 16)].tolist()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, IdArray):
+            return NotImplemented
+        if len(self) != len(other) or (len(self) and (self.lo, self.hi) != (other.lo, other.hi)):
+            return False
+        a, b = self.array(), other.array()
+        step = 1 << 20
+        return all(bool((a[i : i + step] == b[i : i + step]).all()) for i in range(0, len(a), step))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        where = f" in {self.path}" if self.path else ""
+        return f"IdArray({self.size} x {self.dtype}{where})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name in self.__slots__:
+            object.__setattr__(self, name, state[name])
 
 
 BITMAP_IDS = 1 << 26  # ids below this are counted in a bitmap (64 MB at most) whatever the epoch's length

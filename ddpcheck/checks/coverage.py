@@ -9,7 +9,7 @@ from ddpcheck.checks.diagnose import missing_cause
 from ddpcheck.checks.ids import COVERAGE
 from ddpcheck.checks.packed import packed_coverage
 from ddpcheck.checks.verdict import Verdict, passed, skipped
-from ddpcheck.checks.wording import epochs_text, few, ids_text
+from ddpcheck.checks.wording import epochs_text, ids_text
 from ddpcheck.messages import count_text
 from ddpcheck.trace import RunTrace
 
@@ -56,7 +56,7 @@ def drop_text(ctx: Context, view: EpochView, noun: str) -> str:
 
 
 def missing_examples(view: EpochView) -> tuple[object, ...]:
-    return few(view.missing_items())
+    return view.missing_examples()
 
 
 def check_coverage(

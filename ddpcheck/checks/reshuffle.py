@@ -65,7 +65,7 @@ def _stale_epoch(reference: RunTrace, ctx: Context) -> Verdict | None:
     if not (facts.shuffles and facts.has_set_epoch and reference.set_epoch and facts.steps is None):
         return None
     epoch = reference.ranks[0].epochs[0]
-    n = len(set(epoch.ids))
+    n = len(set(epoch.ids)) if ctx.batch_level else ctx.view(0).ref_distinct
     log_p = -_log_falling(n, len(epoch.ids))  # an honest reshuffle repeating the whole order
     if log_p >= math.log(CHANCE):
         return None
