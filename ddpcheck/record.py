@@ -2,7 +2,8 @@
 
 Each process of a launch (``torchrun ... -m ddpcheck.record``, ``accelerate launch -m``, ``srun python
 -m``) runs the unmodified script as its own ``__main__`` and writes what its loaders yielded to
-``DIR/rank<R>.trace`` (plain data); nothing is judged here. ``ddpcheck judge DIR --reference DIR1``
+``DIR/rank<R>.trace`` and its ids to ``.npy`` files beside it (:mod:`ddpcheck.tracefile`); nothing is
+judged here. ``ddpcheck judge DIR --reference DIR1``
 judges the files later, ``ddpcheck run`` starts such processes itself. Everything after ``--`` (or
 after ``-m MODULE``) belongs to the script, so its own ``--epochs`` never meets ours.
 
@@ -14,16 +15,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import pickle
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from ddpcheck.launch.script import PARENT_ENV, STACK_ENV
+from ddpcheck.tracefile import spill_to, write_rank
 
 EXIT_BAD_INPUT = 2
 EXIT_SCRIPT_FAILED = 3
-TRACE_SUFFIX = ".trace"
 
 
 def split_command(argv: Sequence[str]) -> tuple[list[str], str, str, list[str]]:
@@ -90,10 +90,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def trace_path(out: str, rank: int) -> str:
-    return os.path.join(out, f"rank{rank}{TRACE_SUFFIX}")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ours, path, module, script_args = split_command(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -129,13 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         work_cost=args.work_cost,
     )
     target = ScriptTarget(path=path, module=module, args=tuple(script_args))
+    spill_to(args.out)  # an epoch's ids go to disk as they grow (ddpcheck.tracefile)
     trace = record_script(target, options, hooks)
-    os.makedirs(args.out, exist_ok=True)
-    final = trace_path(args.out, trace.rank)
-    partial = f"{final}.{os.getpid()}.part"
-    with open(partial, "wb") as handle:
-        pickle.dump(trace, handle, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(partial, final)
+    write_rank(args.out, trace)
     if trace.status != "ok":
         print(f"ddpcheck.record: rank {trace.rank}: {trace.message}", file=sys.stderr)
         return EXIT_SCRIPT_FAILED

@@ -9,9 +9,9 @@ costs 8 MB, not the ~36 MB of a Python list of ints.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 IdSource = str
 """How sample identity was obtained: ``index``, ``hook``, ``field:<name>`` or ``content-hash``."""
@@ -67,7 +67,9 @@ class IdArray(Sequence[int]):
             return np.zeros(0, np.dtype(self.dtype))
         values = np.load(self.path, mmap_mode="r")
         if len(values) != self.size or values.dtype.str != self.dtype:
-            raise ValueError(f"{self.path} holds {len(values)} {values.dtype} ids, not {self.size} {self.dtype}")
+            raise ValueError(
+                f"{self.path} holds {len(values)} {values.dtype} ids, not {self.size} {self.dtype}"
+            )
         return values
 
     def __len__(self) -> int:
@@ -107,6 +109,19 @@ class IdArray(Sequence[int]):
 
 
 BITMAP_IDS = 1 << 26  # ids below this are counted in a bitmap (64 MB at most) whatever the epoch's length
+SPILL_IDS = 1 << 20  # an epoch's integer ids beyond this many go to the installed sink as they arrive
+
+
+class IdSink(Protocol):
+    """Where an epoch's integer ids go while recorded (``ddpcheck.tracefile.SpillFile``): appended a
+    buffer at a time, then closed into the :class:`IdArray` of the whole epoch."""
+
+    def write(self, ids: array[int]) -> None: ...
+
+    def close(self) -> IdArray: ...
+
+
+ID_SINKS: list[Callable[[], IdSink]] = []  # empty: ids stay in memory; else the factory of every epoch's sink
 
 
 class IdBuffer:
@@ -126,17 +141,37 @@ class IdBuffer:
         self._outside: Any = None  # sorted distinct ints seen outside the bitmap's range (numpy)
         self._counted = 0  # ids already folded into _seen / _outside
         self._set: set[Hashable] | None = None
+        self._sink: IdSink | None = None  # where ids past SPILL_IDS went (ID_SINKS installed)
+        self._spilled = 0
+        self._stored: Sequence[Hashable] = ()  # the sink's IdArray once closed
 
     def extend(self, batch: Sequence[Hashable]) -> None:
         if self._ints is not None:
             if type(batch) is array and batch.typecode == "q":
                 self._ints.extend(batch)
+                if len(self._ints) >= SPILL_IDS and ID_SINKS:
+                    self._spill()
                 return
+            if self._spilled:  # ids already on disk are ints: the rest must be too
+                raise TypeError("an epoch whose ids were written as integers yields ids that are not")
             self._list, self._ints = list[Hashable](self._ints.tolist()), None
         assert self._list is not None
         self._list.extend(batch)
 
+    def _spill(self) -> None:
+        """Move the buffered ids to the sink (counting them first, if distinct() is in use)."""
+        assert self._ints is not None
+        if self._seen is not None or self._outside is not None:
+            self.distinct()
+        if self._sink is None:
+            self._sink = ID_SINKS[0]()
+        self._sink.write(self._ints)
+        self._spilled += len(self._ints)
+        self._ints, self._counted = array("q"), 0
+
     def __len__(self) -> int:
+        if self._sink is not None:
+            return self._spilled + (len(self._ints) if self._ints is not None else 0)
         return len(self._ints) if self._ints is not None else len(self._list or ())
 
     def distinct(self) -> int:
@@ -181,7 +216,13 @@ class IdBuffer:
         return inside + len(o)
 
     def ids(self) -> Sequence[Hashable]:
-        """The epoch's ids, compact: what :func:`compact_ids` makes of the same ids in a list."""
+        """The epoch's ids, compact: what :func:`compact_ids` makes of the same ids in a list (an
+        :class:`IdArray` on disk once they were spilled)."""
+        if self._sink is not None:
+            if self._ints is not None:
+                self._sink.write(self._ints)
+                self._ints, self._stored = None, self._sink.close()
+            return self._stored
         if self._ints is not None:
             return self._ints
         return compact_ids(self._list or [])
@@ -455,7 +496,7 @@ class StepTrace:
     notes: tuple[str, ...] = ()
 
 
-SCRIPT_TRACE_VERSION = 2
+SCRIPT_TRACE_VERSION = 3  # 3: integer ids in .npy files beside the trace (ddpcheck.tracefile)
 
 
 @dataclass(frozen=True)

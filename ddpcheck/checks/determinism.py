@@ -27,7 +27,8 @@ def _first_difference(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
 
 def _plain(item: Hashable) -> Hashable:
     """An id as the report shows it: a numpy integer as a Python int."""
-    return int(item) if hasattr(item, "dtype") and getattr(item.dtype, "kind", "") in "iu" else item  # type: ignore[attr-defined]
+    kind = getattr(getattr(item, "dtype", None), "kind", "")
+    return int(item) if kind and kind in "iu" else item  # type: ignore[call-overload]
 
 
 def _describe(a: Sequence[Hashable], b: Sequence[Hashable], pos: int) -> str:

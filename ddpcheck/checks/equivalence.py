@@ -6,8 +6,6 @@ loader never yields, which is how a dataset that builds itself from the rank giv
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-
 from ddpcheck.checks.context import Context, EpochView
 from ddpcheck.checks.coverage import drop_text, gap, missing_examples
 from ddpcheck.checks.diagnose import missing_cause
@@ -22,28 +20,12 @@ from ddpcheck.trace import RunTrace
 DEPENDS_ON_RANK = "the dataset depends on the rank: under DDP it yields samples a single process never does"
 
 
-def _could_be_index(ctx: Context, item: Hashable) -> bool:
-    n = ctx.ref_facts.dataset_len
-    return (
-        ctx.reference.id_source == "index"
-        and n is not None
-        and not ctx.batch_level
-        and type(item) is int
-        and 0 <= item < n
-    )
-
-
 def _index_limit(ctx: Context) -> int | None:
     """The dataset's length when an id in ``[0, length)`` could be one of its indices (else None)."""
     n = ctx.ref_facts.dataset_len
     if ctx.reference.id_source == "index" and n is not None and not ctx.batch_level:
         return n
     return None
-
-
-def _could_be_index(ctx: Context, item: Hashable) -> bool:
-    n = _index_limit(ctx)
-    return n is not None and type(item) is int and 0 <= item < n
 
 
 def _extras(ctx: Context, view: EpochView) -> Strangers:

@@ -31,6 +31,7 @@ CHUNK = 1 << 22  # ids read at a time: 32 MB as int64
 BLOCK = 1 << 24  # bitmap bytes scanned at a time
 EXAMPLES = 5
 SLACK = 1 << 23  # a bitmap over this many ids (1 MB) is always fine, however few the ids
+BYTE_SPAN = 1 << 26  # up to this many ids, a byte per id (64 MB a bitmap); a bit per id beyond
 PER_ID = 16  # else a bitmap spans at most this many ids per id held (2 bytes per id per bitmap)
 _ONE = np.uint8(1)
 
@@ -113,27 +114,39 @@ def stream_hash(ids: Any) -> int:
 
 
 class Bits:
-    """One bit per id of ``[base, base + span)``, packed; offsets (``id - base``) index it."""
+    """A flag per id of ``[base, base + span)``; offsets (``id - base``) index it.
+
+    Packed (a bit per id) over a large range; a byte per id over a small one (up to ``BYTE_SPAN``
+    ids), where setting and testing cost a plain numpy gather or scatter.
+    """
 
     def __init__(self, base: int, span: int) -> None:
         self.base, self.span = base, span
-        self.words = np.zeros((span + 7) >> 3, np.uint8)
+        self.packed = span > BYTE_SPAN
+        self.words = np.zeros((span + 7) >> 3, np.uint8) if self.packed else np.zeros(span, np.bool_)
 
     def test(self, k: IntArray) -> npt.NDArray[np.bool_]:
-        return (np.right_shift(self.words[k >> 3], (k & 7).astype(np.uint8)) & _ONE).astype(np.bool_)
+        if not self.packed:
+            return np.asarray(self.words[k], np.bool_)
+        return (self.words[k >> 3] & np.left_shift(_ONE, (k & 7).astype(np.uint8))) != 0
 
     def set(self, k: IntArray) -> None:
-        if len(k):
+        if not len(k):
+            return
+        if not self.packed:
+            self.words[k] = True
+        else:
             np.bitwise_or.at(self.words, k >> 3, np.left_shift(_ONE, (k & 7).astype(np.uint8)))
+
+    def _ones(self, w: Any) -> int:
+        return int(np.bitwise_count(w).sum(dtype=np.int64)) if self.packed else int(np.count_nonzero(w))
 
     def count(self) -> int:
         w = self.words
-        return sum(
-            int(np.bitwise_count(w[i : i + BLOCK]).sum(dtype=np.int64)) for i in range(0, len(w), BLOCK)
-        )
+        return sum(self._ones(w[i : i + BLOCK]) for i in range(0, len(w), BLOCK))
 
     def blocks(self, *others: tuple[Bits, bool]) -> Iterator[tuple[int, Any]]:
-        """``(first byte, words)`` of this bitmap, each ANDed with the others (``True``: their complement)."""
+        """``(first unit, units)`` of this bitmap, each ANDed with the others (``True``: their complement)."""
         for i in range(0, len(self.words), BLOCK):
             w = self.words[i : i + BLOCK].copy()
             for other, negate in others:
@@ -141,8 +154,17 @@ class Bits:
                 w &= ~part if negate else part
             yield i, w
 
+    def offsets(self, first: int, w: Any) -> IntArray:
+        """The offsets flagged in ``w``, a block of this bitmap's units starting at unit ``first``."""
+        at = np.flatnonzero(w)
+        if not self.packed or not len(at):
+            return (at + first).astype(np.int64)
+        bits = np.unpackbits(w[at][:, None], axis=1, bitorder="little")
+        rows, cols = np.nonzero(bits)
+        return ((first + at[rows]) * 8 + cols).astype(np.int64)
+
     def count_with(self, *others: tuple[Bits, bool]) -> int:
-        return sum(int(np.bitwise_count(w).sum(dtype=np.int64)) for _, w in self.blocks(*others))
+        return sum(self._ones(w) for _, w in self.blocks(*others))
 
     def smallest(self, limit: int, *others: tuple[Bits, bool]) -> list[int]:
         """The ``limit`` smallest ids set here (and in/out of the others)."""
@@ -150,7 +172,7 @@ class Bits:
         for first, w in self.blocks(*others):
             nonzero = np.flatnonzero(w)[:limit]
             if len(nonzero):
-                found += (_offsets(0, w[: int(nonzero[-1]) + 1]) + first * 8 + self.base).tolist()
+                found += (self.offsets(first, w[: int(nonzero[-1]) + 1]) + self.base).tolist()
             if len(found) >= limit:
                 break
         return found[:limit]
@@ -208,7 +230,7 @@ class Evidence:
 
     first: int
     second: int
-    shared: tuple[int, ...]
+    shared: tuple[object, ...]
 
 
 @dataclass(frozen=True)
@@ -217,7 +239,7 @@ class Strangers:
 
     count: int
     ranks: tuple[int, ...]
-    examples: tuple[int, ...]
+    examples: tuple[object, ...]
 
 
 class EpochTally:
@@ -413,16 +435,13 @@ class EpochTally:
         same = [(t.ref, True) for t in also if (t.base, t.span) == (self.base, self.span)]
         apart = [t for t in also if (t.base, t.span) != (self.base, self.span)]
         for first, w in self.seen.blocks((self.ref, True), *same):
-            if apart:
-                k = _offsets(first, w)
-                keep = np.ones(len(k), np.bool_)
-                for t in apart:
-                    keep &= ~_contains(t, k + self.base)
-                w[:] = 0
-                np.bitwise_or.at(
-                    w, (k[keep] >> 3) - first, np.left_shift(_ONE, (k[keep] & 7).astype(np.uint8))
-                )
             bits.words[first : first + len(w)] = w
+            if apart:
+                k = bits.offsets(first, w)
+                drop = np.zeros(len(k), np.bool_)
+                for t in apart:
+                    drop |= _contains(t, k + self.base)
+                _unset(bits, k[drop])
         out = self.seen_out[~_isin(self.seen_out, self.ref_out)]
         for t in also:
             out = out[~_contains(t, out)]
@@ -435,7 +454,7 @@ class EpochTally:
         if not count:
             return Strangers(0, (), ())
         ranks: list[int] = []
-        examples: tuple[int, ...] = ()
+        examples: tuple[object, ...] = ()
         for r, ids in enumerate(self.ranks):
             held = self._members(ids, bits, out)
             if len(held):
@@ -454,7 +473,9 @@ class EpochTally:
             )
         if not _contains(other, self.ref_out).all():
             return False
-        return all(_contains(other, _offsets(first, w) + self.base).all() for first, w in self.ref.blocks())
+        return all(
+            _contains(other, self.ref.offsets(first, w) + self.base).all() for first, w in self.ref.blocks()
+        )
 
     def streams(self) -> list[tuple[int, int]]:
         """Per rank (length, order-dependent hash): equal streams have equal keys."""
@@ -473,27 +494,26 @@ def _contains(tally: EpochTally, values: IntArray) -> npt.NDArray[np.bool_]:
 
 def _clear(bits: Bits, lo: int, hi: int) -> None:
     """Clear offsets ``[lo, hi)``."""
+    if not bits.packed:
+        bits.words[lo:hi] = False
+        return
     first, last = (lo + 7) >> 3, hi >> 3
     if first < last:
         bits.words[first:last] = 0
-    for k in [*range(lo, min(first * 8, hi)), *range(max(last * 8, lo), hi)]:
-        bits.words[k >> 3] &= np.uint8(~(1 << (k & 7)) & 0xFF)
+    _unset(bits, np.array([*range(lo, min(first * 8, hi)), *range(max(last * 8, lo), hi)], np.int64))
+
+
+def _unset(bits: Bits, k: IntArray) -> None:
+    if not bits.packed:
+        bits.words[k] = False
+    elif len(k):
+        np.bitwise_and.at(bits.words, k >> 3, ~np.left_shift(_ONE, (k & 7).astype(np.uint8)))
 
 
 def distinct_ids(ids: Any) -> IntArray:
     """A rank's distinct ids, sorted (for comparing two ranks' sets exactly)."""
     parts = [unique(part) for _, part in chunks(ids)]
     return unique(np.concatenate(parts)) if len(parts) > 1 else (parts[0] if parts else np.zeros(0, np.int64))
-
-
-def _offsets(first: int, words: Any) -> IntArray:
-    """The offsets of the bits set in ``words``, which start at byte ``first`` of a bitmap."""
-    at = np.flatnonzero(words)
-    if not len(at):
-        return np.zeros(0, np.int64)
-    bits = np.unpackbits(words[at][:, None], axis=1, bitorder="little")
-    rows, cols = np.nonzero(bits)
-    return ((first + at[rows]) * 8 + cols).astype(np.int64)
 
 
 def same_set(a: Any, b: Any) -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import pickle
 import shutil
 import sys
 import tempfile
@@ -33,7 +32,6 @@ from ddpcheck.messages import count_text, one_line
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.session.run import Interrupted, allowed, jsonable_options, judge_world, layout_name, status_text
 from ddpcheck.trace import (
-    SCRIPT_TRACE_VERSION,
     EpochTrace,
     RankFailure,
     RankTrace,
@@ -41,10 +39,10 @@ from ddpcheck.trace import (
     ScriptLoader,
     ScriptRankTrace,
 )
+from ddpcheck.tracefile import TRACE_GLOB, BadTraceFile, read_rank, trace_path
 
 Progress = Callable[[str], None]
 DEFAULT_MODEL_STEPS = 2
-TRACE_GLOB = "rank*.trace"
 
 
 @dataclass(frozen=True)
@@ -329,7 +327,7 @@ def read_launch(launch: ScriptLaunch, layout: Layout) -> _Recorded:
     traces: dict[int, ScriptRankTrace] = {}
     failures: list[RankFailure] = []
     for entry in launch.ranks:
-        trace = _read_trace(os.path.join(launch.out, f"rank{entry.rank}.trace"))
+        trace = _read_trace(trace_path(launch.out, entry.rank))
         if trace is not None:
             traces[entry.rank] = trace
         if entry.hung and _in_collective(entry.stacks):
@@ -410,43 +408,14 @@ def _last_line(output: str) -> str:
     return one_line(lines[-1], 300) if lines else "no output"
 
 
-_SAFE_BUILTINS = frozenset(
-    {"set", "frozenset", "tuple", "list", "dict", "int", "float", "complex", "str", "bytes", "bytearray",
-     "bool", "slice", "range"}
-)  # fmt: skip
-
-
-class _TraceUnpickler(pickle.Unpickler):
-    """Trace files are plain data: a file that names any other class (a hostile or foreign pickle,
-    which could run code as it loads) is refused, never imported."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (
-            module == "ddpcheck.trace"
-            or module == "array"
-            or (module == "builtins" and name in _SAFE_BUILTINS)
-            or (module, name) in _NUMPY_DATA  # ids a hook returned as numpy scalars
-        ):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name} is no part of a trace")
-
-
-_NUMPY_DATA = frozenset(
-    {(m, n) for m in ("numpy.core.multiarray", "numpy._core.multiarray") for n in ("scalar", "_reconstruct")}
-    | {("numpy", "dtype"), ("numpy", "ndarray")}
-)
-
-
 def _read_trace(path: str, *, untrusted: bool = False) -> ScriptRankTrace | None:
-    """A rank's trace file; ``untrusted`` (a directory given to ``ddpcheck judge``): plain data only."""
+    """A rank's trace file (its ids left on disk); ``untrusted`` (a directory given to ``ddpcheck judge``):
+    plain data only. None for a file that is no trace of this version or names ids files that do not
+    match it."""
     try:
-        with open(path, "rb") as handle:
-            trace = _TraceUnpickler(handle).load() if untrusted else pickle.load(handle)
-    except Exception:  # unreadable, truncated, foreign or hostile: no trace of this version
+        return read_rank(path, untrusted=untrusted)
+    except BadTraceFile:
         return None
-    if not isinstance(trace, ScriptRankTrace) or trace.version != SCRIPT_TRACE_VERSION:
-        return None
-    return trace
 
 
 def _launch_problem(recorded: _Recorded) -> str:
