@@ -108,6 +108,135 @@ class IdArray(Sequence[int]):
             object.__setattr__(self, name, state[name])
 
 
+def _int_array(ids: object) -> bool:
+    """Ids held as integers in one array (``array('q')``, an :class:`IdArray`, a numpy integer array)."""
+    if type(ids) is array:
+        return ids.typecode == "q"
+    if isinstance(ids, IdArray):
+        return True
+    kind = getattr(getattr(ids, "dtype", None), "kind", "")
+    return kind in ("i", "u") and getattr(ids, "ndim", 0) == 1 and str(getattr(ids, "dtype", "")) != "uint64"
+
+
+def _numpy(ids: Any) -> Any:
+    import numpy as np
+
+    if type(ids) is array:
+        return np.frombuffer(ids, dtype=np.int64) if len(ids) else np.zeros(0, np.int64)
+    return ids.array() if isinstance(ids, IdArray) else ids
+
+
+class UnionIds(Sequence[Hashable]):
+    """Several streams' ids together, each once, in first-yield order (the first stream's, then the next
+    one's new ids, ...): the stand-in reference of a launch recorded without a single-process run.
+
+    Integer ids are produced a chunk at a time over a bitmap of their range (N/8 bytes), never held
+    whole; the checks' tally recognises a union of the very ranks it counts and reads nothing twice.
+    Other ids go through a dict, as they always did.
+    """
+
+    CHUNK = 1 << 22
+
+    def __init__(self, parts: Sequence[Sequence[Hashable]]) -> None:
+        self.parts = tuple(parts)
+        self._len: int | None = None
+
+    def settle(self, length: int) -> None:
+        """Its length, when the caller counted it anyway (the tally does)."""
+        self._len = length
+
+    def numeric(self) -> bool:
+        """Every part holds integer ids in one array."""
+        return all(_int_array(p) for p in self.parts)
+
+    def _dense(self) -> bool:
+        """Integer ids in a range a bitmap covers cheaply (else :meth:`chunks` is not used)."""
+        if not self.numeric():
+            return False
+        lo, hi = self._bounds()
+        return hi < lo or hi - lo < 16 * sum(len(p) for p in self.parts) + (1 << 23)
+
+    def _bounds(self) -> tuple[int, int]:
+        found = []
+        for p in self.parts:
+            if isinstance(p, IdArray):
+                found.append((p.lo, p.hi))
+            elif len(p):
+                values = _numpy(p)
+                found.append((int(values.min()), int(values.max())))
+        found = [(lo, hi) for lo, hi in found if hi >= lo]
+        return (min(f[0] for f in found), max(f[1] for f in found)) if found else (0, -1)
+
+    def chunks(self) -> Iterator[Any]:
+        """The ids in order as int64 numpy arrays (integer parts only)."""
+        import numpy as np
+
+        lo, hi = self._bounds()
+        seen = np.zeros(((hi - lo + 1) >> 3) + 1, np.uint8)
+        one = np.uint8(1)
+        for part in self.parts:
+            values = _numpy(part)
+            for start in range(0, len(values), self.CHUNK):
+                k = values[start : start + self.CHUNK].astype(np.int64) - lo
+                mask = np.left_shift(one, (k & 7).astype(np.uint8))
+                fresh = (seen[k >> 3] & mask) == 0
+                ordered = np.sort(k)
+                if len(k) > 1 and (ordered[1:] == ordered[:-1]).any():  # later copies within the chunk
+                    order = np.argsort(k, kind="stable")
+                    ordered = k[order]
+                    fresh[order[1:][ordered[1:] == ordered[:-1]]] = False
+                new = k[fresh]
+                np.bitwise_or.at(seen, new >> 3, mask[fresh])
+                if len(new):
+                    yield new + lo
+
+    def __len__(self) -> int:
+        if self._len is None:
+            if self._dense():
+                self._len = sum(len(c) for c in self.chunks())
+            else:
+                self._len = len(dict.fromkeys(x for p in self.parts for x in p))
+        return self._len
+
+    def __iter__(self) -> Iterator[Hashable]:
+        if self._dense():
+            for c in self.chunks():
+                yield from c.tolist()
+        else:
+            yield from dict.fromkeys(x for p in self.parts for x in p)
+
+    def __getitem__(self, index: Any) -> Any:
+        items = list(self)  # rare: only small stand-ins are read by position
+        return items[index]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, UnionIds):
+            return NotImplemented
+        if self._dense() and other._dense():
+            return _same_stream(self.chunks(), other.chunks())
+        return list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _same_stream(a: Iterator[Any], b: Iterator[Any]) -> bool:
+    """Two streams of int64 chunks hold the same ids in the same order (chunked differently)."""
+    import numpy as np
+
+    x, y = np.zeros(0, np.int64), np.zeros(0, np.int64)
+    while True:
+        while len(x) < UnionIds.CHUNK and (more := next(a, None)) is not None:
+            x = np.concatenate([x, more])
+        while len(y) < max(len(x), 1) and (more := next(b, None)) is not None:
+            y = np.concatenate([y, more])
+        n = min(len(x), len(y))
+        if not np.array_equal(x[:n], y[:n]):
+            return False
+        if n == 0:
+            return len(x) == len(y) == 0
+        x, y = x[n:], y[n:]
+
+
 BITMAP_IDS = 1 << 26  # ids below this are counted in a bitmap (64 MB at most) whatever the epoch's length
 SPILL_IDS = 1 << 20  # an epoch's integer ids beyond this many go to the installed sink as they arrive
 
@@ -253,6 +382,9 @@ class LoaderFacts:
     resumable: str = ""  # where the data state lives, for the resume check ("" none; see checker.recording)
     set_epoch_unreached: str = ""  # parts with a set_epoch the training loop's call never reached
     work: str = ""  # what a batch's work was measured from ("" not measured; see checker.work)
+    # the ids are the sampler's own indices into a dataset of this length (None: unknown, or mapped through
+    # a Subset or an indices mapping to other samples): ids outside [0, index_space) overflowed
+    index_space: int | None = None
 
 
 @dataclass

@@ -368,6 +368,10 @@ class EpochView:
 
     def overlap_evidence(self) -> Evidence | None:
         """The lowest rank with an over-shared item, the lowest other rank sharing one, and examples."""
+        return self._evidence
+
+    @cached_property
+    def _evidence(self) -> Evidence | None:
         if self.tally is not None:
             return self.tally.overlap_evidence()
         over = self.overlap_items
@@ -406,6 +410,10 @@ class EpochView:
 
     def identical_streams(self) -> list[int]:
         """The largest group (>= 2) of ranks with the same non-empty stream, else ``[]``."""
+        return list(self._identical)
+
+    @cached_property
+    def _identical(self) -> list[int]:
         groups: dict[object, list[int]] = {}
         hashed = self.tally is not None
         for rank, items in enumerate(self.rank_items):

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ddpcheck.trace import IdArray
+from ddpcheck.trace import IdArray, UnionIds
 
 IntArray = npt.NDArray[np.int64]
 CHUNK = 1 << 22  # ids read at a time: 32 MB as int64
@@ -252,7 +252,8 @@ class EpochTally:
 
     def __init__(self, reference: Any, ranks: Sequence[Any], limit: int | None = None) -> None:
         self.reference, self.ranks, self.limit = reference, list(ranks), limit
-        self.ref_len = len(reference)
+        self.union = _union_of(reference, self.ranks)  # the stand-in reference: the ranks' ids together
+        self.ref_len = 0 if self.union else len(reference)
         self.lengths = [len(r) for r in self.ranks]
         self.total = sum(self.lengths)
         self.base, self.span = self._window()
@@ -261,7 +262,7 @@ class EpochTally:
         self.cross = Bits(self.base, self.span)
         self.twice = Bits(self.base, self.span)
         self.ref_out = np.zeros(0, np.int64)
-        self.ref_repeats = self._count_reference()
+        self.ref_repeats = False if self.union else self._count_reference()
         self.distinct: list[int] = []
         self._outside: list[tuple[IntArray, int]] = []  # (distinct ids outside the window, rank)
         self._rank_twice_out: list[IntArray] = []
@@ -272,10 +273,13 @@ class EpochTally:
         for r, ids in enumerate(self.ranks):
             self.distinct.append(self._count_rank(r, ids, mine if len(ids) > CHUNK else None))
         self._merge_outside()
+        if self.union:  # the reference is what the ranks saw, each id once
+            self.ref, self.ref_out, self.ref_len = self.seen, self.seen_out, self.ddp_distinct
+            reference.settle(self.ref_len)
 
     @classmethod
     def of(cls, reference: Any, ranks: Sequence[Any], limit: int | None = None) -> EpochTally | None:
-        if not (int_ids(reference) and all(int_ids(r) for r in ranks)):
+        if not ((int_ids(reference) or _union_of(reference, ranks)) and all(int_ids(r) for r in ranks)):
             return None
         tally = cls(reference, ranks, limit)
         return None if tally.ref_repeats else tally
@@ -284,7 +288,7 @@ class EpochTally:
 
     def _window(self) -> tuple[int, int]:
         """The id range the bitmaps cover: every id where they are dense, else the dataset's indices."""
-        spans = [bounds(ids) for ids in (self.reference, *self.ranks)]
+        spans = [bounds(ids) for ids in ([] if self.union else [self.reference]) + self.ranks]
         spans = [(lo, hi) for lo, hi in spans if hi >= lo]
         if not spans:
             return 0, 0
@@ -480,6 +484,13 @@ class EpochTally:
     def streams(self) -> list[tuple[int, int]]:
         """Per rank (length, order-dependent hash): equal streams have equal keys."""
         return [(len(ids), stream_hash(ids)) for ids in self.ranks]
+
+
+def _union_of(reference: Any, ranks: Sequence[Any]) -> bool:
+    """``reference`` is the union of exactly these ranks' ids (a launch judged without a reference)."""
+    if not isinstance(reference, UnionIds) or len(reference.parts) != len(ranks):
+        return False
+    return all(p is r for p, r in zip(reference.parts, ranks, strict=True)) and reference.numeric()
 
 
 def _contains(tally: EpochTally, values: IntArray) -> npt.NDArray[np.bool_]:

@@ -106,6 +106,8 @@ def _pictures(data: FigureData, failed: frozenset[str]) -> tuple[Picture, ...]:
         Picture("samples", f"Which {noun} saw which sample ({_where(data)})", samples_svg(data, failed)),
         Picture("steps", f"Steps per {noun} ({_where(data)})", steps_svg(data, failed)),
     ]
+    if not any(f.samples for f in data.epochs):  # too large to picture sample by sample (the note says so)
+        out = out[1:]
     if len(data.ranks) > 1 and data.owners:
         out.append(
             Picture(

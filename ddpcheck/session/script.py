@@ -38,6 +38,7 @@ from ddpcheck.trace import (
     RunTrace,
     ScriptLoader,
     ScriptRankTrace,
+    UnionIds,
 )
 from ddpcheck.tracefile import TRACE_GLOB, BadTraceFile, read_rank, trace_path
 
@@ -540,17 +541,35 @@ def _run_trace(recorded: _Recorded | None, name: str, world_size: int) -> RunTra
 
 def standin_reference(run: RunTrace) -> RunTrace:
     """What every rank saw together, as if one process had seen it: a reference for the checks that
-    only need the epoch's samples (the ones that need a real single-process run are skipped)."""
+    only need the epoch's samples (the ones that need a real single-process run are skipped). The ids
+    are a :class:`UnionIds` of the ranks': read a chunk at a time, or counted by the checks' tally with
+    the ranks themselves, never held whole."""
     epochs = []
     for e in range(run.num_epochs):
-        seen: dict[Any, None] = {}
-        for trace in run.epoch(e):
-            seen.update(dict.fromkeys(trace.ids))
-        ids = list(seen)
-        epochs.append(EpochTrace(epoch=e, ids=ids, batch_sizes=[len(ids)] if ids else [], len_loader=None))
+        ids = UnionIds(tuple(trace.ids for trace in run.epoch(e)))
+        epochs.append(EpochTrace(epoch=e, ids=ids, batch_sizes=WholeEpoch(ids), len_loader=None))
     facts = run.ranks[0].facts if run.ranks else None
     rank = RankTrace(rank=0, epochs=tuple(epochs)) if facts is None else RankTrace(0, tuple(epochs), facts)
     return RunTrace(world_size=1, backend=run.backend, ranks=(rank,), id_source=run.id_source)
+
+
+class WholeEpoch(Sequence[int]):
+    """The stand-in's batch sizes: one batch of the whole epoch (none when empty), sized only if asked."""
+
+    def __init__(self, ids: UnionIds) -> None:
+        self.ids = ids
+
+    def __len__(self) -> int:
+        return 1 if any(len(p) for p in self.ids.parts) else 0
+
+    def __getitem__(self, index: Any) -> Any:
+        sizes = [len(self.ids)] if len(self) else []
+        return sizes[index]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 NEEDS_REFERENCE = (COVERAGE, SINGLE_PROCESS_EQUIVALENCE)
@@ -580,7 +599,9 @@ def _framework_sampler(verdict: Verdict, reference: RunTrace, run: RunTrace) -> 
 
 def _script_cause(verdict: Verdict, run: RunTrace, name: str, standin: str, single: bool) -> Verdict:
     """Causes said of the script; checks a stand-in reference cannot decide, skipped with the reason."""
-    if standin and verdict.check in NEEDS_REFERENCE:
+    if (
+        standin and verdict.check in NEEDS_REFERENCE and not verdict.data.get("overflow")
+    ):  # the dataset decides
         return Verdict(verdict.check, "skip", f"not judged without a single-process run: {standin}")
     if verdict.check == DETERMINISM and verdict.status == "skip" and not single:
         return verdict
