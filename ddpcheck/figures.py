@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     IntArray = npt.NDArray[np.signedinteger[Any]]  # int32 where it fits (memory at 10M samples), else int64
 
 MAX_PICTURED = 1 << 24  # above this many samples an epoch, no sample strips (they would need every id)
-MAX_RANK_STRIPS = 64  # above this many ranks only the first ones get a strip (the picture says so)
+MAX_RANK_STRIPS = 64  # above this many ranks, each strip is a group of consecutive ranks (rank_group)
 LEVELS = 255  # shares are stored as bytes: 0 = none, 255 = all of the bin, any non-zero share >= 1
 NO_RANK = -1  # owner value: no rank saw the sample
 SEVERAL = -2  # owner value: more than one rank saw the sample
@@ -80,7 +80,7 @@ class FigureData:
 
     world_size: int
     ranks: tuple[int, ...]  # ranks with a trace, in order
-    shown_ranks: int  # the first this many of ``ranks`` have strips
+    shown_ranks: int  # how many strips: one per rank, or per group of ``rank_group`` consecutive ranks
     max_bins: int
     epochs: tuple[EpochFigure, ...] = ()
     owner_samples: int = 0  # x axis of the assignment picture: reference epoch 0's samples
@@ -100,6 +100,11 @@ class FigureData:
     packed_rows: bool = (
         False  # rows packed on each rank (:func:`rows_packed_per_rank`): no row is one process's
     )
+    rank_group: int = 1  # ranks per strip (4096 ranks: 64 strips of 64 ranks, each what its ranks saw)
+
+    def strip_ranks(self, strip: int) -> tuple[int, ...]:
+        """The ranks one strip shows."""
+        return self.ranks[strip * self.rank_group : (strip + 1) * self.rank_group]
 
     @property
     def binned(self) -> bool:
@@ -141,8 +146,9 @@ def figure_data(reference: RunTrace, run: RunTrace, max_bins: int = 2000) -> Fig
     if max_bins < 1:
         raise ValueError(f"max_bins must be at least 1, not {max_bins}")
     ranks = tuple(sorted(run.ranks, key=lambda r: r.rank))
-    shown = min(len(ranks), MAX_RANK_STRIPS)
-    base = FigureData(run.world_size, tuple(r.rank for r in ranks), shown, max_bins)
+    group = -(-len(ranks) // MAX_RANK_STRIPS) if len(ranks) > MAX_RANK_STRIPS else 1
+    shown = -(-len(ranks) // group)
+    base = FigureData(run.world_size, tuple(r.rank for r in ranks), shown, max_bins, rank_group=group)
     notes = []
     if run.skipped:
         return _with_note(base, f"not run: {run.skipped}")
@@ -152,8 +158,8 @@ def figure_data(reference: RunTrace, run: RunTrace, max_bins: int = 2000) -> Fig
         return _with_note(base, "no rank returned a trace")
     if len(ranks) < run.world_size:
         notes.append(f"only {len(ranks)} of {run.world_size} ranks returned a trace")
-    if shown < len(ranks):
-        notes.append(f"strips for the first {shown} of {len(ranks)} ranks")
+    if group > 1:
+        notes.append(f"{len(ranks)} ranks in {shown} strips of {group} consecutive ranks each")
     window = next((r.facts.steps for r in ranks if getattr(r.facts, "steps", None)), None)
     if window:
         notes.append(f"each rank recorded only {window} batches per epoch: the rest shows as missing")
@@ -176,11 +182,11 @@ def figure_data(reference: RunTrace, run: RunTrace, max_bins: int = 2000) -> Fig
     owners0: list[IntArray] = []
     for e in range(epochs):
         axis = axis0 if e == 0 else _Axis(ref_rank.epochs[e].ids, limit)
-        figure, owner = _epoch(e, axis, ranks, shown, max_bins, ref_rank.epochs[e])
+        figure, owner = _epoch(e, axis, ranks, group, max_bins, ref_rank.epochs[e])
         figures.append(figure)
         owners0.append(owner if e == 0 else _to_axis(owner, axis, axis0))
     columns = _columns(axis0.n, max_bins)
-    work, per_column, totals = _work(ranks[:shown], max_bins)
+    work, per_column, totals = _work(ranks[:MAX_RANK_STRIPS], max_bins)
     return FigureData(
         world_size=run.world_size,
         ranks=base.ranks,
@@ -197,6 +203,7 @@ def figure_data(reference: RunTrace, run: RunTrace, max_bins: int = 2000) -> Fig
         work_per_column=per_column,
         work_totals=totals,
         packed_rows=packed,
+        rank_group=group,
     )
 
 
@@ -370,9 +377,10 @@ def _int64(ids: Any) -> IntArray | None:
 
 
 def _epoch(
-    epoch: int, axis: _Axis, ranks: Sequence[RankTrace], shown: int, max_bins: int, ref: EpochTrace
+    epoch: int, axis: _Axis, ranks: Sequence[RankTrace], group: int, max_bins: int, ref: EpochTrace
 ) -> tuple[EpochFigure, IntArray]:
-    """One epoch's figure, and each sample's owner (rank, NO_RANK or SEVERAL) on ``axis``."""
+    """One epoch's figure, and each sample's owner (rank, NO_RANK or SEVERAL) on ``axis``; a strip per
+    ``group`` consecutive ranks."""
     import numpy as np
 
     n = axis.n
@@ -385,7 +393,9 @@ def _epoch(
     owner = np.full(n, NO_RANK, np.int32)
     shares: list[bytes] = []
     foreign: list[int] = []
+    pending: list[IntArray] = []  # the positions the ranks of the current strip saw (group > 1)
     for i, rank in enumerate(ranks):
+        last = i + 1 == len(ranks) or (i + 1) % group == 0
         trace = rank.epochs[epoch]
         where = axis.lookup(trace.ids)
         hit = where if not len(where) or int(where.min()) >= 0 else where[where >= 0]
@@ -398,8 +408,13 @@ def _epoch(
             total[distinct] += copies.astype(np.int32)
             holders[distinct] += 1
             owner[distinct] = rank.rank
-            if i < shown:
+            if group == 1:
                 shares.append(_sparse_shares(distinct, starts, sizes))
+            else:
+                pending.append(distinct)
+                if last:
+                    shares.append(_sparse_shares(_counts(np.concatenate(pending))[0], starts, sizes))
+                    pending = []
             continue
         seen = np.zeros(n, np.bool_)
         seen[hit] = True
@@ -410,8 +425,13 @@ def _epoch(
         holders += seen
         owner[hit] = rank.rank
         del hit
-        if i < shown:
+        if group == 1:
             shares.append(_shares(seen, starts, sizes))
+        else:
+            pending.append(np.flatnonzero(seen))
+            if last:
+                shares.append(_sparse_shares(_counts(np.concatenate(pending))[0], starts, sizes))
+                pending = []
     owner[holders == 0] = NO_RANK
     owner[holders > 1] = SEVERAL
     duplicated = total > 1

@@ -29,7 +29,7 @@ from ddpcheck.checks.ids import (
     WORK_BALANCE,
 )
 from ddpcheck.figures import NO_RANK, SEVERAL, EpochFigure, FigureData
-from ddpcheck.report.view import ReportView, as_view
+from ddpcheck.report.view import ReportView, as_view, spans
 from ddpcheck.result import CheckResult, ResumeRow, WorldResult
 
 WIDTH = 960
@@ -225,14 +225,20 @@ def samples_svg(data: FigureData, failed: frozenset[str] = frozenset()) -> str:
         body.append(_label(0, y, f"epoch {figure.epoch}", bold=True))
         body.append(_label(LEFT, y, _axis_note(figure.samples, figure.bins), color=MUTED))
         y += 10
-        for i, rank in enumerate(data.ranks[: data.shown_ranks]):
-            seen = figure.yielded[i] - figure.foreign[i]
-            tip = f"{data.rank_noun} {rank}: yields {figure.yielded[i]:,} samples in epoch {figure.epoch}"
-            if figure.foreign[i]:
-                tip += f" ({figure.foreign[i]:,} not in the single-process epoch)"
+        g = data.rank_group
+        for i, shares in enumerate(figure.rank_share):
+            members = data.strip_ranks(i)
+            rank = members[0]
+            yielded = sum(figure.yielded[i * g : i * g + len(members)])
+            foreign = sum(figure.foreign[i * g : i * g + len(members)])
+            seen = yielded - foreign
+            who = f"{data.rank_noun} {rank}" if g == 1 else f"{data.rank_noun}s {rank}-{members[-1]}"
+            tip = f"{who}: {'yields' if g == 1 else 'yield'} {yielded:,} samples in epoch {figure.epoch}"
+            if foreign:
+                tip += f" ({foreign:,} not in the single-process epoch)"
             extra = f' data-rank="{rank}" data-epoch="{figure.epoch}"'
-            body.append(_label(LEFT - 8, y + 11, f"{data.rank_noun} {rank}", anchor="end"))
-            body.append(_strip("strip", y, figure.rank_share[i], rank_color(rank), tip, extra))
+            body.append(_label(LEFT - 8, y + 11, who, anchor="end"))
+            body.append(_strip("strip", y, shares, rank_color(rank), tip, extra))
             body.append(_label(LEFT + PLOT + 8, y + 11, f"{seen:,} samples", color=MUTED))
             y += STRIP + GAP
         lost = bool(failed & {COVERAGE, SINGLE_PROCESS_EQUIVALENCE})
@@ -286,6 +292,11 @@ def steps_svg(data: FigureData, failed: frozenset[str] = frozenset()) -> str:
         body.append(_label(LEFT, y, "; ".join(facts), color=MUTED))
         y += 10
         rows = list(zip(data.ranks, figure.steps, figure.len_loader, strict=False))
+        alike: list[int] = []  # past MAX_STEP_ROWS ranks: the ranks that differ drawn, the rest one line
+        if len(rows) > MAX_STEP_ROWS:
+            differ = [r for r in rows if r[1] != common or (r[2] is not None and r[2] != r[1])]
+            alike = [r[0] for r in rows if r not in differ]
+            rows = differ
         for rank, steps, length in rows[:MAX_STEP_ROWS]:
             odd = EQUAL_STEPS in failed and (steps != common or (length is not None and length != steps))
             color = STEP_ODD if odd else STEP_OK
@@ -315,10 +326,16 @@ def steps_svg(data: FigureData, failed: frozenset[str] = frozenset()) -> str:
                 _label(
                     LEFT,
                     y,
-                    f"... {len(rest)} more ranks: {min(rest):,} to {max(rest):,} batches",
+                    f"... {len(rest)} more ranks that differ: {min(rest):,} to {max(rest):,} batches",
                     color=MUTED,
                 )
             )
+        if alike:
+            y += 12
+            noun = f"{data.rank_noun}s" if len(alike) > 1 else data.rank_noun
+            other = "other " if rows else ""
+            line = f"{len(alike):,} {other}{noun} ({spans(alike, 4)}): {common:,} batches each"
+            body.append(_label(LEFT, y, line, color=MUTED))
     return _svg("steps", y + 14, f"Steps per {data.rank_noun}, {_where(data)}", body)
 
 
