@@ -57,12 +57,14 @@ print(json.dumps({"rc": proc.returncode, "seconds": time.perf_counter() - starte
 
 
 def plan(n: int, world: int) -> tuple[tuple[int, int, int], list[tuple[int, int, int, int]]]:
-    """The planted overflow (rank, position, value) and the copies (from rank, position, to rank, position)."""
+    """The planted overflow (rank, position, value) and the copies (from rank, position, to rank,
+    position)."""
     shard = n // world
     over = (world * 3 // 4, min(12_345, shard // 2), WRAPPED)
     rounds = -(-DUPLICATES // world)
     copies = [
-        (i % world, 10 + i // world, (i + world // 2) % world, 10 + rounds + i // world) for i in range(DUPLICATES)
+        (i % world, 10 + i // world, (i + world // 2) % world, 10 + rounds + i // world)
+        for i in range(DUPLICATES)
     ]
     return over, copies
 
@@ -149,7 +151,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ids", type=float, default=1e9)
     parser.add_argument("--ranks", type=int, default=4096)
-    parser.add_argument("--dir", default="", help="where to write the traces (default: a temporary directory)")
+    parser.add_argument(
+        "--dir", default="", help="where to write the traces (default: a temporary directory)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the traces (and reuse them if present)")
     args = parser.parse_args()
     world = args.ranks
@@ -174,14 +178,17 @@ def main() -> None:
         print(
             f"{n:,} ids over {world:,} ranks ({size / 1e9:.2f} GB on disk, written in {written:.0f} s): "
             f"ddpcheck judge {measured['seconds']:.1f} s (CPU {measured['cpu']:.1f} s), "
-            f"peak {measured['max_rss'] / GIB:.2f} GiB, exit {measured['rc']}; JSON report {report_size:,} bytes"
+            f"peak {measured['max_rss'] / GIB:.2f} GiB, exit {measured['rc']}; "
+            f"JSON report {report_size:,} bytes"
         )
         print(f"  coverage: {found['coverage']['detail']}")
         print(f"  no_overlap: {found['no_overlap']['detail']}")
         print(f"  padding_bound: {found['padding_bound']['detail']}")
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         if problems or measured["rc"] != 1:
-            raise SystemExit("NOT FOUND: " + "; ".join(problems) + f" (exit {measured['rc']}): {measured['stderr']}")
+            raise SystemExit(
+                "NOT FOUND: " + "; ".join(problems) + f" (exit {measured['rc']}): {measured['stderr']}"
+            )
         print("planted overflow and duplicates found and named")
     finally:
         if not args.keep:

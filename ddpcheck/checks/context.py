@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from itertools import chain
 
+import numpy as np
+
 from ddpcheck.checks.arrays import (
     EpochCounts,
     as_int64,
@@ -21,7 +23,17 @@ from ddpcheck.checks.arrays import (
     same_ints,
     same_reference_ids,
 )
-from ddpcheck.checks.tally import EpochTally, Evidence, Strangers, int_ids, same_ids, same_set, stream_hash
+from ddpcheck.checks.tally import (
+    EpochTally,
+    Evidence,
+    Strangers,
+    distinct_ids,
+    int_ids,
+    same_ids,
+    same_set,
+    stream_hash,
+    unique,
+)
 from ddpcheck.checks.wording import few
 from ddpcheck.trace import EpochTrace, LoaderFacts, RankTrace, RunTrace
 
@@ -407,6 +419,13 @@ class EpochView:
         ranks = tuple(r for r in range(len(self.rank_traces)) if not self.rank_set(r).isdisjoint(extra))
         examples = few(self.rank_set(ranks[0]) & extra) if ranks else ()
         return Strangers(len(extra), ranks, examples)  # type: ignore[arg-type]
+
+    def union_size(self, ranks: Sequence[int]) -> int:
+        """How many distinct items these ranks hold together."""
+        if self.tally is not None:
+            parts = [distinct_ids(self.rank_traces[r].ids) for r in ranks]
+            return len(unique(np.concatenate(parts))) if parts else 0
+        return len(set().union(*(self.rank_set(r) for r in ranks)))
 
     def identical_streams(self) -> list[int]:
         """The largest group (>= 2) of ranks with the same non-empty stream, else ``[]``."""

@@ -45,6 +45,11 @@ GAPS = (
     "(check the sampler's num_replicas/rank arithmetic)"
 )
 
+PER_NODE = (
+    "the ranks fall into groups of {size} consecutive ranks ({first}) that each split one order, but the "
+    "orders differ between groups: an index built separately on each node (a shuffle or sample index "
+    "cached per node) differs between nodes"
+)
 RANDOM_OVERLAP_SHARE = 0.1  # above this share of a rank's items also on another rank, the split looks random
 
 
@@ -100,11 +105,27 @@ def overlap_cause(ctx: Context, view: EpochView) -> tuple[str, tuple[int, ...]]:
     n = view.ref_distinct
     if w > 1 and n and all(view.distinct(r) >= 0.9 * n and view.in_reference(r) >= 0.9 * n for r in range(w)):
         return WHOLE_EPOCH, tuple(range(w))
+    size = node_groups(view)
+    if size:
+        return PER_NODE.format(size=size, first=f"ranks 0-{size - 1}, {size}-{2 * size - 1}, ..."), ()
     held = sum(view.distinct(r) for r in range(w))
     shared = view.shared_holdings
     if held and shared / held > RANDOM_OVERLAP_SHARE and view.missing_count:  # redrawn, not just repeated
         return RANK_SEED, ()
     return BAD_SPLIT, ()
+
+
+def node_groups(view: EpochView) -> int:
+    """The size of the groups of consecutive ranks that split one order each while the groups overlap one
+    another (0: no such grouping). The shape of an index that every node builds for itself: within a node
+    the ranks take disjoint shares of its order, across nodes the orders (and so the shares) disagree."""
+    w = len(view.rank_traces)
+    for size in (g for g in range(2, w // 2 + 1) if w % g == 0):
+        blocks = [list(range(b, b + size)) for b in range(0, w, size)]
+        split = all(view.union_size(block) == sum(view.distinct(r) for r in block) for block in blocks)
+        if split:
+            return size if view.cross_excess else 0
+    return 0
 
 
 def duplicate_cause(ctx: Context, view: EpochView) -> tuple[str, tuple[int, ...]]:
