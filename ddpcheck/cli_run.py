@@ -184,7 +184,7 @@ def _check_options(args: argparse.Namespace, **overrides: Any) -> Any:
 
 
 def _run_script(args: argparse.Namespace) -> tuple[CheckResult, bool]:
-    from ddpcheck.checker.script import ScriptTarget
+    from ddpcheck.checker.script_env import ScriptTarget
     from ddpcheck.session import Interrupted
     from ddpcheck.session.script import ScriptOptions, audit_script
 

@@ -2,10 +2,13 @@
 
 Each process of a launch (``torchrun ... -m ddpcheck.record``, ``accelerate launch -m``, ``srun python
 -m``) runs the unmodified script as its own ``__main__`` and writes what its loaders yielded to
-``DIR/rank<R>.trace`` and its ids to ``.npy`` files beside it (:mod:`ddpcheck.tracefile`); nothing is
-judged here. ``ddpcheck judge DIR --reference DIR1``
-judges the files later, ``ddpcheck run`` starts such processes itself. Everything after ``--`` (or
-after ``-m MODULE``) belongs to the script, so its own ``--epochs`` never meets ours.
+``DIR/rank<R>.trace`` (plain data) and its ids to ``.npy`` files beside it (:mod:`ddpcheck.tracefile`);
+nothing is judged here. With ``--step`` each rank also watches the
+training step (``ddpcheck.checker.step``) and saves the compared steps' batches under ``DIR/step``;
+``--replay DIR`` runs the script at world size 1 on the union of what those ranks received.
+``ddpcheck judge DIR --reference DIR1`` judges the files later, ``ddpcheck run`` starts such processes
+itself. Everything after ``--`` (or after ``-m MODULE``) belongs to the script, so its own ``--epochs``
+never meets ours.
 
 Exit codes: 0 recorded; 2 bad usage or a script that does not exist; 3 the script raised or exited
 non-zero, or iterated no DataLoader (the trace file says which, with its error line).
@@ -17,10 +20,14 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ddpcheck.launch.script import PARENT_ENV, STACK_ENV
-from ddpcheck.tracefile import spill_to, write_rank
+from ddpcheck.launch.workdir import enter_workdir  # the standard library only: no thread starts
+
+if TYPE_CHECKING:
+    from ddpcheck.checker.step import StepWatcher
 
 EXIT_BAD_INPUT = 2
 EXIT_SCRIPT_FAILED = 3
@@ -57,6 +64,26 @@ def model_steps(text: str) -> int | None:
     return value
 
 
+def batches_or_all(text: str) -> int | None:
+    """``all`` or a number of batches, 0 included (``--compare-batches 0``: compare no window)."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of batches or 'all', got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more batches (or 'all'), got {text!r}")
+    return value
+
+
+def nonnegative(text: str) -> int:
+    value = batches_or_all(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected a number of batches, got {text!r}")
+    return value
+
+
 def positive(text: str) -> int:
     try:
         value = int(text)
@@ -87,10 +114,51 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--digest", action="store_true", help="digest batch contents (mesh replicas)")
     parser.add_argument("--no-work", action="store_true", help="do not measure token work")
     parser.add_argument("--work-cost", choices=("tokens", "attention"), default="tokens")
+    step = parser.add_argument_group("the training step (issue 35)")
+    step.add_argument(
+        "--step",
+        dest="step",
+        action="store_true",
+        default=False,
+        help="watch the training step: backward and forward counts, gradients, random draws; save the "
+        "compared steps' batches under OUT/step for a replay",
+    )
+    step.add_argument("--no-step", dest="step", action="store_false", help="do not watch the step (default)")
+    step.add_argument(
+        "--replay",
+        default="",
+        metavar="DIR",
+        help="replay the compared steps of the launch recorded in DIR (run at world size 1); implies --step",
+    )
+    step.add_argument(
+        "--ignore-index",
+        type=int,
+        default=-100,
+        metavar="N",
+        help="the label value that supervises nothing (-100)",
+    )
+    step.add_argument(
+        "--compare-batches",
+        type=batches_or_all,
+        default=None,
+        metavar="N|all",
+        help="compare the step windows that start in an epoch's first N batches (default: all)",
+    )
+    step.add_argument(
+        "--tail-batches",
+        type=nonnegative,
+        default=0,
+        metavar="N",
+        help="also compare windows that start in an epoch's last N batches",
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    problem = enter_workdir()  # first: a mount namespace is entered only while this is one thread
+    if problem:
+        print(f"ddpcheck.record: {problem}", file=sys.stderr)
+        return EXIT_SCRIPT_FAILED
     ours, path, module, script_args = split_command(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(ours)
@@ -99,9 +167,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if path and not os.path.isfile(path):
         print(f"ddpcheck.record: no such script: {path}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if args.replay and not os.path.isdir(os.path.join(args.replay, "step")):
+        print(
+            f"ddpcheck.record: --replay {args.replay}: no recorded steps there (record with --step)",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
     _die_with_launcher()
     _stack_dumps()
-    from ddpcheck.checker.script import ScriptRecordOptions, ScriptTarget, record_script
+    from ddpcheck.checker.script import ScriptRecordOptions, record_script
+    from ddpcheck.checker.script_env import ScriptTarget
 
     hooks = None
     if args.hooks:
@@ -125,8 +200,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         work_cost=args.work_cost,
     )
     target = ScriptTarget(path=path, module=module, args=tuple(script_args))
+    from ddpcheck.tracefile import spill_to, write_rank
+
     spill_to(args.out)  # an epoch's ids go to disk as they grow (ddpcheck.tracefile)
-    trace = record_script(target, options, hooks)
+    watcher = _watch_step(args)
+    trace = replace(record_script(target, options, hooks), frameworks=imported_frameworks())
+    if watcher is not None:
+        trace = replace(trace, steps=watcher.finish())
     write_rank(args.out, trace)
     if trace.status != "ok":
         print(f"ddpcheck.record: rank {trace.rank}: {trace.message}", file=sys.stderr)
@@ -137,8 +217,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+# a framework, by the modules that show the script imported it
+FRAMEWORK_MODULES = {"lightning": ("lightning.fabric", "lightning_fabric", "pytorch_lightning")}
+
+
+def imported_frameworks() -> tuple[str, ...]:
+    """The training frameworks the script imported (their launchers decide how its processes group)."""
+    loaded = sys.modules
+    return tuple(name for name, modules in FRAMEWORK_MODULES.items() if any(m in loaded for m in modules))
+
+
+def _watch_step(args: argparse.Namespace) -> StepWatcher | None:
+    """Install the step watcher when asked (``--step``, ``--replay``): before the script runs."""
+    if not (args.step or args.replay):
+        return None
+    from ddpcheck.checker.step import StepOptions, install_watcher
+
+    options = StepOptions(
+        out="" if args.replay else args.out,
+        replay=args.replay,
+        ignore_index=args.ignore_index,
+        compare_batches=args.compare_batches,
+        tail_batches=args.tail_batches,
+    )
+    return install_watcher(options)
+
+
 def _die_with_launcher() -> None:
     """Under ``ddpcheck run``: die with it, even if it is SIGKILLed (its janitor kills our group too)."""
+    from ddpcheck.launch.script import PARENT_ENV
+
     parent = os.environ.get(PARENT_ENV, "")
     if not parent.isdigit() or sys.platform != "linux":
         return
@@ -154,6 +262,8 @@ def _die_with_launcher() -> None:
 
 
 def _stack_dumps() -> None:
+    from ddpcheck.launch.script import STACK_ENV
+
     where = os.environ.get(STACK_ENV, "")
     if not where:
         return

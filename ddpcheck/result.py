@@ -12,6 +12,7 @@ from ddpcheck.checks.verdict import Verdict
 from ddpcheck.figures import FigureData
 from ddpcheck.layout import Layout
 from ddpcheck.messages import count_text
+from ddpcheck.restores import ResumeRow
 from ddpcheck.trace import RankFailure
 
 EXIT_OK = 0
@@ -66,41 +67,6 @@ def gather_effects(
     if order_only:
         parts.append("order only" if terse else "rank-major order")
     return parts
-
-
-RESTORE_OUTCOMES = ("exact", "resharded", "refused", "failed")
-
-
-@dataclass(frozen=True)
-class ResumeRow:
-    """One restore: stopped after ``step`` batches of ``epoch`` in one topology, restored in another.
-
-    ``change`` names the topology change (``"2 -> 2"``, ``"2 -> 3"``, ``"workers 2 -> 0"``,
-    ``"dp=2,tp=2 -> dp=4"``); ``outcome`` is ``exact`` (the stream continues exactly), ``resharded``
-    (another topology: the epoch is covered once, repeats only from the new layout's padding),
-    ``refused`` (the restore raised a clear error: an honest answer, not a failure) or ``failed``
-    (samples silently lost or repeated). ``before``/``after`` count the samples trained before the stop
-    and after the restore; ``skipped``/``repeated`` what the restore lost or repeated;
-    ``first_divergence`` the first step where a resumed stream leaves the uninterrupted one.
-    """
-
-    world_size_from: int
-    world_size_to: int
-    epoch: int
-    step: int
-    status: str  # a Verdict status: "pass" | "fail" | "skip" | "n/a" | "allowed"
-    skipped: int = 0
-    repeated: int = 0
-    first_divergence: int | None = None
-    note: str = ""
-    change: str = ""  # "" = the world sizes' "from -> to"
-    outcome: str = ""  # one of RESTORE_OUTCOMES ("" where not judged)
-    before: int = 0
-    after: int = 0
-
-    @property
-    def topology(self) -> str:
-        return self.change or f"{self.world_size_from} -> {self.world_size_to}"
 
 
 @dataclass(frozen=True)

@@ -385,6 +385,23 @@ class LoaderFacts:
     # the ids are the sampler's own indices into a dataset of this length (None: unknown, or mapped through
     # a Subset or an indices mapping to other samples): ids outside [0, index_space) overflowed
     index_space: int | None = None
+    # what a rank-splitting sampler (DistributedSampler or alike) was told: the ranks it splits among and
+    # this rank's place; None where no part of the loader says
+    sampler_replicas: int | None = None
+    sampler_rank: int | None = None
+    # the dataset is drawn from a bigger one: "Subset" (torch Subset, what random_split returns) or
+    # "indices mapping" (an HF datasets split, shuffle or select); "" when not
+    subset: str = ""
+    subset_digest: str = (
+        ""  # which samples the subset holds, in order (ranks that drew different ones differ)
+    )
+    subset_call: str = ""  # the script's call that drew it, at its line ("random_split at train.py:17")
+    # autograd was on where the facts were read (a script: its first iter() of the loader); False: iterated
+    # under torch.no_grad() / inference_mode, an evaluation, whose order changes no result
+    grad_enabled: bool | None = None
+
+
+PADDED_WIDTH = "input_ids width (padding unknown)"  # LoaderFacts.work when nothing says which tokens pad
 
 
 @dataclass
@@ -475,13 +492,15 @@ class RankTrace:
 
 @dataclass(frozen=True)
 class RankFailure:
-    """A rank that crashed, hung or was killed; ``stack`` is its traceback or its dumped stacks."""
+    """A rank that crashed, hung or was killed; ``stack`` is its traceback or its dumped stacks,
+    ``output`` the last lines the rank printed (a script's rank: what its own prints said)."""
 
     rank: int
     kind: str  # "error" | "hang" | "killed" | "secondary"
     message: str
     stack: str = ""
     progress: str = ""  # last known position, e.g. "epoch 0, batch 4, in all_reduce"
+    output: str = ""
 
 
 @dataclass(frozen=True)
@@ -513,6 +532,8 @@ class RunTrace:
     shortcuts: SimulatedShortcuts | None = None
     # non-empty: only these ranks were recorded (a determinism rerun of a huge simulated world samples)
     rank_sample: tuple[int, ...] = ()
+    # a rank created shared memory by a name of its own (machine-wide): this loader's groups never overlap
+    named_memory: bool = False
 
     @property
     def ok(self) -> bool:
@@ -604,6 +625,7 @@ class OptimizerStep:
     micro: tuple[MicroStep, ...] = ()
     grad: Sequence[float] | None = None
     grad_norm: float | None = None  # L2 norm of the whole gradient (every coordinate)
+    not_comparable: str = ""  # why this step cannot be compared with a replay ("": it can; see StepTrace)
 
 
 @dataclass(frozen=True)
@@ -615,7 +637,11 @@ class StepTrace:
     ``grad_dtype``: the parameters' dtype (the tolerance depends on it); ``per_rank_norm``: modules
     that normalise over the rank's batch (BatchNorm without SyncBatchNorm); ``dropout_off``: dropout
     was switched off while steps were compared; ``replay``: a reference replay of another launch ("":
-    a run of its own)."""
+    a run of its own); ``loss_scale`` (a replay's): how the loss answers a micro-batch given twice,
+    ``mean`` (the same gradient), ``sum`` (twice the gradient: a sum over a fixed normaliser, which
+    one process fed every rank's batch scales by the world size), "" not probed; ``compute_dtype``: the
+    autocast dtype the compared steps ran under ("" none): float32 parameters under bf16 autocast carry
+    bf16's noise, and the tolerance follows the coarser of the two."""
 
     steps: tuple[OptimizerStep, ...] = ()
     open_micro: tuple[MicroStep, ...] = ()
@@ -626,6 +652,8 @@ class StepTrace:
     dropout_off: bool = False
     replay: str = ""
     notes: tuple[str, ...] = ()
+    loss_scale: str = ""
+    compute_dtype: str = ""
 
 
 SCRIPT_TRACE_VERSION = 3  # 3: integer ids in .npy files beside the trace (ddpcheck.tracefile)
@@ -651,4 +679,5 @@ class ScriptRankTrace:
     stopped: bool = False
     fallback: str = ""
     steps: StepTrace | None = None  # what the training step did (None: not recorded)
+    frameworks: tuple[str, ...] = ()  # training frameworks the script imported: "lightning", "accelerate"...
     version: int = SCRIPT_TRACE_VERSION

@@ -64,7 +64,9 @@ def test_one_verdict_per_data_check_in_order() -> None:
         "work_balance",
         "packing",
         "mixture",
-    }  # no tokens either
+        "supervision",
+        "rng_independence",
+    }  # no tokens, no labels, no watched draws either
     assert all(v.status == "pass" and v.detail for v in verdicts if v.check not in not_applying)
     assert all(v.status == "n/a" and v.detail for v in verdicts if v.check in not_applying)
 

@@ -21,13 +21,13 @@ from ddpcheck.checks.ids import (
 )
 from ddpcheck.checks.packed import TOKENS_EXTRA
 from ddpcheck.checks.replicas import GLOBAL_RANK, SHARDED_TWICE_MESH
+from ddpcheck.checks.resume_common import RANK0_SAVED, RANK0_STATE, WORKER_OFFSETS
 from ddpcheck.figures import PACKED_NOTE
 from ddpcheck.report.html import render_html
 from ddpcheck.report.markdown import render_markdown
 from ddpcheck.report.table import render_table
 from ddpcheck.report.view import build_view, evidence, resume_summary
 from ddpcheck.result import CheckResult
-from ddpcheck.scenarios.resume import RANK0_SAVED, RANK0_STATE, WORKER_OFFSETS
 from ddpcheck.session import check_loader
 from tests.conftest import FIXTURES, RESUME_FIXTURES
 

@@ -41,6 +41,7 @@ WORLD_SIZES = (1, 2, 3, 4)
 
 IGNORES_RANK = "the sampler ignores the rank"
 RANK_SEED = "seed (or random state) depends on the rank"
+SPLIT_PER_RANK = "drawn differently on each rank (no seeded generator)"
 LENGTH_BY_RANK = "length depends on the rank"
 
 
@@ -120,7 +121,7 @@ CASES = [
         SINGLE_PROCESS_EQUIVALENCE,
         DETERMINISM,
         fails_at_1=frozenset({DETERMINISM}),
-        causes={COVERAGE: RANK_SEED, NO_OVERLAP: RANK_SEED},
+        causes={COVERAGE: SPLIT_PER_RANK, NO_OVERLAP: SPLIT_PER_RANK},
     ),
     _case(
         "bug_iterable_not_split_ranks.py",

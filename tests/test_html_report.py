@@ -29,7 +29,8 @@ from ddpcheck.layout import parse_mesh
 from ddpcheck.report import render_html, render_markdown, write_reports
 from ddpcheck.report.svg import picture_files
 from ddpcheck.report.view import build_view, count
-from ddpcheck.result import CheckResult, MetricRow, ResumeRow, WorldResult
+from ddpcheck.restores import RankRestore, ResumeRow
+from ddpcheck.result import CheckResult, MetricRow, WorldResult
 from ddpcheck.session import check_loader
 from ddpcheck.trace import EpochTrace, RankFailure, RankTrace, RunTrace
 from tests.conftest import FIXTURES
@@ -309,6 +310,7 @@ def test_markdown_links_svg_files_written_next_to_it(tmp_path: Path, buggy: Chec
         "ddpcheck-ws2-samples.svg",
         "ddpcheck-ws2-steps.svg",
         "ddpcheck-ws2-assignment.svg",
+        "ddpcheck-ws2-resume.svg",  # its failed restore, in the Resume section
     ]
     page = (tmp_path / "ddpcheck.html").read_text("utf-8")
     for link in links:
@@ -481,6 +483,41 @@ def test_failed_and_refused_restores_get_a_picture_before_the_details(buggy: Che
     headings = re.findall(r"<h2>([^<]+)</h2>", page)
     assert headings.index("Resume") < headings.index("Details") and headings[-1] != "Resume"
     assert "2 -&gt; 3: 1 failed, 0 refused, worst loses 8 and repeats 3" in page
+
+
+def _per_rank(buggy: CheckResult) -> CheckResult:
+    """A failed restore at world size 3 whose rows carry every rank's counts: rank 1 lost 8."""
+    ws1, ws2 = buggy.runs
+    ranks = (RankRestore(0, 4, 4), RankRestore(1, 4, 0, lost=8), RankRestore(2, 4, 7, repeated=3))
+    failed_ = ResumeRow(3, 3, 0, 2, "fail", skipped=8, repeated=3, note="position lost", outcome="failed",
+                        before=12, after=11, ranks=ranks)  # fmt: skip
+    exact = ResumeRow(3, 3, 0, 1, "pass", outcome="exact", before=6, after=18, ranks=ranks[:1])
+    return replace(buggy, runs=(ws1, replace(ws2, resume=(exact, failed_))))
+
+
+def test_the_resume_picture_draws_a_bar_per_rank_in_html_and_markdown(
+    tmp_path: Path, buggy: CheckResult
+) -> None:
+    result = _per_rank(buggy)
+    dom = _dom(render_html(result))
+    restore = dom.find("g", "restore")
+    assert [g["class"] for g in restore] == ["restore failed"]  # the exact one is not drawn
+    page = render_html(result)
+    drawn = page.split('<g class="restore failed"', 1)[1].split("</g>", 1)[0]
+    assert [m for m in re.findall(r">(rank \d+)</text>", drawn)] == ["rank 0", "rank 1", "rank 2"]
+    assert drawn.count('class="lost"') == 1 and drawn.count('class="repeated"') == 1
+    assert "3 -&gt; 3 e0 s2: lost 8, repeated 3" in drawn
+    write_reports(result, tmp_path, formats=("markdown",))
+    markdown = (tmp_path / "ddpcheck.md").read_text()
+    resume = markdown.split("### Resume", 1)[1]
+    linked = re.findall(r"!\[[^\]]*\]\(([^)]+-resume\.svg)\)", resume)
+    assert len(linked) == 1 and (tmp_path / linked[0]).is_file()
+    assert resume.index(linked[0]) < resume.index("| topology")  # the picture heads its table
+    assert "worst loses 8 and repeats 3" in resume
+    svg = (tmp_path / linked[0]).read_text()
+    inlined = render_html(result).split('<figure class="resume">', 1)[1].split("<figcaption>", 1)[0]
+    assert svg.strip() == inlined  # the same picture the HTML inlines
+    assert "-resume.svg" not in markdown.split("### Resume", 1)[0]  # not among the layout's figures
 
 
 def test_a_refused_restore_is_not_green(buggy: CheckResult) -> None:

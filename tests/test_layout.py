@@ -122,8 +122,8 @@ LEVELS = (
     ("ddpcheck.scenarios",),
     ("ddpcheck.checker",),
     ("ddpcheck.launch", "ddpcheck.checks", "ddpcheck.reference", "ddpcheck.report"),
-    ("ddpcheck.trace", "ddpcheck.tracefile", "ddpcheck.result", "ddpcheck.figures", "ddpcheck.layout",
-     "ddpcheck.messages", *CHECK_DATA, "ddpcheck"),
+    ("ddpcheck.trace", "ddpcheck.tracefile", "ddpcheck.result", "ddpcheck.restores", "ddpcheck.figures",
+     "ddpcheck.layout", "ddpcheck.messages", *CHECK_DATA, "ddpcheck"),
 )  # fmt: skip
 
 
@@ -192,8 +192,31 @@ def _private(dotted: str) -> bool:
     return any(part.startswith("_") and not part.startswith("__") for part in dotted.split("."))
 
 
+def test_the_judges_take_plain_data_not_the_result() -> None:
+    """The resume judges fill rows that the result holds: the rows are plain data below both."""
+    graph = _imports()
+    judges = {m for m in graph if m.startswith("ddpcheck.checks.resume")}
+    assert len(judges) >= 3
+    assert {(m, d) for m in judges for d in graph[m] if d == "ddpcheck.result"} == set()
+    assert "ddpcheck.restores" in graph["ddpcheck.result"]
+
+
 def test_no_private_name_crosses_a_package() -> None:
     assert _private_imports() == set()
+
+
+def test_a_plain_type_of_the_checks_costs_no_check_and_no_numpy() -> None:
+    """``ddpcheck.checks`` resolves its registry lazily: a front end that wants ``Verdict`` or a check id
+    imports neither the check modules nor numpy; the package's names still resolve on first use."""
+    heavy = "('numpy', 'torch', 'ddpcheck.checks.registry', 'ddpcheck.checks.coverage')"
+    code = (
+        "import sys; from ddpcheck.checks.verdict import Verdict; from ddpcheck.checks import ids; "
+        f"print(sorted(m for m in {heavy} if m in sys.modules)); "
+        "from ddpcheck.checks import REGISTRY, run_checks; print(len(REGISTRY) > 10, callable(run_checks))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:2] == ["[]", "True True"]
 
 
 def test_the_pytest_surface_imports_neither_torch_nor_the_checker() -> None:

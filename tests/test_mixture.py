@@ -132,11 +132,34 @@ def test_the_bug_patterns_fail_with_their_cause() -> None:
     verdict = check_mixture(reference, scaled)
     assert verdict.failed and verdict.cause == WORKER_SCALED, verdict
     codes = array("h", [0, 1, 2] * 300 + [0, 1] * 300)  # c vanishes for the last 600 samples
-    ids = array("q", range(len(codes)))
-    trace = EpochTrace(0, ids, [10] * (len(codes) // 10), None, sources=SourceCodes(NAMES, codes, ()))
-    run = RunTrace(1, "gloo", (RankTrace(0, (trace,)),))
-    tail = check_mixture(run, run)
+    thirds = (("a", 1.0), ("b", 1.0), ("c", 1.0))  # declared 1:1:1, drawn 0.4/0.4/0.2: c drifts
+    tail = check_mixture(*[_one_stream(codes, thirds)] * 2)
     assert tail.failed and tail.cause == EXHAUSTED, tail
+
+
+def _one_stream(codes: array, declared: tuple[tuple[str, float], ...]) -> RunTrace:  # type: ignore[type-arg]
+    ids = array("q", range(len(codes)))
+    trace = EpochTrace(0, ids, [10] * (len(codes) // 10), None, sources=SourceCodes(NAMES, codes, declared))
+    return RunTrace(1, "gloo", (RankTrace(0, (trace,)),))
+
+
+def test_a_source_that_runs_out_while_every_share_holds_passes() -> None:
+    """Sampling without replacement ends with one source alone: no drift, so no cause may claim one. The
+    neighbour with the same stream and other declared weights still fails (above and below)."""
+    rng = np.random.default_rng(0)
+    head = [0] * 1000 + [1] * 1000 + [2] * 1000
+    rng.shuffle(head)
+    codes = array("h", head + [0, 1] * 500)  # c absent from the last 1000 of a 3:3:2 epoch
+    shares = (("a", 3.0), ("b", 3.0), ("c", 2.0))
+    verdict = check_mixture(*[_one_stream(codes, shares)] * 2)
+    assert verdict.status == "pass", verdict
+    assert re.search(
+        r"c runs out 10\d\d samples before the end of rank 0's 4000, every share holds", verdict.detail
+    )
+    undeclared = check_mixture(*[_one_stream(codes, ())] * 2)  # against the single process: itself
+    assert undeclared.status == "pass", undeclared
+    drift = check_mixture(*[_one_stream(codes, (("a", 1.0), ("b", 1.0), ("c", 1.0)))] * 2)
+    assert drift.failed and drift.cause == EXHAUSTED, drift
 
 
 def test_batches_without_a_source_are_not_applicable() -> None:
@@ -228,6 +251,14 @@ BUGGY = [  # fixture, needs, workers, world sizes, the failing ones, cause
     ("lhotse_mux.py", "lhotse", None, (1, 2), (1, 2), EXHAUSTED),
     ("litdata_combined_weights.py", "litdata", 0, (1, 2), (2,), SAME_RNG),
     ("litdata_combined_weights.py", "litdata", 2, (1, 2), (1, 2), SAME_RNG),
+    # sampling without replacement, 1:1 declared, 2:1 drawn: code runs out, web refills (the neighbour of
+    # the correct hf_interleave_without_replacement.py below)
+    ("bug_hf_interleave_exhausted.py", "datasets", 0, (1,), (1,), EXHAUSTED),
+    # correct at one process (every sample once, 2:1 as the single process; code runs out near the end);
+    # from epoch 1 HF datasets 5.2 replaces the mix's generator by default_rng(epoch) on every rank, so
+    # the ranks draw one source order (measured: truth_results.jsonl)
+    ("hf_interleave_without_replacement.py", "datasets", 0, (1, 2), (2,), SAME_RNG),
+    ("hf_interleave_without_replacement.py", "datasets", 2, (1,), (), SAME_RNG),
 ]
 
 
@@ -293,6 +324,14 @@ def test_the_truth_shows_each_mechanism() -> None:
             assert last["n"] - min(v for k, v in last.items() if k != "n") < 50
     for row in rows("litdata_combined_weights.py", 0) + rows("litdata_combined_weights.py", 2):
         assert top_pair(row) == 1.0 and row["ids_in_several_streams"] == 0  # one seed everywhere
+    for name in ("hf_interleave_without_replacement.py", "bug_hf_interleave_exhausted.py"):
+        for row in rows(name, 0) + rows(name, 2):  # every sample once: 2:1 exactly, code runs out early
+            assert (
+                row["union_shares"] == {"code": 0.3333, "web": 0.6667} and row["ids_in_several_streams"] == 0
+            )
+            assert all(last["n"] - last["code"] > 200 for last in row["last_position"].values())
+            # seeded per rank at epoch 0; from epoch 1 HF replaces the mix's generator by default_rng(epoch)
+            assert (top_pair(row) == 1.0) == (row["epoch"] == 1)
 
 
 # --------------------------------------------------------------------------- reports

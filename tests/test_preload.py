@@ -21,7 +21,7 @@ import pytest
 
 from ddpcheck.checker.options import BadInput, CheckOptions
 from ddpcheck.launch import run_ranks
-from ddpcheck.launch.preload import preload_imports, refresh_rank_state, top_level_imports
+from ddpcheck.launch.preload import preload_imports, refresh_rank_state
 from ddpcheck.session import check_loader
 from tests.conftest import DATA
 
@@ -255,36 +255,35 @@ def test_rank_state_read_at_import_is_refreshed_in_each_rank(
     assert result.values == [0, 1, 2]
 
 
-def test_top_level_imports_reads_only_module_level_statements() -> None:
-    import ast
-
-    tree = ast.parse(
-        textwrap.dedent(
-            """
-            import a.b, c as d
-            from e.f import g, h
-            from . import rel
-            from .x import y
-            import __main__
-            from __future__ import annotations
-            if X:
-                import i
-            else:
-                import j
-            try:
-                import k
-            except ImportError:
-                import m
-            finally:
-                import n
-            class C:
-                import not_this
-            def f():
-                import nor_this
-            """
-        )
-    )
-    assert top_level_imports(tree) == ["a.b", "c", "e.f", "e.f.g", "e.f.h", "i", "j", "k", "m", "n"]
+def test_only_module_level_imports_are_preloaded(tmp_path: Path) -> None:
+    """The walk over the file: module-level statements (inside if/else and try too), never a class
+    or function body, relative imports, ``__main__`` or ``__future__``; ``from m import x`` names m."""
+    source = """
+        import ddpc_gone_a.b, ddpc_gone_c as d
+        from ddpc_gone_e.f import g, h
+        from . import rel
+        from .x import y
+        import __main__
+        from __future__ import annotations
+        if X:
+            import ddpc_gone_i
+        else:
+            import ddpc_gone_j
+        try:
+            import ddpc_gone_k
+        except ImportError:
+            import ddpc_gone_m
+        finally:
+            import ddpc_gone_n
+        class C:
+            import ddpc_gone_not_this
+        def f():
+            import ddpc_gone_nor_this
+        """
+    report = preload_imports(_write(tmp_path / "walk.py", textwrap.dedent(source)), deadline_s=5)
+    names = ["a.b", "c", "e.f", "i", "j", "k", "m", "n"]
+    assert report.skipped == {f"ddpc_gone_{n}": "not found" for n in names}
+    assert report.candidates == () and report.already == ()
 
 
 def test_a_bad_file_gives_an_empty_report(tmp_path: Path) -> None:

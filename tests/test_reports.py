@@ -20,7 +20,9 @@ from ddpcheck.checks.ids import (
     MIXTURE,
     NO_OVERLAP,
     PACKING,
+    RNG_INDEPENDENCE,
     SHORT_LABELS,
+    SUPERVISION,
     TRAINING_EQUIVALENCE,
     WORK_BALANCE,
 )
@@ -40,7 +42,8 @@ from ddpcheck.report import (
 from ddpcheck.report.json_report import jsonable
 from ddpcheck.report.junit import xml_text
 from ddpcheck.report.view import build_view, evidence
-from ddpcheck.result import CheckResult, MetricRow, ResumeRow, WorldResult
+from ddpcheck.restores import RankRestore, ResumeRow
+from ddpcheck.result import CheckResult, MetricRow, WorldResult
 from ddpcheck.session import check_loader
 from ddpcheck.trace import RankFailure
 from tests.conftest import FIXTURES, JUNIT_XSD
@@ -74,7 +77,9 @@ TOKENLESS = {
     WORK_BALANCE: "no tokens",
     PACKING: "no position_ids",
     MIXTURE: "no sources",
-}  # n/a, as for a loader without tokens
+    SUPERVISION: "no labels",
+    RNG_INDEPENDENCE: "draws not watched",
+}  # n/a, as for a loader without tokens, labels or watched draws
 
 
 def _world(n: int, *special: Verdict, **kwargs: object) -> WorldResult:
@@ -158,7 +163,7 @@ def test_table_all_pass_grid_and_summary() -> None:
     assert text.splitlines()[0] == "ddpcheck: loaders/ok.py  (ids: index, epochs: 2, backend: gloo)"
     assert (
         text.splitlines()[-1]
-        == "ddpcheck: 18 passed, 0 failed, 6 n/a, 0 skipped across world sizes 1,2 -> OK (exit 0)"
+        == "ddpcheck: 18 passed, 0 failed, 10 n/a, 0 skipped across world sizes 1,2 -> OK (exit 0)"
     )
 
 
@@ -216,12 +221,12 @@ def test_table_details_carry_the_evidence() -> None:
 def test_table_summary_counts_and_exit_codes() -> None:
     text = render_table(_mixed())
     assert text.splitlines()[-1] == (
-        "ddpcheck: 24 passed, 2 failed, 9 n/a, 2 skipped, 1 rank failure across world sizes 1,2,4,8 "
+        "ddpcheck: 24 passed, 2 failed, 15 n/a, 2 skipped, 1 rank failure across world sizes 1,2,4,8 "
         "-> FAIL (exit 3)"
     )
     only_checks = CheckResult("l.py", (_world(2, OVERLAP),))
     assert render_table(only_checks).splitlines()[-1] == (
-        "ddpcheck: 8 passed, 1 failed, 3 n/a, 0 skipped across world size 2 -> FAIL (exit 1)"
+        "ddpcheck: 8 passed, 1 failed, 5 n/a, 0 skipped across world size 2 -> FAIL (exit 1)"
     )
     nothing = render_table(CheckResult("l.py", ()))
     assert "(no world sizes were run)" in nothing
@@ -362,6 +367,7 @@ def _known() -> CheckResult:
                         outcome="failed",
                         before=6,
                         after=10,
+                        ranks=(RankRestore(0, 3, 3), RankRestore(1, 3, 7, lost=4)),
                     ),
                 ),
             ),
@@ -453,6 +459,7 @@ KNOWN_JSON = {
                     "message": "timed out after 30 s",
                     "stack": "Thread 0x1:\n  f()",
                     "progress": "epoch 1, in all_reduce",
+                    "output": "",
                 }
             ],
             "divergence": [
@@ -484,6 +491,10 @@ KNOWN_JSON = {
                     "repeated": 0,
                     "first_divergence": 3,
                     "note": "state_dict lost the position",
+                    "ranks": [
+                        {"rank": 0, "before": 3, "after": 3, "lost": 0, "repeated": 0},
+                        {"rank": 1, "before": 3, "after": 7, "lost": 4, "repeated": 0},
+                    ],
                 }
             ],
         },
@@ -689,15 +700,16 @@ def test_junit_counts_and_cases() -> None:
     suite = root.find("testsuite")
     assert suite is not None
     cases = suite.findall("testcase")
-    assert len(cases) == 3 * 12 + 1 + 1  # 3 world sizes ran 12 checks, ws=8 skipped, one "ranks" case
+    assert len(cases) == 3 * 14 + 1 + 1  # 3 world sizes ran 14 checks, ws=8 skipped, one "ranks" case
     assert {k: suite.get(k) for k in ("tests", "failures", "errors", "skipped", "time")} == {
-        "tests": "38",
+        "tests": "44",
         "failures": "3",  # two checks and the crashed ranks (the schema has no <error> element)
         "errors": "0",
-        "skipped": "11",  # ws=8 not run, ws=1's no_overlap, work_balance/packing/mixture n/a at 3 world sizes
+        # ws=8 not run, ws=1's no_overlap, work_balance/packing/mixture/supervision/rng n/a at 3 world sizes
+        "skipped": "17",
         "time": "6.000",
     }
-    assert root.get("tests") == "38" and root.get("failures") == "3" and root.get("skipped") is None
+    assert root.get("tests") == "44" and root.get("failures") == "3" and root.get("skipped") is None
     assert sum(len(case.findall("failure")) for case in cases) == 3
     by_id = {(case.get("classname"), case.get("name")): case for case in cases}
     failure = by_id[("ddpcheck.ws4", "no_overlap")].find("failure")
@@ -884,7 +896,7 @@ def test_allowed_and_na_are_counted_apart_and_never_fail_the_run() -> None:
     assert result.ok and result.exit_code == 0
     text = render_table(result, layout="tall")
     assert text.splitlines()[-1] == (
-        "ddpcheck: 15 passed, 0 failed, 7 n/a, 1 allowed, 1 skipped across world sizes 1,2 -> OK (exit 0)"
+        "ddpcheck: 15 passed, 0 failed, 11 n/a, 1 allowed, 1 skipped across world sizes 1,2 -> OK (exit 0)"
     )
     cells = {row[0]: row[1:] for row in _parse_table(text, "check")[1]}
     assert cells["worker_sharding"] == ["PASS", "n/a"]
@@ -901,6 +913,8 @@ def test_allowed_and_na_are_counted_apart_and_never_fail_the_run() -> None:
         "[ws=1,2] work_balance: no tokens",
         "[ws=1,2] packing: no position_ids",
         "[ws=1,2] mixture: no sources",
+        "[ws=1,2] supervision: no labels",
+        "[ws=1,2] rng_independence: draws not watched",
         "[ws=2] worker_sharding: the loader has no workers",
     ]
     assert _section(text, "Skipped (could not be judged)") == ["[ws=2] determinism: no second run"]
@@ -915,7 +929,7 @@ def test_statuses_in_json_and_markdown() -> None:
     assert data["summary"] == {
         "passed": 15,
         "failed": 0,
-        "not_applicable": 7,
+        "not_applicable": 11,
         "allowed": 1,
         "skipped": 1,
         "rank_failures": 0,
@@ -942,7 +956,7 @@ def test_junit_renders_na_skip_and_allowed_as_skipped_with_the_failure_text() ->
     root = ET.fromstring(render_junit(_statuses()))
     suite = root.find("testsuite")
     assert suite is not None
-    assert (suite.get("failures"), suite.get("errors"), suite.get("skipped")) == ("0", "0", "9")
+    assert (suite.get("failures"), suite.get("errors"), suite.get("skipped")) == ("0", "0", "13")
     cases = {(c.get("classname"), c.get("name")): c for c in suite.findall("testcase")}
     allowed = cases[("ddpcheck.ws2", "reshuffle")].find("skipped")
     assert allowed is not None and allowed.get("type") == "allowed"
@@ -1122,7 +1136,9 @@ def test_not_applicable_reasons_are_one_line_on_the_terminal_and_all_in_the_file
     assert len(_section(full, "Not applicable")) >= 3
     short = render_table(result, not_applicable_in="reports/ddpcheck.md")
     assert "Not applicable\n" not in short
-    (line,) = [line for line in short.splitlines() if line.startswith("Not applicable")]
+    lines = short.splitlines()
+    (at,) = [k for k, line in enumerate(lines) if line.startswith("Not applicable")]
+    line = " ".join([lines[at], *(x.strip() for x in lines[at + 1 :] if x.startswith("    "))][:2])  # wrapped
     assert "reports/ddpcheck.md" in line and "-v" in line and WORK_BALANCE in line
     assert "no tokens" not in short  # the reasons themselves are in the files
     assert "`work_balance`: no tokens" in render_markdown(result)

@@ -10,20 +10,12 @@ import pytest
 
 from ddpcheck.checker.options import CheckOptions
 from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
+from ddpcheck.checks.resume import judge_resume, stop_points
+from ddpcheck.checks.resume_common import BOUNDARY_EMPTY, BOUNDARY_REPLAY, GLOBAL_RANK_STATE, RANK0_STATE
+from ddpcheck.checks.resume_elastic import judge_elastic
+from ddpcheck.restores import RankResume, Stop, StopResult
 from ddpcheck.result import CheckResult
-from ddpcheck.scenarios.resume import (
-    BOUNDARY_EMPTY,
-    BOUNDARY_REPLAY,
-    GLOBAL_RANK_STATE,
-    RANK0_STATE,
-    RankResume,
-    Stop,
-    StopResult,
-    failure_text,
-    judge_elastic,
-    judge_resume,
-    stop_points,
-)
+from ddpcheck.scenarios.resume_rank import failure_text
 from ddpcheck.session import check_loader
 from tests.conftest import FIXTURES, RESUME_FIXTURES
 
@@ -260,6 +252,59 @@ def test_a_resume_that_skips_too_many_batches_says_by_how_many() -> None:
     verdict, _ = judge_resume(1, [_rank(0, epochs, [too_far])])
     assert verdict.failed and "resumes at step 4 instead of step 2" in verdict.cause
     assert "skips 2 batches too many" in verdict.cause
+
+
+def test_a_stop_past_what_a_rank_recorded_is_not_judged_and_nothing_crashes() -> None:
+    """Issue 36 item 9: a rank with one batch an epoch finishes epoch 1 at the job's stop in epoch 1; its
+    next pass (epoch 2) was never recorded. The judge used to read ``uninterrupted[2]`` (IndexError)."""
+    epochs = [[[0, 1]], [[1, 0]]]
+    end0, end1 = Stop(0, 1, boundary=True), Stop(1, 1, boundary=True)
+    rank = _rank(0, epochs, [
+        StopResult(end0, next_pass=((1, 0),), read_rest=False),  # epoch 0's end, then epoch 1: exact
+        StopResult(end1, rest=((3, 2),), next_pass=((3, 2),)),  # epoch 1's end: epoch 2 not recorded
+    ])  # fmt: skip
+    verdict, rows = judge_resume(1, [rank])
+    assert verdict.status == "pass" and "not judged: rank 0 had finished epoch 1" in verdict.detail
+    assert [r.status for r in rows] == ["pass", "skip"] and rows[1].outcome == ""
+    assert "no uninterrupted epoch" in rows[1].note
+    # a finished epoch whose rest is empty is judged that far (a loop that finishes it first is right)
+    empty_rest = _rank(0, epochs, [StopResult(end1, rest=(), next_pass=((3, 2),))])
+    verdict, rows = judge_resume(1, [empty_rest])
+    assert verdict.status == "pass" and rows[0].status == "pass" and "not judged" in rows[0].note
+    # an epoch the rank never recorded at all: nothing to judge, said so
+    verdict, rows = judge_resume(1, [_rank(0, epochs, [StopResult(Stop(2, 1), rest=((0,),))])])
+    assert verdict.status == "skip" and "recorded no epoch 2" in verdict.detail
+
+
+def test_rows_carry_every_ranks_counts() -> None:
+    stop = Stop(0, 1)
+    ranks = [
+        _rank(0, [[[0, 2], [4, 6]]], [StopResult(stop, rest=((4, 6),))]),
+        _rank(1, [[[1, 3], [5, 7]]], [StopResult(stop, rest=((1, 3), (5, 7)))]),  # started over
+    ]
+    _, rows = judge_resume(2, ranks)
+    assert [(r.rank, r.before, r.after, r.lost, r.repeated) for r in rows[0].ranks] == [
+        (0, 2, 2, 0, 0),
+        (1, 2, 4, 0, 2),
+    ]
+    assert (rows[0].before, rows[0].after, rows[0].repeated) == (4, 6, 2)
+    elastic = judge_elastic(ranks, 1, stop, [((4, 6),)], pad_room=0)  # old rank 1's rest lost
+    assert [(r.rank, r.before, r.after, r.lost) for r in elastic.ranks] == [(0, 2, 2, 0), (1, 2, 0, 2)]
+
+
+def test_lhotse_split_twice_fails_its_checks_and_resume_says_what_it_could_not_judge() -> None:
+    """bug_lhotse_split_twice.py, truth in its docstring (measured under torchrun): 36 of 48 cuts never
+    trained at W=4; the restore at epoch 0's end is exact for a job that starts epoch 1 at once; the stop
+    in epoch 1 is every rank's epoch end, whose next pass was never recorded."""
+    result = _check("bug_lhotse_split_twice.py", world_sizes=(4,))
+    assert result.exit_code == 1  # a verdict, not an internal error
+    assert _status(result, "coverage") == {4: "fail"}
+    coverage = _verdict(result, 4, "coverage")
+    assert "36 samples of 48 are never seen" in coverage.detail
+    assert _status(result, RESUME) == {4: "pass"}
+    rows = {(r.epoch, r.step): r for r in result.runs[0].resume}
+    assert rows[(0, 1)].outcome == "exact"
+    assert rows[(1, 1)].status == "skip" and rows[(1, 1)].note.startswith("not judged: rank ")
 
 
 def test_failure_text_is_one_readable_line() -> None:

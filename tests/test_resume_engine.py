@@ -10,23 +10,22 @@ from ddpcheck.checker.loaderfile import LoaderSpec, other_factories
 from ddpcheck.checker.options import CheckOptions
 from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
 from ddpcheck.checks.resume import (
-    INCOMPLETE_STATE,
-    STALE_STATE,
-    ChainDamage,
-    ChainResult,
-    RankResume,
-    Stop,
-    StopResult,
     batches_off,
-    chain_cause,
-    chain_damage,
     factory_cause,
-    judge_chains,
     judge_resume,
     next_epoch_cause,
     offset_every_epoch,
-    shift_of,
 )
+from ddpcheck.checks.resume_chains import (
+    INCOMPLETE_STATE,
+    STALE_STATE,
+    ChainDamage,
+    chain_cause,
+    chain_damage,
+    judge_chains,
+)
+from ddpcheck.checks.resume_common import shift_of
+from ddpcheck.restores import ChainResult, RankResume, Stop, StopResult
 from ddpcheck.result import CheckResult
 from ddpcheck.scenarios.resume_rank import answerable, chain_lengths
 from ddpcheck.session import check_loader
@@ -98,6 +97,31 @@ def test_a_checkpoint_within_num_workers_after_a_restore_is_incomplete_state() -
     bad = ChainDamage(repeated=2, differs=1, stale=True)
     assert chain_cause([(1, bad), (3, ChainDamage())], workers=2) == INCOMPLETE_STATE
     assert chain_cause([(1, bad), (3, bad)], workers=2) == STALE_STATE  # past the window too: stale
+
+
+def test_a_second_restore_that_skips_the_first_restores_fast_forward_again_is_named() -> None:
+    """Issue 36 item 10: torchdata's naive fast-forward counts the skipped batches as yielded. Restored
+    after 2 of 6 batches and run 1 more, the state says 5: the second restore starts at batch 6, or,
+    restored after 3 and run 1 more (7 of 6), finds nothing at all."""
+    exact = StopResult(Stop(0, 2), EPOCH0[2:])
+    short = ChainResult(Stop(0, 2), 1, EPOCH0[2:3], StopResult(Stop(0, 3), EPOCH0[5:], EPOCH1))
+    verdict, rows = judge_resume(1, [_rank(resumed=(exact,), chains=(short,))])
+    assert verdict.failed and verdict.cause.startswith("skipped batches counted again")
+    assert "the state saved then says 5 batches yielded, not 3" in verdict.cause
+    assert (
+        "torchdata's StatefulDataLoader" in verdict.cause and "state_dict()/load_state_dict()" in verdict.fix
+    )
+    assert "resumes at batch 6 instead of batch 4: 4 samples lost" in verdict.detail and rows[-1].skipped == 4
+    error = "restoring failed: StopIteration before the first batch (the restored state points past the end)"
+    past = ChainResult(Stop(0, 3), 1, EPOCH0[3:4], error=error)
+    verdict, _ = judge_resume(1, [_rank(resumed=(exact,), chains=(past,))])
+    assert "past the end of the epoch (6 batches): StopIteration" in verdict.cause
+    assert "fast-forwards 7 batches of 6 and yields nothing: 4 samples lost" in verdict.detail
+    # the neighbours it must not name: a first run that left the stream, a second restore elsewhere
+    wrong_first = ChainResult(Stop(0, 2), 1, EPOCH0[4:5], StopResult(Stop(0, 3), EPOCH0[5:], EPOCH1))
+    assert "counted again" not in judge_resume(1, [_rank(resumed=(exact,), chains=(wrong_first,))])[0].cause
+    stale = ChainResult(Stop(0, 2), 1, EPOCH0[2:3], StopResult(Stop(0, 3), EPOCH0[2:], EPOCH1))
+    assert judge_resume(1, [_rank(resumed=(exact,), chains=(stale,))])[0].cause == STALE_STATE
 
 
 def test_judge_chains_rows_and_verdict() -> None:
@@ -208,3 +232,17 @@ def test_dcp_round_trip_is_exact_and_a_missing_rank_key_is_refused(tmp_path) -> 
     assert _verdicts(result, ELASTIC_RESUME)[2].status == "pass"  # type: ignore[attr-defined]
     after = set(__import__("os").listdir(tempfile.gettempdir()))
     assert not [name for name in after - before if name.startswith("ddpcheck-dcp-")]  # removed
+
+
+def test_torchdata_fast_forward_resumed_twice_is_named_with_its_fix() -> None:
+    """chain_bug_torchdata_fast_forward.py on real torchdata 0.11 (truth: NOTES.md, truth_chains.jsonl):
+    one restore exact, resumed twice the second restore fast-forwards 13 of 12 batches at W=2."""
+    options = CheckOptions(world_sizes=(2,), epochs=2, timeout=180, determinism=False)  # type: ignore[arg-type]
+    result = check_loader(str(RESUME_FIXTURES / "chain_bug_torchdata_fast_forward.py"), options)
+    verdict = next(v for v in result.runs[0].verdicts if v.check == RESUME)
+    assert verdict.failed and verdict.cause.startswith("skipped batches counted again")
+    assert "says 13 batches yielded, not 7" in verdict.cause and "StopIteration" in verdict.cause
+    assert "torchdata's StatefulDataLoader" in verdict.cause and "state_dict()" in verdict.fix
+    assert "StopIteration before the first batch (the restored state points" not in verdict.cause
+    once = [r for r in result.runs[0].resume if "resumed twice" not in r.topology]
+    assert once and {r.outcome for r in once} == {"exact"}

@@ -17,8 +17,9 @@ import pytest
 
 from ddpcheck.checker.options import CheckOptions
 from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
-from ddpcheck.result import CheckResult, ResumeRow
-from ddpcheck.scenarios.resume import BOUNDARY_REPLAY, NOT_ELASTIC_STATE, RANK0_STATE, WORKER_OFFSETS
+from ddpcheck.checks.resume_common import BOUNDARY_REPLAY, NOT_ELASTIC_STATE, RANK0_STATE, WORKER_OFFSETS
+from ddpcheck.restores import ResumeRow
+from ddpcheck.result import CheckResult
 from ddpcheck.session import check_loader
 from tests.conftest import FIXTURES
 

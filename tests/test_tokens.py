@@ -8,15 +8,17 @@ on the bug patterns it exists for, which must fail.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import torch
 
 from ddpcheck.checker.options import CheckOptions
-from ddpcheck.checker.work import measure_batch, pack_facts
+from ddpcheck.checker.work import measure_batch, pack_facts, pad_token_of
 from ddpcheck.checks.ids import (
     COVERAGE,
     EQUAL_STEPS,
@@ -27,6 +29,7 @@ from ddpcheck.checks.ids import (
 from ddpcheck.checks.work import (
     BUCKETS_PER_RANK,
     PACKED_PER_RANK,
+    PADDING_UNKNOWN,
     POSITIONS_NOT_RESET,
     SORTED_SHARDS,
     UNDECLARED_CUT,
@@ -37,7 +40,7 @@ from ddpcheck.checks.work import (
 from ddpcheck.result import CheckResult
 from ddpcheck.scenarios.training import LOCAL_NORMALISATION
 from ddpcheck.session import check_loader
-from ddpcheck.trace import EpochTrace, LoaderFacts, RankTrace, RunTrace
+from ddpcheck.trace import PADDED_WIDTH, EpochTrace, LoaderFacts, RankTrace, RunTrace
 from tests.conftest import FIXTURES
 
 TOKENS = FIXTURES / "tokens"
@@ -52,6 +55,7 @@ class Case:
     must_pass: frozenset[str] = frozenset()  # at every world size (n/a at 1 rank for work_balance)
     cause: str = ""
     args: dict[str, object] = field(default_factory=dict)
+    skipped: frozenset[str] = frozenset()  # could not be judged at every world size above 1
 
 
 CASES = [
@@ -108,6 +112,27 @@ CASES = [
     ),
     Case("trl_bfd_truncate.py", needs="trl", must_pass=frozenset({PACKING, COVERAGE})),
     Case("lhotse_buckets_synced.py", needs="lhotse", must_pass=frozenset({WORK_BALANCE, COVERAGE})),
+    # issue 36 item 8: input_ids padded to the batch's longest row, no attention_mask
+    Case("plain_padded_no_mask.py", must_pass=frozenset({WORK_BALANCE, COVERAGE, EQUAL_STEPS})),
+    Case(
+        "plain_padded_no_mask.py",  # the padding told by the labels' -100 tail
+        world_sizes=(1, 2),
+        must_pass=frozenset({WORK_BALANCE, COVERAGE}),
+        args={"factory": "make_loader_labels"},
+    ),
+    Case(
+        "plain_padded_no_mask.py",  # nothing tells the padding: not judged, and never the sampler's fault
+        world_sizes=(1, 2),
+        must_pass=frozenset({COVERAGE, EQUAL_STEPS}),
+        skipped=frozenset({WORK_BALANCE}),
+        args={"factory": "make_loader_unknown"},
+    ),
+    Case(
+        "bug_buckets_per_rank_no_mask.py",  # the pad token read off the collate must not excuse this
+        fail={2: frozenset({WORK_BALANCE}), 4: frozenset({WORK_BALANCE})},
+        must_pass=frozenset({COVERAGE, EQUAL_STEPS}),
+        cause=BUCKETS_PER_RANK,
+    ),
 ]
 
 
@@ -124,7 +149,12 @@ def _run(case: Case) -> CheckResult:
     return check_loader(str(TOKENS / case.fixture), options)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.fixture.removesuffix(".py") for c in CASES])
+def _case_id(case: Case) -> str:
+    factory = str(case.args.get("factory", ""))
+    return case.fixture.removesuffix(".py") + (f"-{factory}" if factory else "")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
 def test_token_loaders_are_judged_as_measured_without_ddpcheck(case: Case) -> None:
     result = _run(case)
     assert not any(run.failures for run in result.runs), [f.message for r in result.runs for f in r.failures]
@@ -139,6 +169,9 @@ def test_token_loaders_are_judged_as_measured_without_ddpcheck(case: Case) -> No
                 check,
                 status,
             )
+        for check in case.skipped if run.world_size > 1 else ():
+            verdict = next(v for v in run.verdicts if v.check == check)
+            assert verdict.status == "skip" and verdict.detail == PADDING_UNKNOWN, (run.label, verdict)
     if case.cause:
         causes = {v.cause for run in result.runs for v in run.verdicts if v.status == "fail"}
         assert case.cause in causes, causes
@@ -164,7 +197,7 @@ def test_the_work_figures_reach_every_report() -> None:
 # --------------------------------------------------------------------------- the pure statistic
 
 
-def _trace(per_rank: list[list[list[list[float]]]]) -> RunTrace:
+def _trace(per_rank: list[list[list[list[float]]]], source: str = "attention_mask") -> RunTrace:
     """per_rank[rank][epoch][step] = the documents' work of that batch."""
     ranks = []
     for r, epochs in enumerate(per_rank):
@@ -175,16 +208,16 @@ def _trace(per_rank: list[list[list[list[float]]]]) -> RunTrace:
             traces.append(
                 EpochTrace(e, ids, sizes, len(batches), work=[tuple(b) for b in batches], supervised=None)
             )
-        ranks.append(RankTrace(r, tuple(traces), LoaderFacts(work="attention_mask")))
+        ranks.append(RankTrace(r, tuple(traces), LoaderFacts(work=source)))
     return RunTrace(len(per_rank), "gloo", tuple(ranks))
 
 
-def _judge(per_rank: list[list[list[list[float]]]]):  # type: ignore[no-untyped-def]
+def _judge(per_rank: list[list[list[list[float]]]], source: str = "attention_mask"):  # type: ignore[no-untyped-def]
     """work_balance of ``per_rank`` against a one-process reference holding every batch."""
     epochs = len(per_rank[0])
     merged = [[[b for rank in per_rank for b in rank[e]] for e in range(epochs)]]
-    reference = _trace(merged)
-    run = _trace(per_rank)
+    reference = _trace(merged, source)
+    run = _trace(per_rank, source)
     return check_work_balance(reference, run)
 
 
@@ -277,11 +310,70 @@ def test_a_batch_is_measured_from_its_mask_ids_or_hook() -> None:
     squared = measure_batch({"input_ids": torch.ones(2, 4), "attention_mask": mask}, cost="attention")
     assert squared is not None and squared.units == (9.0, 4.0)
     ids_only = measure_batch({"input_ids": torch.ones(3, 5)})
-    assert ids_only is not None and ids_only.units == (5.0, 5.0, 5.0) and ids_only.source == "input_ids"
+    assert ids_only is not None and ids_only.units == (5.0, 5.0, 5.0) and ids_only.source == PADDED_WIDTH
     hooked = measure_batch(["anything"], hook=lambda batch: 42)
     assert hooked is not None and hooked.units == (42.0,) and hooked.source == "batch_work(batch)"
     assert measure_batch({"image": torch.ones(2, 3)}) is None
     assert measure_batch(torch.ones(4, 3)) is None
+
+
+def test_padding_without_a_mask_is_counted_where_something_says_it() -> None:
+    ids = torch.tensor([[5, 6, 7, 0], [8, 0, 0, 0], [0, 0, 9, 4]])  # right padding, and one left-padded row
+    by_pad = measure_batch({"input_ids": ids}, pad_id=0)
+    assert by_pad is not None and by_pad.units == (3.0, 1.0, 2.0) and "pad token 0" in by_pad.source
+    labels = torch.tensor([[-100, 6, 7, -100], [8, -100, -100, -100], [-100, -100, 9, 4]])  # prompt, pad
+    by_labels = measure_batch({"input_ids": ids[:2], "labels": labels[:2]})
+    assert by_labels is not None and by_labels.units == (3.0, 1.0) and "-100 tail" in by_labels.source
+    unknown = measure_batch({"input_ids": ids})
+    assert unknown is not None and unknown.units == (4.0, 4.0, 4.0) and unknown.source == PADDED_WIDTH
+
+
+PAD_ID = 3
+
+
+def _global_pad(rows: list[Any]) -> Any:
+    return rows, PAD_ID
+
+
+def test_the_pad_token_is_read_where_the_collate_function_or_tokenizer_names_it() -> None:
+    from torch.utils.data import DataLoader
+
+    data = list(range(4))
+
+    def closure_collate(pad_id: int) -> Any:
+        return lambda rows: (rows, pad_id)
+
+    class Collator:
+        def __init__(self) -> None:
+            self.tokenizer = type("Tok", (), {"pad_token_id": 7})()
+
+        def __call__(self, rows: list[Any]) -> Any:
+            return rows
+
+    assert pad_token_of(DataLoader(data, collate_fn=_global_pad)) == 3  # a module global its code reads
+    assert pad_token_of(DataLoader(data, collate_fn=closure_collate(5))) == 5  # a closure cell
+    assert pad_token_of(DataLoader(data, collate_fn=functools.partial(_sum, padding_value=2))) == 2
+    assert pad_token_of(DataLoader(data, collate_fn=Collator())) == 7  # its tokenizer
+    assert pad_token_of(DataLoader(data)) is None  # torch's default collate names none
+    two = functools.partial(_global_pad)  # PAD_ID read by the code, and another pad named: which one?
+    two.__dict__["pad_value"] = 9
+    assert pad_token_of(DataLoader(data, collate_fn=two)) is None
+
+
+def _sum(rows: list[Any], padding_value: int = 0) -> Any:
+    return rows
+
+
+def test_padded_widths_are_not_judged_and_fixed_blocks_are() -> None:
+    padded = [[[[9.0] * 4, [3.0] * 4, [12.0] * 4]], [[[4.0] * 4, [11.0] * 4, [2.0] * 4]]]
+    for source in (PADDED_WIDTH, ""):  # "": a training script's recorder names no source
+        verdict = _judge(padded, source)
+        assert verdict.status == "skip" and verdict.detail == PADDING_UNKNOWN and not verdict.cause
+    blocks = [[[[8.0] * 4] * 3], [[[8.0] * 4] * 3]]  # fixed-length blocks: the width is the work
+    assert _judge(blocks, PADDED_WIDTH).status == "pass"
+    measured = [[[[9.0, 2.0], [3.0, 3.0]]], [[[4.0, 7.0], [11.0, 1.0]]]]  # rows of a batch differ
+    assert _judge(measured, "").status != "skip"
+    assert _judge(padded, "attention_mask").status != "skip"  # a mask measured them: equal rows are real
 
 
 def _packed(positions: list[list[int]], cu: list[int] | None = None) -> dict[str, torch.Tensor]:

@@ -34,13 +34,56 @@ def is_collated(loader: Any) -> bool:
     return loader.batch_size is not None or loader.batch_sampler is not None
 
 
+class BatchIds:
+    """Decides each batch's sample ids, batch by batch, for one pass of a loader: the one id step of
+    pulling (:class:`IdBatches`) and pushing (a training script's recorder).
+
+    :meth:`ids_of` takes the batch and the indices the index log says its DataLoader iterator
+    dispatched for it (None: none, or not to be used): those indices, mapped through ``base`` (a
+    ``Subset``'s or an HF indices mapping's positions as the samples they name); else the
+    ``sample_ids`` hook, a field or a content hash, picked on the first such batch. ``found`` says the
+    source so far (None: no batch yet; :data:`MIXED_IDS`: by data after some batch by index, in this
+    pass or, through ``indexed``, an earlier one); ``indexed``: some batch was identified by index.
+    """
+
+    def __init__(
+        self,
+        hook: Callable[[Any], Any] | None,
+        collated: bool,
+        base: array[int] | None = None,
+        *,
+        indexed: bool = False,
+    ) -> None:
+        self.hook, self.collated, self.base = hook, collated, base
+        self.indexed = indexed
+        self.found: str | None = None
+        self._extract: Callable[[Any], list[Hashable]] | None = None
+
+    @property
+    def by_data(self) -> bool:
+        """Some batch of this pass was identified by its data (``found`` is then that source)."""
+        return self._extract is not None
+
+    def ids_of(self, batch: Any, dispatched: list[Hashable] | None) -> list[Hashable]:
+        if dispatched is not None:
+            self.indexed = True
+            if self.found is None:
+                self.found = "index"
+            return to_base(dispatched, self.base)
+        if self._extract is None:
+            source, self._extract = make_id_extractor(self.hook, batch, self.collated)
+            self.found = MIXED_IDS if self.indexed else source
+        return self._extract(batch)
+
+
 class IdBatches:
     """The real loader's batches (workers, wrappers and all), each with its sample ids and worker.
 
-    Ids: the ``sample_ids`` hook; for map-style datasets the indices the DataLoader iterator itself
-    dispatched for that batch (:mod:`ddpcheck.checker.index_log`: exact with prefetching, out-of-order
-    delivery and persistent workers); else a field or a content hash. ``source`` says which, as far as
-    the iteration went ("index" before it starts; ``found``: None until it decided). One pass.
+    Ids (:class:`BatchIds`): the ``sample_ids`` hook; for map-style datasets the indices the DataLoader
+    iterator itself dispatched for that batch (:mod:`ddpcheck.checker.index_log`: exact with
+    prefetching, out-of-order delivery and persistent workers); else a field or a content hash.
+    ``source`` says which, as far as the iteration went ("index" before it starts; ``found``: None
+    until it decided). One pass.
     """
 
     def __init__(
@@ -65,26 +108,17 @@ class IdBatches:
         log = log_of(self.loader)
         log.clear()
         by_index = self.by_index
-        collated = is_collated(self.loader)
-        extract: Callable[[Any], list[Hashable]] | None = None
-        indexed = 0
         base = base_indices(getattr(self.loader, "dataset", None)) if by_index else None
+        step = BatchIds(self.hook, is_collated(self.loader), base)
         for batch in self.outer:
-            batch_ids, worker = log.ready.popleft() if log.ready else (None, None)
-            if by_index and batch_ids is None:
+            dispatched, worker = log.ready.popleft() if log.ready else (None, None)
+            if dispatched is None:
                 # No torch DataLoader iterator in this process handed this batch out (a loader that forms
                 # batches itself; a framework whose rank 0 loads for every rank): the batch's own data
                 # identifies it from here on, and the runner identifies every run that way.
                 by_index = False
-            if by_index and batch_ids is not None:
-                indexed += 1
-                self.found = "index"
-                batch_ids = to_base(batch_ids, base)  # a Subset's positions as the samples they name
-            else:
-                if extract is None:
-                    source, extract = make_id_extractor(self.hook, batch, collated)
-                    self.found = MIXED_IDS if indexed else source
-                batch_ids = extract(batch)
+            batch_ids = step.ids_of(batch, dispatched if by_index else None)
+            self.found = step.found
             yield batch, batch_ids, worker
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from ddpcheck.checker.index_log import index_items
 from ddpcheck.checker.loaderfile import is_torch_loader, unwrap_loader
-from ddpcheck.checker.subsets import maps_indices
+from ddpcheck.checker.subsets import base_indices, maps_indices
 from ddpcheck.trace import LoaderFacts
 
 
@@ -92,6 +92,8 @@ def read_facts(outer: Any) -> LoaderFacts:
         padding, pad_unit = True, shard_unit
     parts = distinct(outer, *sampling_parts(loader), dataset)
     batch_size, drop_last = _batching(loader, None if custom_batches else batch_sampler)
+    replicas, place = _rank_split(sampling_parts(loader))
+    subset, digest = subset_of(dataset)
     return LoaderFacts(
         dataset_kind="iterable" if iterable else "map",
         dataset_len=dataset_len,
@@ -108,7 +110,48 @@ def read_facts(outer: Any) -> LoaderFacts:
         shuffles=_declared_shuffle(sampler),
         in_order=bool(getattr(loader, "in_order", True)) or int(loader.num_workers) == 0,
         index_space=None if iterable or maps_indices(dataset) else dataset_len,
+        sampler_replicas=replicas,
+        sampler_rank=place,
+        subset=subset,
+        subset_digest=digest,
+        grad_enabled=_grad_enabled(),
     )
+
+
+def _grad_enabled() -> bool | None:
+    import torch
+
+    return bool(torch.is_grad_enabled())
+
+
+def _rank_split(parts: list[Any]) -> tuple[int | None, int | None]:
+    """What the first rank-splitting part (``DistributedSampler``, or any sampler holding integer
+    ``num_replicas`` and ``rank``) was told: the number of ranks and this rank's place."""
+    for part in parts:
+        replicas, rank = getattr(part, "num_replicas", None), getattr(part, "rank", None)
+        if type(replicas) is int and type(rank) is int:
+            return replicas, rank
+    return None, None
+
+
+def subset_of(dataset: Any) -> tuple[str, str]:
+    """("Subset" | "indices mapping", a digest of the samples it holds in order), or ("", "").
+
+    ``random_split`` without a seeded generator draws a different Subset on every rank; the digest
+    lets a judge see that the ranks' datasets differ without carrying the indices."""
+    import hashlib
+
+    from torch.utils.data import Subset
+
+    kind = "Subset" if isinstance(dataset, Subset) else ""
+    if not kind and type(dataset).__module__ == "datasets.arrow_dataset":
+        kind = "indices mapping" if getattr(dataset, "_indices", None) is not None else ""
+    if not kind:
+        return "", ""
+    indices = base_indices(dataset)
+    if indices is None:
+        return kind, ""
+    return kind, hashlib.blake2b(indices.tobytes(), digest_size=8).hexdigest()
 
 
 def _batching(loader: Any, plain_batch_sampler: Any) -> tuple[int | None, bool]:

@@ -78,6 +78,27 @@ def _drop_unlogged_initial_iterator(loader: Any) -> None:
         object.__setattr__(loader, "_initial_iter_for_state_dict", False)
 
 
+class Dispatched:
+    """What one logged DataLoader iterator was sent so far: every index item, in dispatch order, and where
+    its current pass starts (dispatch numbers, torch's task indices, restart at 0 with each ``_reset``)."""
+
+    def __init__(self, items: list[Any], base: int) -> None:
+        self.items, self.base = items, base
+
+    def item(self, task: int) -> Any:
+        """The index item of task ``task`` of the current pass."""
+        return self.items[self.base + task]
+
+
+def dispatched(iterator: Any, log: IndexLog) -> Dispatched | None:
+    """What ``iterator`` dispatched, when it is a torch iterator that logs into ``log`` (None: it logs
+    nowhere or elsewhere). The one reader of the attributes :func:`install` puts on iterators."""
+    items = getattr(iterator, "_ddpcheck_sent", None)
+    if items is None or getattr(iterator, "_ddpcheck_log", None) is not log:
+        return None
+    return Dispatched(items, iterator._ddpcheck_base)
+
+
 def _indices(item: Any) -> list[Hashable] | None:
     if item is None:
         return None

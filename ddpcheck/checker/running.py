@@ -20,7 +20,7 @@ from ddpcheck.checker.identity import batch_digest
 from ddpcheck.checker.loaderfile import BadLoaderFile
 from ddpcheck.checker.mixture import SourceReader
 from ddpcheck.checker.recipe import RecordOptions
-from ddpcheck.checker.work import Measured, WorkMeter, add_tally, looks_like_tokens
+from ddpcheck.checker.work import Measured, WorkMeter, add_tally, looks_like_tokens, pad_token_of
 from ddpcheck.launch.rank import report_progress
 from ddpcheck.trace import EpochTrace, IdBuffer, PackingTally, SourceCodes
 
@@ -61,11 +61,25 @@ class EndlessGuard:
     """Stops an epoch that cannot end, judged by what the loader says of itself: more than several
     times its dataset (or the epoch its sampler announces), or, where it says nothing, several times
     as many samples as distinct ones. A never-repeating stream without a length runs into the deadline.
-    A window (``--steps``) ends after its batches, whatever the loader says."""
+    A window (``--steps``) ends after its batches, whatever the loader says.
 
-    def __init__(self, dataset_len: int | None, windowed: bool, expected: int | None = None) -> None:
+    ``subject`` names the loader in the message; ``probe_distinct`` False leaves out the probe of
+    distinct ids (a training script's recorder: the more permissive rule, as scripts had before the
+    guard was shared)."""
+
+    def __init__(
+        self,
+        dataset_len: int | None,
+        windowed: bool,
+        expected: int | None = None,
+        *,
+        subject: str = "the loader",
+        probe_distinct: bool = True,
+    ) -> None:
         self.dataset_len = dataset_len
         self.windowed = windowed
+        self.subject = subject
+        self.probe_distinct = probe_distinct
         known = [n for n in (dataset_len, expected) if n is not None]
         self.limit = ENDLESS_FACTOR * max(known) + ENDLESS_PROBE if known else None
         self.next_probe = ENDLESS_PROBE
@@ -73,10 +87,12 @@ class EndlessGuard:
         self._update_due()
 
     def _update_due(self) -> None:
+        never = 1 << 62
         if self.windowed:
-            self.due = 1 << 62
+            self.due = never
             return
-        self.due = self.next_probe if self.limit is None else min(self.next_probe, self.limit + 1)
+        probe = self.next_probe if self.probe_distinct else never
+        self.due = probe if self.limit is None else min(probe, self.limit + 1)
 
     def check(self, ids: IdBuffer) -> None:
         n = len(ids)
@@ -90,16 +106,16 @@ class EndlessGuard:
                 else f"the {epoch:,} samples its sampler says an epoch holds"
             )
             raise BadLoaderFile(
-                f"the loader looks endless: one epoch passed {n:,} samples, more than {ENDLESS_FACTOR}x "
+                f"{self.subject} looks endless: one epoch passed {n:,} samples, more than {ENDLESS_FACTOR}x "
                 f"{said}; check it in windows with --steps N"
             )
-        if n >= self.next_probe:
+        if self.probe_distinct and n >= self.next_probe:
             self.next_probe = n * 2
             self._update_due()
             distinct = ids.distinct()
             if n > ENDLESS_FACTOR * distinct:
                 raise BadLoaderFile(
-                    f"the loader looks endless: one epoch passed {n:,} samples but only {distinct:,} "
+                    f"{self.subject} looks endless: one epoch passed {n:,} samples but only {distinct:,} "
                     "distinct ones; check it in windows with --steps N"
                 )
 
@@ -263,7 +279,7 @@ def work_meter(opened: OpenedLoader, options: RecordOptions) -> WorkMeter | None
     hook, tokens = opened.hooks.work, opened.hooks.tokens
     if hook is None and tokens is None and not _sample_has_tokens(opened.loader):
         return None
-    return WorkMeter(hook=hook, token_hook=tokens, cost=options.work_cost)
+    return WorkMeter(hook=hook, token_hook=tokens, cost=options.work_cost, pad_id=pad_token_of(opened.loader))
 
 
 def peek(dataset: Any) -> Any:

@@ -8,9 +8,12 @@ and for packed batches a tally of boundaries and, with a ``token_ids`` hook, whi
 runs of ``(document, first offset, length)``. No tensor leaves the rank.
 
 Work of a batch, in this order: the file's ``batch_work(batch)`` hook; for dict batches the real
-tokens (``attention_mask`` summed per row, else ``input_ids`` per row; packed batches per segment);
-else nothing is measured. ``cost="attention"`` squares each document's length (the usual proxy for
-attention cost).
+tokens (``attention_mask`` summed per row; packed batches per segment; else ``input_ids`` per row
+without the padding, where something says what padding is: the pad token of the collate function or
+the tokenizer, or ``labels`` -100 at a row's tail); else nothing is measured. ``input_ids`` whose
+padding nothing tells are measured by their width, and the source says so: ``work_balance`` then
+judges nothing (the collator's padding is not the sampler's imbalance). ``cost="attention"`` squares
+each document's length (the usual proxy for attention cost).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from itertools import pairwise
 from typing import Any
 
 from ddpcheck.checker.loaderfile import BadLoaderFile
-from ddpcheck.trace import PackingTally
+from ddpcheck.trace import PADDED_WIDTH, PackingTally
 
 WORK_HOOK = "batch_work"
 TOKEN_HOOK = "token_ids"
@@ -34,6 +37,10 @@ CU_KEYS = ("cu_seqlens", "cu_seq_lens_q", "cu_seq_lens_k")
 DOC_ID_KEYS = ("document_ids", "doc_ids", "seq_idx")
 SEQ_LEN_KEYS = ("seq_lens", "seq_lengths")
 COSTS = ("tokens", "attention")
+# where a collate function or tokenizer keeps its pad token: names, not guesses about values
+PAD_NAMES = frozenset(
+    ("pad", "pad_id", "pad_idx", "pad_index", "pad_token_id", "padding_idx", "padding_value", "pad_value")
+)
 
 
 @dataclass
@@ -59,6 +66,7 @@ class WorkMeter:
     token_hook: Callable[[Any], Any] | None = None
     cost: str = "tokens"
     source: str = ""  # "" until a batch was measured; "none": these batches carry no work
+    pad_id: int | None = None  # the collate function's or tokenizer's pad token (:func:`pad_token_of`)
 
     batches: int = 0  # batches measured so far on this rank (names the batch a bad hook value came from)
 
@@ -67,7 +75,7 @@ class WorkMeter:
             return None
         self.batches += 1
         try:
-            measured = measure_batch(batch, self.hook, self.token_hook, self.cost)
+            measured = measure_batch(batch, self.hook, self.token_hook, self.cost, self.pad_id)
         except BadWorkValue as exc:
             where = f"batch {self.batches} of rank {_rank()} (every epoch's batches counted from 1)"
             raise BadLoaderFile(f"{exc} at {where}") from None
@@ -133,8 +141,10 @@ def measure_batch(
     hook: Callable[[Any], Any] | None = None,
     token_hook: Callable[[Any], Any] | None = None,
     cost: str = "tokens",
+    pad_id: int | None = None,
 ) -> Measured | None:
-    """What one batch costs (None: it carries no token fields and the file has no ``batch_work``)."""
+    """What one batch costs (None: it carries no token fields and the file has no ``batch_work``).
+    ``pad_id``: the pad token, where the loader's collate function or tokenizer names one."""
     if hook is None and token_view(batch) is not batch:  # the hooks are the file's: they get its batch
         original, batch = batch, token_view(batch)
         if token_hook is not None:
@@ -156,13 +166,81 @@ def measure_batch(
         lengths = [int(n) for n in _as_2d(mask).sum(dim=1).tolist()]
         source = "attention_mask"
     elif ids is not None:
-        shaped = _as_2d(ids)
-        lengths = [int(shaped.shape[1])] * int(shaped.shape[0])
-        source = "input_ids"
+        lengths, source = unpadded_lengths(_as_2d(ids), labels, pad_id)
     else:
         return None
     units = tuple(float(n * n) if cost == "attention" else float(n) for n in lengths)
     return Measured(units, supervised, packing, source + (" squared" if cost == "attention" else ""))
+
+
+def unpadded_lengths(ids: Any, labels: Any, pad_id: int | None) -> tuple[list[int], str]:
+    """Each row's real tokens without an attention mask, and what told them: the span between the
+    first and the last token other than ``pad_id`` (padding on either side), else the row up to the
+    tail of ``labels`` that is -100 (a padded label row), else the row's width (:data:`PADDED_WIDTH`:
+    a batch padded to its longest row looks as long on every row)."""
+    rows, width = int(ids.shape[0]), int(ids.shape[1])
+    if pad_id is not None:
+        real = (ids != pad_id).int()
+        first = real.argmax(dim=1)
+        last = width - 1 - real.flip(dims=(1,)).argmax(dim=1)
+        spans = [int(b - a + 1) if int(r.sum()) else 0 for a, b, r in zip(first, last, real, strict=True)]
+        return spans, f"input_ids without pad token {pad_id}"
+    if labels is not None:
+        shaped = _as_2d(labels)
+        if tuple(shaped.shape) == (rows, width):
+            kept = (shaped != IGNORE_INDEX).int()
+            tail = (width - 1 - kept.flip(dims=(1,)).argmax(dim=1)).tolist()
+            lengths = [int(t) + 1 if int(r.sum()) else 0 for t, r in zip(tail, kept, strict=True)]
+            return lengths, "input_ids up to the labels' -100 tail"
+    return [width] * rows, PADDED_WIDTH
+
+
+def pad_token_of(loader: Any) -> int | None:
+    """The pad token a loader's batches are padded with, where its collate function or a tokenizer says
+    it by name (:data:`PAD_NAMES`): an attribute of the collate object, of its or the dataset's
+    ``tokenizer``/``processing_class``; a ``functools.partial``'s keyword; a variable the collate
+    function's own code reads (a closure cell or a module global). None unless exactly one int is named."""
+    collate = getattr(loader, "collate_fn", None)
+    dataset = getattr(loader, "dataset", None)
+    holders = [collate, dataset]
+    holders += [
+        getattr(h, name, None) for h in (collate, dataset) for name in ("tokenizer", "processing_class")
+    ]
+    found: set[int] = set()
+    for holder in holders:
+        if holder is not None:
+            found |= _named_pads({name: _attribute(holder, name) for name in PAD_NAMES})
+    found |= _named_pads(getattr(collate, "keywords", None) or {})
+    function = getattr(collate, "func", collate)
+    code = getattr(function, "__code__", None)
+    if code is not None:
+        cells = dict(zip(code.co_freevars, getattr(function, "__closure__", None) or (), strict=False))
+        closed = {name: _cell(cell) for name, cell in cells.items()}
+        module = getattr(function, "__globals__", {})
+        found |= _named_pads(closed) | _named_pads({name: module.get(name) for name in code.co_names})
+    return found.pop() if len(found) == 1 else None
+
+
+def _attribute(holder: Any, name: str) -> Any:
+    try:
+        return getattr(holder, name, None)
+    except Exception:  # a property that needs state the object lacks
+        return None
+
+
+def _cell(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
+def _named_pads(names: Mapping[str, Any]) -> set[int]:
+    return {
+        value
+        for name, value in names.items()
+        if name.lower() in PAD_NAMES and isinstance(value, int) and not isinstance(value, bool)
+    }
 
 
 def _on_original(hook: Callable[[Any], Any], original: Any, _view: Any) -> Any:

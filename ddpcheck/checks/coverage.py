@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ddpcheck.checks.context import Context, EpochView
-from ddpcheck.checks.diagnose import missing_cause
+from ddpcheck.checks.diagnose import missing_cause, reference_share
 from ddpcheck.checks.ids import COVERAGE
 from ddpcheck.checks.packed import packed_coverage
 from ddpcheck.checks.ranges import OVERFLOW, OVERFLOW_FIX, Overflow, find_overflow
 from ddpcheck.checks.verdict import Verdict, passed, skipped
-from ddpcheck.checks.wording import epochs_text, ids_text, ranks_text
+from ddpcheck.checks.wording import epochs_text, few, ids_text, ranks_text
 from ddpcheck.messages import count_text
 from ddpcheck.trace import RunTrace
 
@@ -104,6 +104,9 @@ def check_coverage(
     on_tokens = packed_coverage(ctx)  # rows packed per rank: their boundaries differ, their tokens may not
     if on_tokens is not None:
         return on_tokens
+    share = reference_share(ctx) if ctx.world_size == 1 else ""
+    if share:
+        return _part_of_dataset(ctx, share)
     gaps = [gap(ctx, v) for v in ctx.views()]
     bad = [g for g in gaps if not g.ok]
     noun = ctx.noun
@@ -149,3 +152,24 @@ def check_coverage(
             "epochs_failing": len(bad),
         },
     )
+
+
+def _part_of_dataset(ctx: Context, cause: str) -> Verdict:
+    """One process, whose sampler splits among several ranks, trains on part of its dataset every epoch."""
+    views = ctx.views()
+    size = ctx.ref_facts.dataset_len
+    seen = views[0].ref_distinct
+    of = f" of its dataset's {size}" if size is not None else ""
+    examples: tuple[object, ...] = ()
+    if size is not None and size <= 10**7:
+        examples = few(i for i in range(size) if i not in views[0].ref_set)
+    detail = (
+        f"one process receives {seen}{of} samples per epoch, in all {count_text(len(views), 'epochs')}"
+        + (f"; never seen: {ids_text(examples)}" if examples else "")
+    )
+    data: dict[str, object] = {
+        "seen": seen,
+        "items": size or seen,
+        "replicas": ctx.ref_facts.sampler_replicas or 0,
+    }
+    return Verdict(COVERAGE, "fail", detail, cause, (), tuple(v.epoch for v in views), examples, data)

@@ -50,6 +50,14 @@ PER_NODE = (
     "orders differ between groups: an index built separately on each node (a shuffle or sample index "
     "cached per node) differs between nodes"
 )
+SPLIT_DIFFERS = "the ranks' datasets differ: "
+REFERENCE_PART = "the single-process run saw "
+TOLD_REPLICAS = "the sampler splits the data among "
+SPLIT_KINDS = {
+    "Subset": "a Subset/random_split",
+    "indices mapping": "an HF datasets split (train_test_split, shuffle, select)",
+}
+
 RANDOM_OVERLAP_SHARE = 0.1  # above this share of a rank's items also on another rank, the split looks random
 
 
@@ -90,8 +98,75 @@ def length_by_rank(ctx: Context) -> tuple[str, tuple[int, ...]]:
     return why, tuple(r.rank for r in odd)
 
 
+def split_cause(ctx: Context) -> str:
+    """The ranks' datasets are drawn from one dataset differently on each rank (``random_split`` or an HF
+    ``train_test_split`` without a seed): the one cause of every coverage, overlap and equivalence
+    failure they lead to; "" when not so.
+
+    Needs the ranks to say their dataset is a subset (``LoaderFacts.subset``) and either samples a single
+    process never holds, or different subsets (their digests) together with samples on several ranks:
+    manual Subset shards differ by design and overlap nowhere."""
+    facts = [r.facts for r in ctx.run.ranks]
+    if ctx.world_size < 2 or not facts or not all(f.subset for f in facts):
+        return ""
+    digests = {f.subset_digest for f in facts}
+    if "" not in digests and len(digests) == 1:
+        return ""  # the same subset on every rank
+    differ = "" not in digests
+    views = ctx.views()
+    foreign = any(v.extras_count and v.ddp_set - ctx.ref_union for v in views)
+    shared = differ and any(v.cross_excess > ctx.allowance(v).duplicates for v in views)
+    if not (foreign or shared):
+        return ""
+    first = facts[0]
+    what = f"the {first.subset_call}," if first.subset_call else SPLIT_KINDS.get(first.subset, "a subset")
+    return (
+        f"{SPLIT_DIFFERS}{what} drawn differently on each rank (no seeded generator): they train on "
+        "samples the others hold out and miss some of their own"
+    )
+
+
+def reference_share(ctx: Context) -> str:
+    """The single-process run's sampler splits among several ranks (it was given ``num_replicas`` > 1, from
+    the script's configuration or a launcher variable rather than the process group), so the reference
+    saw part of its dataset: the cause of every verdict held to it; "" when not so."""
+    facts = ctx.ref_facts
+    replicas = facts.sampler_replicas
+    views = ctx.views()
+    if replicas is None or replicas <= 1 or not views:
+        return ""
+    seen = views[0].ref_distinct
+    size = facts.dataset_len if facts.dataset_kind == "map" else None
+    if size is not None and seen >= size:
+        return ""
+    what = f"{seen} of {size}" if size is not None else str(seen)
+    return (
+        f"{REFERENCE_PART}{what} samples: the script believes it is one of {replicas} processes (its "
+        f"{facts.sampler or 'sampler'} was given num_replicas={replicas}, rank={facts.sampler_rank}: a world "
+        "size from the script's configuration or a launcher variable, not from the process group)"
+    )
+
+
+def replicas_cause(ctx: Context) -> str:
+    """The sampler was given a number of ranks other than the run's: "" when it was not, or says nothing."""
+    told = {r.facts.sampler_replicas for r in ctx.run.ranks}
+    if ctx.world_size < 2 or len(told) != 1:
+        return ""
+    replicas = told.pop()
+    if replicas is None or replicas == ctx.world_size:
+        return ""
+    return (
+        f"{TOLD_REPLICAS}{replicas} ranks (num_replicas={replicas}), but {ctx.world_size} ranks split the "
+        "data: take num_replicas and rank from the process group (dist.get_world_size(), dist.get_rank()), "
+        "on a mesh from its data-parallel dimension"
+    )
+
+
 def overlap_cause(ctx: Context, view: EpochView) -> tuple[str, tuple[int, ...]]:
     """The likely bug behind items seen by too many ranks, and the ranks that show it."""
+    split = split_cause(ctx) or replicas_cause(ctx)
+    if split:
+        return split, ()
     w = ctx.world_size
     same = identical_streams(view)
     if same:
@@ -143,6 +218,9 @@ def duplicate_cause(ctx: Context, view: EpochView) -> tuple[str, tuple[int, ...]
 
 def missing_cause(ctx: Context, view: EpochView, allowed: int) -> str:
     """The likely bug behind reference items that no rank sees."""
+    split = split_cause(ctx) or replicas_cause(ctx)
+    if split:
+        return split
     if view.cross_excess > ctx.allowance(view).duplicates:
         return overlap_cause(ctx, view)[0]
     n = len(view.ref_items)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ddpcheck.checks.context import Context, EpochView
 from ddpcheck.checks.coverage import drop_text, gap, missing_examples
-from ddpcheck.checks.diagnose import missing_cause
+from ddpcheck.checks.diagnose import missing_cause, reference_share, split_cause
 from ddpcheck.checks.ids import SINGLE_PROCESS_EQUIVALENCE as CHECK
 from ddpcheck.checks.packed import packed_equivalence
 from ddpcheck.checks.tally import Strangers
@@ -71,7 +71,7 @@ def check_single_process_equivalence(
             CHECK,
             "fail",
             detail,
-            DEPENDS_ON_RANK,
+            reference_share(ctx) or split_cause(ctx) or DEPENDS_ON_RANK,
             ranks[:8],
             tuple(v.epoch for v, _ in bad),
             examples,

@@ -16,9 +16,12 @@ from ddpcheck.checks.diagnose import (
     LENGTH_BY_RANK,
     PADS_TOO_MUCH,
     RANK_SEED,
+    REFERENCE_PART,
     SAME_SHARE,
     SAME_STREAM,
     SHARDED_TWICE,
+    SPLIT_DIFFERS,
+    TOLD_REPLICAS,
     WHOLE_EPOCH,
 )
 from ddpcheck.checks.equivalence import DEPENDS_ON_RANK
@@ -39,6 +42,19 @@ SHARD_WITH_DISTRIBUTED_SAMPLER = (
 
 # (cause text or its start, fix); the first entry that matches wins
 FIXES: tuple[tuple[str, str], ...] = (
+    (
+        SPLIT_DIFFERS,
+        "draw the split the same on every rank: random_split(data, lengths, "
+        "generator=torch.Generator().manual_seed(0)) (HF datasets: train_test_split(..., seed=0)), or split "
+        "once and share the indices",
+    ),
+    (
+        REFERENCE_PART,
+        "let the sampler take the number of processes from the process group: DistributedSampler(dataset) "
+        "(num_replicas=dist.get_world_size(), rank=dist.get_rank()), not from a configuration or a "
+        "launcher variable",
+    ),
+    (TOLD_REPLICAS, "DistributedSampler(dataset) reads num_replicas and rank from the process group"),
     (SHARDED_TWICE, "shard once: split the dataset by rank or let the sampler split it, not both"),
     (RANK_SEED, "seed the sampler the same on every rank (seed=0, not seed=rank)"),
     (SAME_SHARE, "pass each rank its own rank (and num_replicas) to the sampler"),

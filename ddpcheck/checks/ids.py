@@ -38,14 +38,20 @@ DATA_CHECKS = (
     WORK_BALANCE,
     PACKING,
     MIXTURE,
+    SUPERVISION,
+    RNG_INDEPENDENCE,
 )
-# replica_consistency is judged per layout beside the data checks (ddpcheck.checks.replicas)
+# replica_consistency is judged per layout beside the data checks (ddpcheck.checks.replicas); the step's
+# supervision and rng_independence are data checks too (loader files get them), judged from the step
+# watcher's micro-steps and loop draws in a script (ddpcheck.checks.supervision, ddpcheck.checks.rng)
 ALL_CHECKS = (
     *DATA_CHECKS[:4],
     REPLICA_CONSISTENCY,
     *DATA_CHECKS[4:],
     METRIC_EQUIVALENCE,
     TRAINING_EQUIVALENCE,
+    STEP_EQUIVALENCE,
+    EQUAL_MICROSTEPS,
     RESUME,
     ELASTIC_RESUME,
 )

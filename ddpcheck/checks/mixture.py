@@ -10,13 +10,16 @@ record each sample's source (``ddpcheck.checker.mixture``); this module judges, 
   against the expected shares: the file's ``source_weights()``, else the single-process run's shares.
   Pearson's chi-square: a goodness-of-fit test against declared weights, a two-sample (homogeneity) test
   against the single-process counts; cells expected below 5 are pooled, a group with under two cells left
-  is not tested. At one rank the run *is* the single process: its workers are compared with each other.
+  is not tested. At one rank the run *is* the single process: its workers are compared with each other,
+  and its shares with the declared weights.
 * **same order**: two workers (or ranks) that draw the same source at the same position far more often
   than independent draws would (``sum p_k^2``; a Chernoff bound on the binomial tail), at least 90% of
   the time over 30 or more draws: their mixing RNG is seeded alike. A stream that repeats itself at a
   short lag (a round-robin schedule, not an RNG) is left out.
 * **exhaustion**: a source with expected share ``p`` absent from the last ``L`` samples of a stream, with
-  ``(1 - p)^L`` below the threshold: it ran out and the others filled its place.
+  ``(1 - p)^L`` below the threshold: it ran out and the others filled its place. This names the cause of a
+  share that drifts; alone it fails nothing: a source that runs out while every share holds is how a
+  mixture sampled without replacement ends (HF ``all_exhausted_without_replacement``: every sample once).
 
 Every test of a layout (all epochs, groups, pairs, sources) is one family: each p-value is compared with
 ``ALPHA / tests`` (Bonferroni; for "does any fail" Holm decides the same). So a correct loader fails with
@@ -308,25 +311,46 @@ def _usable(run: RunTrace) -> bool | None:
 # ----------------------------------------------------------------------------- the check
 
 
-def check_mixture(
-    reference: RunTrace, run: RunTrace, rerun: RunTrace | None = None, *, ctx: Context | None = None
-) -> Verdict:
-    """Each source's share per epoch, per rank, per worker and over the union, against the declared
-    weights or the single process; the mixing order across workers and ranks; exhausted sources."""
-    ctx = ctx or Context(reference, run, rerun)
-    if ctx.unjudgeable:
-        return skipped(MIXTURE, ctx.unjudgeable)
-    usable, reference_usable = _usable(run), _usable(reference)
-    if not usable or not reference_usable:
-        if usable is None or reference_usable is None:
-            return not_applicable(MIXTURE, "only some batches carry a source: " + NO_SOURCE)
-        return not_applicable(MIXTURE, NO_SOURCE)
-    import numpy as np
+@dataclass
+class Tally:
+    """The layout's counts and its family of tests, gathered epoch by epoch."""
 
-    names = _names(run, reference)
-    index = {n: i for i, n in enumerate(names)}
-    k = len(names)
-    declared_pairs = next(
+    names: list[str]
+    declared: list[float] | None
+    one_process: bool
+    ranks: int
+    tests: Tests = field(default_factory=Tests)
+    union_total: list[int] = field(default_factory=list)
+    rank_total: list[list[int]] = field(default_factory=list)
+    worker_total: dict[tuple[int, int], list[int]] = field(default_factory=dict)
+    reference_total: list[int] = field(default_factory=list)
+    expected_per_epoch: list[list[float]] = field(default_factory=list)
+    same_order: list[tuple[float, Stream, Stream, int, int, float]] = field(default_factory=list)
+    exhausted: list[tuple[float, Stream, str, int, int]] = field(
+        default_factory=list
+    )  # (p, stream, source, gap, n)
+    undeclared: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        k = len(self.names)
+        self.union_total, self.reference_total = [0] * k, [0] * k
+        self.rank_total = [[0] * k for _ in range(self.ranks)]
+
+    @property
+    def k(self) -> int:
+        return len(self.names)
+
+    @property
+    def index(self) -> dict[str, int]:
+        return {n: i for i, n in enumerate(self.names)}
+
+
+def _add(total: list[int], counts: Sequence[int]) -> list[int]:
+    return [a + b for a, b in zip(total, counts, strict=True)]
+
+
+def _declared(run: RunTrace, names: Sequence[str]) -> list[float] | None:
+    pairs = next(
         (
             e.sources.declared
             for r in run.ranks
@@ -335,147 +359,220 @@ def check_mixture(
         ),
         (),
     )
-    declared: list[float] | None = None
-    if declared_pairs:
-        weights = dict(declared_pairs)
-        total = sum(weights.values())
-        declared = [weights.get(n, 0.0) / total for n in names]
+    if not pairs:
+        return None
+    weights = dict(pairs)
+    total = sum(weights.values())
+    return [weights.get(n, 0.0) / total for n in names]
+
+
+def check_mixture(
+    reference: RunTrace, run: RunTrace, rerun: RunTrace | None = None, *, ctx: Context | None = None
+) -> Verdict:
+    """Each source's share per epoch, per rank, per worker and over the union, against the declared
+    weights or the single process; the mixing order across workers and ranks; exhausted sources (named
+    only where a share drifts: a source that runs out while every share holds is how sampling without
+    replacement ends)."""
+    ctx = ctx or Context(reference, run, rerun)
+    if ctx.unjudgeable:
+        return skipped(MIXTURE, ctx.unjudgeable)
+    usable, reference_usable = _usable(run), _usable(reference)
+    if not usable or not reference_usable:
+        if usable is None or reference_usable is None:
+            return not_applicable(MIXTURE, "only some batches carry a source: " + NO_SOURCE)
+        return not_applicable(MIXTURE, NO_SOURCE)
+    names = _names(run, reference)
+    tally = Tally(names, _declared(run, names), len(run.ranks) == 1, len(run.ranks))
     epochs = min(min(len(r.epochs) for r in run.ranks), min(len(r.epochs) for r in reference.ranks))
-    one_process = len(run.ranks) == 1
-    tests = Tests()
-    union_total = [0] * k
-    rank_total = [[0] * k for _ in run.ranks]
-    worker_total: dict[tuple[int, int], list[int]] = {}
-    reference_total = [0] * k
-    expected_per_epoch: list[list[float]] = []
-    same_order: list[tuple[float, Stream, Stream, int, int, float]] = []  # (p, a, b, matches, length, chance)
-    exhausted: list[tuple[float, Stream, str, int, int]] = []  # (p, stream, source, gap, length)
-    undeclared: set[str] = set()
     for epoch in range(epochs):
-        ref_codes = np.concatenate(
-            [_global_codes(r.epochs[epoch].sources, index) for r in reference.ranks]  # type: ignore[arg-type]
-        )
-        ref_counts = _counts(ref_codes, k)
-        reference_total = [a + b for a, b in zip(reference_total, ref_counts, strict=True)]
-        ref_n = sum(ref_counts)
-        expected = declared if declared is not None else [c / ref_n if ref_n else 0.0 for c in ref_counts]
-        expected_per_epoch.append(expected)
-        wholes, workers = [], []
-        for rank in run.ranks:
-            whole, per_worker = _streams(rank.epochs[epoch], rank.rank, index)
-            wholes.append(whole)
-            workers.extend(per_worker)
-        union = _counts(np.concatenate([w.codes for w in wholes]) if wholes else np.zeros(0, np.int64), k)
-        union_total = [a + b for a, b in zip(union_total, union, strict=True)]
-        if declared is not None:
-            undeclared |= {names[i] for i in range(k) if union[i] and declared[i] == 0}
+        _tally_epoch(tally, reference, run, epoch)
+    return _judge(tally, run)
 
-        def test(counts: list[int], where: str, rest: list[int] | None = None) -> None:
-            if declared is not None:
-                tests.add(goodness_of_fit(counts, declared), "shares", where, epoch)  # noqa: B023
-            elif rest is not None:
-                tests.add(homogeneity(counts, rest), "shares", where, epoch)  # noqa: B023
-            elif not one_process:
-                tests.add(homogeneity(counts, ref_counts), "shares", where, epoch)  # noqa: B023
 
-        if not one_process:
-            test(union, "the union of the ranks")
-        for r, whole in enumerate(wholes):
-            counts = _counts(whole.codes, k)
-            rank_total[r] = [a + b for a, b in zip(rank_total[r], counts, strict=True)]
-            if not one_process:
-                test(counts, whole.where)
-        for stream in workers:
-            counts = _counts(stream.codes, k)
-            key = (stream.rank, stream.worker or 0)
-            worker_total[key] = [a + b for a, b in zip(worker_total.get(key, [0] * k), counts, strict=True)]
-            mine = next(w for w in wholes if w.rank == stream.rank)
-            rest = (
-                [a - b for a, b in zip(_counts(mine.codes, k), counts, strict=True)] if one_process else None
-            )
-            test(counts, stream.where, rest)
-        streams = workers or wholes
-        scheduled = [_scheduled(s.codes) for s in streams]
-        for i, j in _pairs(len(streams)):
-            (a, sa), (b, sb) = (streams[i], scheduled[i]), (streams[j], scheduled[j])
-            length = min(len(a.codes), len(b.codes))
-            if length < MIN_ORDER or sa or sb:
-                continue
-            head_a, head_b = a.codes[:length], b.codes[:length]
-            matches = int(np.count_nonzero(head_a == head_b))
-            # independent streams agree where both draw one source: sum_k of their own shares' products
-            chance = (
-                float(np.dot(np.bincount(head_a, minlength=k), np.bincount(head_b, minlength=k))) / length**2
-            )
-            # rejects only from SAME_ORDER agreement on: a smaller region, the same family
-            p = agreement_p(matches, length, chance) if matches >= SAME_ORDER * length else 1.0
-            tests.add(p, "order", f"{a.where} and {b.where}", epoch)
-            if matches >= SAME_ORDER * length:
-                same_order.append((p, a, b, matches, length, chance))
-        for stream in workers or wholes:
-            n = len(stream.codes)
-            if n < MIN_ORDER:
-                continue
-            last = np.full(k, -1, dtype=np.int64)
-            np.maximum.at(last, stream.codes, np.arange(n))
-            for i, share in enumerate(expected):
-                if share <= 0 or share >= 1:
-                    continue
-                gap = n - 1 - int(last[i])
-                # every source counts in the family; a gap under MIN_ORDER never rejects (a smaller region)
-                p = math.exp(gap * math.log1p(-share)) if gap >= MIN_ORDER else 1.0
-                tests.add(p, "tail", f"{stream.where}: {names[i]}", epoch)
-                exhausted.append((p, stream, names[i], gap, n))
-    failures = tests.failed()
-    limit = ALPHA / max(len(tests.results), 1)
-    data = _data(names, declared, expected_per_epoch, union_total, rank_total, worker_total, reference_total)
-    data.update(
-        tests=len(tests.results), alpha=ALPHA, smallest_p=min((r[0] for r in tests.results), default=None)
+def _tally_epoch(t: Tally, reference: RunTrace, run: RunTrace, epoch: int) -> None:
+    import numpy as np
+
+    index, k = t.index, t.k
+    ref_codes = np.concatenate(
+        [_global_codes(r.epochs[epoch].sources, index) for r in reference.ranks]  # type: ignore[arg-type]
     )
-    summary = _summary(names, declared, union_total, rank_total, len(tests.results))
-    if undeclared:
-        detail = f"{', '.join(sorted(undeclared))} not in source_weights(); {summary}"
-        return _fail(UNDECLARED, detail, data, epochs=(0,))
-    if not failures:
-        return Verdict(MIXTURE, "pass", summary, data=data)
-    epochs_failed = tuple(sorted({e for _, _, _, e in failures}))
-    kinds = {kind for _, kind, _, _ in failures}
-    first = failures[0]
-    where_text = f"{first[2]} in epoch {first[3]} (p={first[0]:.2g}, threshold {limit:.2g})"
-    if "order" in kinds:
-        p, a, b, matches, length, chance = min(same_order, key=lambda s: s[0])
-        repeated = _repeated(a, b)
-        shown = f"; {count_text(len(repeated), 'samples')} seen by both" if repeated else ""
-        detail = (
-            f"{a.where} and {b.where} draw the same source at {matches} of {length} positions "
-            f"(independent draws would agree at {chance:.0%}){shown}; {summary}"
+    ref_counts = _counts(ref_codes, k)
+    t.reference_total = _add(t.reference_total, ref_counts)
+    ref_n = sum(ref_counts)
+    expected = t.declared if t.declared is not None else [c / ref_n if ref_n else 0.0 for c in ref_counts]
+    t.expected_per_epoch.append(expected)
+    wholes, workers = [], []
+    for rank in run.ranks:
+        whole, per_worker = _streams(rank.epochs[epoch], rank.rank, index)
+        wholes.append(whole)
+        workers.extend(per_worker)
+    union = _counts(np.concatenate([w.codes for w in wholes]) if wholes else np.zeros(0, np.int64), k)
+    t.union_total = _add(t.union_total, union)
+    if t.declared is not None:
+        t.undeclared |= {t.names[i] for i in range(k) if union[i] and t.declared[i] == 0}
+    _share_tests(t, epoch, union, ref_counts, wholes, workers)
+    _order_tests(t, epoch, workers or wholes)
+    _tail_tests(t, epoch, workers or wholes, expected)
+
+
+def _share_tests(
+    t: Tally, epoch: int, union: list[int], ref_counts: list[int], wholes: list[Stream], workers: list[Stream]
+) -> None:
+    """Each rank's, each worker's and the union's counts against the expected shares."""
+
+    def test(counts: list[int], where: str, rest: list[int] | None = None) -> None:
+        if t.declared is not None:
+            t.tests.add(goodness_of_fit(counts, t.declared), "shares", where, epoch)
+        elif rest is not None:
+            t.tests.add(homogeneity(counts, rest), "shares", where, epoch)
+        elif not t.one_process:
+            t.tests.add(homogeneity(counts, ref_counts), "shares", where, epoch)
+
+    if not t.one_process:
+        test(union, "the union of the ranks")
+    for r, whole in enumerate(wholes):
+        counts = _counts(whole.codes, t.k)
+        t.rank_total[r] = _add(t.rank_total[r], counts)
+        if not t.one_process or t.declared is not None:  # one process: its shares against the declared ones
+            test(counts, whole.where)
+    for stream in workers:
+        counts = _counts(stream.codes, t.k)
+        key = (stream.rank, stream.worker or 0)
+        t.worker_total[key] = _add(t.worker_total.get(key, [0] * t.k), counts)
+        mine = next(w for w in wholes if w.rank == stream.rank)
+        rest = (
+            [a - b for a, b in zip(_counts(mine.codes, t.k), counts, strict=True)] if t.one_process else None
         )
-        ranks = tuple(sorted({a.rank, b.rank}))
-        return _fail(SAME_RNG, detail, data, epochs=epochs_failed, ranks=ranks, examples=tuple(repeated[:6]))
-    if "tail" in kinds:
-        tail = [e for e in exhausted if e[0] < limit]
+        test(counts, stream.where, rest)
+
+
+def _order_tests(t: Tally, epoch: int, streams: list[Stream]) -> None:
+    """Pairs of streams drawing the same source at the same position far more often than chance."""
+    import numpy as np
+
+    scheduled = [_scheduled(s.codes) for s in streams]
+    for i, j in _pairs(len(streams)):
+        (a, sa), (b, sb) = (streams[i], scheduled[i]), (streams[j], scheduled[j])
+        length = min(len(a.codes), len(b.codes))
+        if length < MIN_ORDER or sa or sb:
+            continue
+        head_a, head_b = a.codes[:length], b.codes[:length]
+        matches = int(np.count_nonzero(head_a == head_b))
+        # independent streams agree where both draw one source: sum_k of their own shares' products
+        k = t.k
+        chance = float(np.dot(np.bincount(head_a, minlength=k), np.bincount(head_b, minlength=k))) / length**2
+        # rejects only from SAME_ORDER agreement on: a smaller region, the same family
+        p = agreement_p(matches, length, chance) if matches >= SAME_ORDER * length else 1.0
+        t.tests.add(p, "order", f"{a.where} and {b.where}", epoch)
+        if matches >= SAME_ORDER * length:
+            t.same_order.append((p, a, b, matches, length, chance))
+
+
+def _tail_tests(t: Tally, epoch: int, streams: list[Stream], expected: list[float]) -> None:
+    """A source with share p absent from the last L samples of a stream, (1 - p)^L small: it ran out."""
+    import numpy as np
+
+    for stream in streams:
+        n = len(stream.codes)
+        if n < MIN_ORDER:
+            continue
+        last = np.full(t.k, -1, dtype=np.int64)
+        np.maximum.at(last, stream.codes, np.arange(n))
+        for i, share in enumerate(expected):
+            if share <= 0 or share >= 1:
+                continue
+            gap = n - 1 - int(last[i])
+            # every source counts in the family; a gap under MIN_ORDER never rejects (a smaller region)
+            p = math.exp(gap * math.log1p(-share)) if gap >= MIN_ORDER else 1.0
+            t.tests.add(p, "tail", f"{stream.where}: {t.names[i]}", epoch)
+            t.exhausted.append((p, stream, t.names[i], gap, n))
+
+
+def _judge(t: Tally, run: RunTrace) -> Verdict:
+    """The verdict from the layout's tests; a cause that claims a drift only where a share test failed."""
+    failures = t.tests.failed()
+    limit = ALPHA / max(len(t.tests.results), 1)
+    data = _data(
+        t.names,
+        t.declared,
+        t.expected_per_epoch,
+        t.union_total,
+        t.rank_total,
+        t.worker_total,
+        t.reference_total,
+    )
+    data.update(
+        tests=len(t.tests.results), alpha=ALPHA, smallest_p=min((r[0] for r in t.tests.results), default=None)
+    )
+    summary = _summary(t.names, t.declared, t.union_total, t.rank_total, len(t.tests.results))
+    if t.undeclared:
+        detail = f"{', '.join(sorted(t.undeclared))} not in source_weights(); {summary}"
+        return _fail(UNDECLARED, detail, data, epochs=(0,))
+    kinds = {kind for _, kind, _, _ in failures}
+    if "order" in kinds:
+        return _same_order(t, failures, data, summary)
+    shares = [f for f in failures if f[1] == "shares"]
+    tail = [e for e in t.exhausted if e[0] < limit]
+    if not shares:
+        if tail:  # a source ran out, every share holds: sampling without replacement ends so
+            _, stream, source, gap, n = min(tail, key=lambda e: e[0])
+            summary += (
+                f"; {source} runs out {gap} samples before the end of {stream.where}'s {n}, every share holds"
+            )
+        return Verdict(MIXTURE, "pass", summary, data=data)
+    epochs_failed = tuple(sorted({e for _, _, _, e in shares}))
+    if tail:
         p, stream, source, gap, n = min(tail, key=lambda e: e[0])
         detail = (
             f"{source} is absent from the last {gap} of {stream.where}'s {n} samples (p={p:.2g}); {summary}"
         )
         return _fail(EXHAUSTED, detail, data, epochs=epochs_failed, ranks=(stream.rank,))
-    failing_where = {w for _, _, w, _ in failures}
+    return _share_cause(t, run, shares, limit, data, summary)
+
+
+def _same_order(
+    t: Tally, failures: list[tuple[float, str, str, int]], data: dict[str, Any], summary: str
+) -> Verdict:
+    _, a, b, matches, length, chance = min(t.same_order, key=lambda s: s[0])
+    repeated = _repeated(a, b)
+    shown = f"; {count_text(len(repeated), 'samples')} seen by both" if repeated else ""
+    detail = (
+        f"{a.where} and {b.where} draw the same source at {matches} of {length} positions "
+        f"(independent draws would agree at {chance:.0%}){shown}; {summary}"
+    )
+    epochs_failed = tuple(sorted({e for _, _, _, e in failures}))
+    ranks = tuple(sorted({a.rank, b.rank}))
+    return _fail(SAME_RNG, detail, data, epochs=epochs_failed, ranks=ranks, examples=tuple(repeated[:6]))
+
+
+def _share_cause(
+    t: Tally,
+    run: RunTrace,
+    shares: list[tuple[float, str, str, int]],
+    limit: float,
+    data: dict[str, Any],
+    summary: str,
+) -> Verdict:
+    """Name why the shares drift: weights scaled by the workers, per-rank shares, or other shares."""
+    first = shares[0]
+    where_text = f"{first[2]} in epoch {first[3]} (p={first[0]:.2g}, threshold {limit:.2g})"
+    epochs_failed = tuple(sorted({e for _, _, _, e in shares}))
+    failing_where = {w for _, _, w, _ in shares}
     ranks_failed = tuple(
         sorted(
             {r.rank for r in run.ranks if any(f"{w} ".startswith(f"rank {r.rank} ") for w in failing_where)}
         )
     )
     num_workers = max((r.facts.num_workers for r in run.ranks), default=0)
-    if declared is not None and num_workers > 1:
-        scaled = _scaled_fit(union_total if not one_process else rank_total[0], declared, num_workers, names)
+    if t.declared is not None and num_workers > 1:
+        counts = t.union_total if not t.one_process else t.rank_total[0]
+        scaled = _scaled_fit(counts, t.declared, num_workers, t.names)
         if scaled:
             detail = f"the shares fit the weights with {scaled} by the {num_workers} workers; {summary}"
             return _fail(WORKER_SCALED, detail, data, epochs=epochs_failed, ranks=ranks_failed)
-    homogeneous = _ranks_alike(rank_total)
-    if len(run.ranks) > 1 and not homogeneous:
-        detail = f"{where_text}; {summary}"
-        return _fail(RANK_SHARES, detail, data, epochs=epochs_failed, ranks=ranks_failed)
-    cause = WRONG_SHARES if declared is not None else UNION_DIFFERS
+    if len(run.ranks) > 1 and not _ranks_alike(t.rank_total):
+        return _fail(RANK_SHARES, f"{where_text}; {summary}", data, epochs=epochs_failed, ranks=ranks_failed)
+    cause = WRONG_SHARES if t.declared is not None else UNION_DIFFERS
     return _fail(cause, f"{where_text}; {summary}", data, epochs=epochs_failed, ranks=ranks_failed)
 
 

@@ -23,14 +23,18 @@ from ddpcheck.checks.ids import (
     PACKING,
     PADDING_BOUND,
     RESHUFFLE,
+    RNG_INDEPENDENCE,
     SINGLE_PROCESS_EQUIVALENCE,
+    SUPERVISION,
     WORK_BALANCE,
     WORKER_SHARDING,
 )
 from ddpcheck.checks.mixture import check_mixture
 from ddpcheck.checks.overlap import check_no_overlap, check_padding_bound
 from ddpcheck.checks.reshuffle import check_reshuffle
+from ddpcheck.checks.rng import check_rng_independence_run
 from ddpcheck.checks.steps import check_equal_steps
+from ddpcheck.checks.supervision import check_supervision
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.checks.work import check_packing, check_work_balance
 from ddpcheck.checks.workers import check_worker_sharding
@@ -61,6 +65,8 @@ REGISTRY: dict[str, Check] = {
     WORK_BALANCE: check_work_balance,
     PACKING: check_packing,
     MIXTURE: check_mixture,
+    SUPERVISION: check_supervision,
+    RNG_INDEPENDENCE: check_rng_independence_run,
 }
 assert tuple(REGISTRY) == DATA_CHECKS
 

@@ -51,6 +51,8 @@ LAYOUT_MISMATCH = (
 )
 REPLICA_STEPS = "a replica runs a different number of batches: its group's next collective hangs"
 REPLICA_IDS = "replicas receive different samples: the loader's split depends on a non-data coordinate"
+TOLD = "the sampler splits by "  # what the samplers were given, where it is not the data-parallel rank
+TOLD_GLOBAL = f"{TOLD}the global rank: "
 MESH_FIXES = {
     GLOBAL_RANK: "shard by the data-parallel coordinate: DistributedSampler(num_replicas=dp_world_size, "
     "rank=dp_rank), or split_dataset_by_node(ds, rank=dp_rank, world_size=dp_world_size) as torchtitan's "
@@ -188,6 +190,32 @@ def check_replica_consistency(reference: RunTrace, run: RunTrace, layout: Layout
         epochs=tuple(sorted({d.epoch for d in found})),
         data=data,
         fix=MESH_FIXES.get(cause, ""),
+    )
+
+
+def told_split(run: RunTrace, layout: Layout) -> str:
+    """What the ranks' samplers were given (``num_replicas``, ``rank``), where it is not the data-parallel
+    coordinate of a mesh: the global rank (``dist.get_rank()``) or another rank; "" where every sampler
+    got its data-parallel rank, or a sampler does not say."""
+    told = {r.rank: (r.facts.sampler_replicas, r.facts.sampler_rank) for r in run.ranks}
+    if not told or any(n is None or k is None for n, k in told.values()):
+        return ""
+    dp, world = layout.dp_world_size, layout.world_size
+    should = f'the data-parallel rank (mesh["dp"].get_local_rank(), 0..{dp - 1} of mesh["dp"].size() = {dp})'
+    if all(given == (world, rank) for rank, given in told.items()):
+        return (
+            f"{TOLD_GLOBAL}it is given dist.get_rank() (0..{world - 1}) and dist.get_world_size() "
+            f"({world}) where it needs {should}, so ranks that share a data-parallel rank each train on a "
+            "different shard"
+        )
+    wrong = [rank for rank, given in sorted(told.items()) if given != (dp, layout.dp_rank(rank))]
+    if not wrong:
+        return ""
+    rank = wrong[0]
+    n, k = told[rank]
+    return (
+        f"{TOLD}another rank than the data-parallel one: on rank {rank} (dist.get_rank()) it is given "
+        f"rank={k} of num_replicas={n}, where it needs {should}: {layout.dp_rank(rank)} there"
     )
 
 

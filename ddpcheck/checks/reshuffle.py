@@ -20,7 +20,7 @@ from ddpcheck.checks.tally import int_ids, unique, values_of
 from ddpcheck.checks.verdict import Verdict, passed, skipped
 from ddpcheck.checks.wording import ranks_text
 from ddpcheck.messages import count_text
-from ddpcheck.trace import RunTrace
+from ddpcheck.trace import LoaderFacts, RunTrace
 
 CHANCE = 1e-3  # a repeat rarer than this under an honest reshuffle is treated as a bug
 REPEATS = "set_epoch is not called, or the generator is re-seeded every epoch"
@@ -40,6 +40,17 @@ NOT_FORWARDED = (
     "the loader does not forward set_epoch to the {parts} it wraps: the training loop's set_epoch never "
     "reaches it, so it repeats its first epoch's order"
 )
+
+
+def evaluation_order(facts: LoaderFacts) -> str:
+    """Why a repeated order is harmless here: the loop iterates the loader without gradients (an
+    evaluation under ``torch.no_grad()``), so no update depends on its order; "" when it trains."""
+    if facts.grad_enabled is not False:
+        return ""
+    return (
+        "iterated without gradients (an evaluation under torch.no_grad()): its order repeats every epoch, "
+        "which changes no result"
+    )
 
 
 def _log_falling(n: int, k: int) -> float:
@@ -172,7 +183,9 @@ def check_reshuffle(
         if stale is not None:
             return stale
         detail = "reference keeps its order (no shuffle); nothing to compare"
-        if not (run.set_epoch and reference.set_epoch) and ctx.facts.has_set_epoch:
+        if ctx.facts.shuffles is False:
+            detail += f"; its {ctx.facts.sampler or 'sampler'} does not shuffle, so set_epoch changes nothing"
+        elif not (run.set_epoch and reference.set_epoch) and ctx.facts.has_set_epoch:
             detail += (
                 "; the loop did not call set_epoch, which this loader has, so the order may be fixed by that"
             )

@@ -31,7 +31,7 @@ from ddpcheck.checks.context import Context
 from ddpcheck.checks.ids import PACKING, WORK_BALANCE
 from ddpcheck.checks.verdict import Verdict, not_applicable, skipped
 from ddpcheck.messages import count_text
-from ddpcheck.trace import EpochTrace, PackingTally, RunTrace
+from ddpcheck.trace import PADDED_WIDTH, EpochTrace, PackingTally, RunTrace
 
 QUANTILE = 0.99
 MAX_DRAWS = 200
@@ -55,6 +55,12 @@ TOKEN_BUDGET_PER_RANK = (
     "separately"
 )
 OVER_LIMIT = "the ranks would wait longer than the --max-idle limit allows"
+PADDING_UNKNOWN = (
+    "the work could not be measured: the batches' input_ids are padded to each batch's longest row, and "
+    "nothing says which tokens are padding (no attention_mask, no pad token named by the collate "
+    "function or the tokenizer, no labels -100 at the rows' tails), so every row would count as long as "
+    "its batch's longest; return an attention_mask with the batch, or define batch_work(batch)"
+)
 WORK_FIXES = {
     SORTED_SHARDS: "shuffle before sharding (DistributedSampler(shuffle=True)), or deal sorted batches "
     "round-robin so every rank gets long and short ones",
@@ -196,6 +202,8 @@ def check_work_balance(
             f"one data-parallel rank waits for no one ({_num(total)} of work from {source} over "
             f"{count_text(epochs, 'epochs')})",
         )
+    if padded_widths(run):
+        return skipped(WORK_BALANCE, PADDING_UNKNOWN)
     idle, chance, draws, totals, shares, supervised = [], [], [], [], [], []
     for epoch in range(epochs):
         matrix = step_matrix(run, epoch)
@@ -247,6 +255,25 @@ def check_work_balance(
             WORK_BALANCE, "fail", detail, cause, epochs=epochs_seen, data=data, fix=WORK_FIXES[cause]
         )
     return Verdict(WORK_BALANCE, "pass", summary, data=data)
+
+
+def padded_widths(run: RunTrace) -> bool:
+    """The work was read off padded widths: measured from ``input_ids`` whose padding nothing tells (a
+    training script's recorder names no source: its batches show the same signature), every batch of
+    several rows has one length on every row, and those lengths differ between batches. A batch padded
+    to its longest row looks so; fixed-length blocks (the same width everywhere) are real work."""
+    source = run.ranks[0].facts.work if run.ranks else ""
+    if source not in (PADDED_WIDTH, ""):
+        return False
+    widths: set[float] = set()
+    for rank in run.ranks:
+        for epoch in rank.epochs:
+            for units in epoch.work or ():
+                if len(units) > 1:
+                    if len(set(units)) > 1:
+                        return False  # rows of one batch differ: real lengths, not a padded width
+                    widths.add(units[0])
+    return len(widths) > 1
 
 
 def _ordered_rank(shares: Sequence[Sequence[float]]) -> int | None:

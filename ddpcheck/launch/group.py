@@ -26,6 +26,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from ddpcheck.launch.names import named_memory, unlink_left
 from ddpcheck.launch.preload import find_rank_state_holders
 from ddpcheck.launch.procs import (
     ExitWatch,
@@ -100,6 +101,9 @@ class GroupResult:
     diagnosis: str = ""  # one paragraph on a hang: which ranks waited where
     shortcuts: dict[str, Any] = field(default_factory=dict)  # --simulate: recognised samplers, verified
     fresh_interpreters: str = ""  # why the ranks ran as freshly started interpreters (FRESH_NOTE), or ""
+    named_memory: tuple[
+        int, ...
+    ] = ()  # ranks that created shared memory by a name of their own (launch.names)
 
     @property
     def ok(self) -> bool:
@@ -229,7 +233,9 @@ class StartedGroups:
                 self._opened.add(i)
 
     def collect(self, *indices: int) -> list[GroupResult]:
-        """Open (where needed) and collect the given groups side by side; all the others when none."""
+        """Open (where needed) and collect the given groups side by side; all the others when none.
+        Groups side by side whose ranks named shared memory machine-wide ran as two jobs never would:
+        they are run again, one after another (:mod:`ddpcheck.launch.names`)."""
         chosen = list(indices) if indices else [i for i in range(len(self._groups)) if i not in self._done]
         self.open(*chosen)
         try:
@@ -240,7 +246,10 @@ class StartedGroups:
                 self._groups[i].stop()
                 self._groups[i].close()
                 self._done.add(i)
-        return _rerun_fresh(results, again, [self._groups[i].call for i in chosen])
+        calls = [self._groups[i].call for i in chosen]
+        if len(chosen) > 1 and any(r.named_memory for r in results):
+            return [run_groups([call])[0] for call in calls]  # each alone (and fresh where it hashes)
+        return _rerun_fresh(results, again, calls)
 
 
 @contextlib.contextmanager
@@ -394,7 +403,7 @@ class _Group:
             call=call,
             procs=[],
             conns=[],
-            progress=ctx.Array("c", (PROGRESS_BYTES + 1) * call.world_size, lock=False),  # + hash flags
+            progress=ctx.Array("c", (PROGRESS_BYTES + 2) * call.world_size, lock=False),  # + 2 flags a rank
             ready=ctx.Event(),
             workdir=workdir,
             janitor=janitor,
@@ -479,6 +488,7 @@ class _Group:
         )  # fmt: skip
         result = GroupResult(call.world_size, call.backend, outcomes, time.monotonic() - self.started)
         result.diagnosis = _diagnose(result)
+        result.named_memory = tuple(named_memory(self.progress, PROGRESS_BYTES, call.world_size))
         if call.on_progress is not None:
             call.on_progress([o.progress for o in outcomes], result.seconds, True)
         return result
@@ -495,6 +505,7 @@ class _Group:
         self.listen_fd = -1
         # Dropping the store closes listen_fd: closing it here too could close a later group's reused fd.
         self.store = None
+        unlink_left(self.workdir)  # every rank is stopped: what a killed one named must not outlive it
         shutil.rmtree(self.workdir, ignore_errors=True)
         self.janitor.close()
 

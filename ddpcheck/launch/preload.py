@@ -249,17 +249,13 @@ def refresh_rank_state() -> list[str]:
     return updated
 
 
-def top_level_imports(tree: ast.Module) -> list[str]:
-    """Absolute module names imported by module-level statements (also inside if/try; not functions).
+def _imports(tree: ast.Module) -> list[tuple[str, bool]]:
+    """Absolute module names imported by module-level statements (also inside if/try; not functions),
+    as (name, member): ``member`` when the name came from ``from m import name`` and may be no module.
 
     ``from a.b import c`` gives ``a.b`` and ``a.b.c`` (``c`` may be a submodule). Imports under
     ``if TYPE_CHECKING:`` never run, so they are left out; so are relative imports and ``__main__``.
     """
-    return [name for name, _ in _imports(tree)]
-
-
-def _imports(tree: ast.Module) -> list[tuple[str, bool]]:
-    """(name, member): ``member`` when the name came from ``from m import name`` and may be no module."""
     found: list[tuple[str, bool]] = []
 
     def visit(body: list[ast.stmt]) -> None:

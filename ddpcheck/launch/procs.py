@@ -299,16 +299,22 @@ def kill_group(pid: int) -> None:
 # ~10 ms and its exit as much again, once per group), it reads pids until "done" or end-of-file.
 # POSIX sh only (dash's kill takes no "--"): "kill -9 -PID" is the process group PID.
 _JANITOR_SCRIPT = """
+set -f
+nl='
+'
 pids=
+dirs=$1
 while IFS= read -r line; do
   case $line in
     done) exit 0 ;;
+    /*) dirs="$dirs$nl$line" ;;
     ''|*[!0-9]*) ;;
     *) pids="$pids $line" ;;
   esac
 done
 for pid in $pids; do kill -9 "-$pid" 2>/dev/null; kill -9 "$pid" 2>/dev/null; done
-rm -rf -- "$1"
+IFS=$nl
+for dir in $dirs; do chmod -R u+rwx -- "$dir" 2>/dev/null; rm -rf -- "$dir"; done
 """
 
 
@@ -316,7 +322,8 @@ class Janitor:
     """A tiny process that cleans up after this one if it dies without doing so (SIGKILL).
 
     It waits for end-of-file on a pipe only this process holds (ranks close their copy first thing);
-    unless told ``done`` it then kills the process groups it was told about and removes ``workdir``.
+    unless told ``done`` it then kills the process groups it was told about and removes ``workdir`` and
+    the folders it was told about.
     It runs in its own session, so a Ctrl-C in the terminal is not for it.
     """
 
@@ -336,6 +343,11 @@ class Janitor:
         if self.fd >= 0:
             os.write(self.fd, f"{pid}\n".encode())
 
+    def remove(self, path: str) -> None:
+        """Remove the folder ``path`` (absolute, one line) too if this process dies."""
+        if self.fd >= 0 and os.path.isabs(path) and "\n" not in path:
+            os.write(self.fd, f"{path}\n".encode())
+
     def close(self) -> None:
         if self.fd >= 0:
             try:
@@ -349,6 +361,26 @@ class Janitor:
                 with contextlib.suppress(OSError):
                     os.kill(self.pid, signal.SIGKILL)
                 reap(self.pid, 5.0)
+
+
+def remove_tree(path: str) -> None:
+    """``rm -rf``, also through folders without permissions (overlayfs leaves its work folder mode 000)."""
+
+    def unlock(_func: Any, failed: str, _exc: Any) -> None:
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(failed) or ".", 0o700)
+            if os.path.isdir(failed) and not os.path.islink(failed):
+                os.chmod(failed, 0o700)
+                shutil.rmtree(failed, ignore_errors=True)
+            else:
+                os.unlink(failed)
+
+    if not os.path.lexists(path):
+        return
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=unlock)
+    else:
+        shutil.rmtree(path, onerror=unlock)
 
 
 def _spawn_janitor(read_fd: int, workdir: str) -> int:
@@ -381,11 +413,12 @@ def _janitor_main(read_fd: int, write_fd: int, workdir: str) -> None:
             if not chunk:
                 break
             data += chunk
-        lines = data.decode(errors="replace").split()
+        lines = data.decode(errors="replace").splitlines()
         if "done" not in lines:
             for line in lines:
                 if line.isdigit():
                     kill_group(int(line))
-            shutil.rmtree(workdir, ignore_errors=True)
+            for folder in [workdir, *(line for line in lines if line.startswith("/"))]:
+                remove_tree(folder)
     finally:
         os._exit(0)

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy.random  # noqa: F401 - imported once in the parent, not in every forked rank (~8 ms each)
 
+from ddpcheck.launch.names import named_flag_offset, watch_named_memory
 from ddpcheck.launch.preload import refresh_rank_state
 from ddpcheck.launch.procs import reap, write_frame
 from ddpcheck.launch.target import TargetRef
@@ -543,6 +544,7 @@ def rank_main(spec: RankSpec, conn: Any, progress: Any, ready: Any = None) -> No
         fresh_exit_state()
     if spec.watch_hashing:
         watch_str_hashing(progress, hash_flag_offset(spec.world_size, spec.rank))
+    watch_named_memory(progress, named_flag_offset(PROGRESS_BYTES, spec.world_size, spec.rank), spec.workdir)
     fresh_random_state()
     install_stack_dumps(open(stack_path(spec.workdir, spec.rank), "w"))  # noqa: SIM115 - lives as the rank
     code = 0

@@ -23,11 +23,14 @@ from datetime import timedelta
 
 from ddpcheck.launch.procs import Janitor, kill_group, read_tail
 from ddpcheck.launch.rank import NATIVE_STACK_SIGNAL, PYTHON_STACK_WAIT_S, STACK_SIGNAL, torchrun_env
+from ddpcheck.launch.workdir import RunWorkdir, WorkdirGuard
 
 STACK_ENV = "DDPCHECK_STACK_FILE"  # where a rank writes its stacks when asked (a hang)
 PARENT_ENV = "DDPCHECK_PARENT_PID"  # a rank dies with this process
 AFTER_FAILURE_GRACE_S = 10.0  # how long the other ranks may still finish once one has failed
 OUTPUT_TAIL = 4000
+OUTPUT_LINES = 12  # of a rank's own output, shown with its failure
+OWN_PREFIX = "ddpcheck.record:"  # what the rank side prints itself, not the script
 
 
 @dataclass
@@ -64,9 +67,14 @@ def launch_script(
     cwd: str,
     timeout: float,
     env: dict[str, str] | None = None,
+    workdir: WorkdirGuard | None = None,
+    label: str = "",
 ) -> ScriptLaunch:
     """Run ``python -m ddpcheck.record --out OUT ... -- SCRIPT ARGS`` (``command``: what follows
-    ``python``) on ``world_size`` ranks; returns when every rank has ended or been killed."""
+    ``python``) on ``world_size`` ranks; returns when every rank has ended or been killed.
+
+    ``workdir``: the ranks see the working directory through this run's view of it (``label`` names
+    the run in what the guard reports); it ends once every rank has."""
     import torch.distributed as dist
 
     from ddpcheck.launch.group import bind_loopback
@@ -87,7 +95,11 @@ def launch_script(
     janitor = Janitor(out)
     run_id = uuid.uuid4().hex[:12]
     started = time.monotonic()
+    view: RunWorkdir | None = None
     try:
+        if workdir is not None:
+            view = workdir.start(label or f"world size {world_size}", janitor)
+            cwd, env = view.cwd, {**(env or {}), **view.env}
         for rank in range(world_size):
             launch.ranks.append(_start(rank, world_size, port, run_id, command, out, cwd, env, janitor))
         _watch(launch, started + timeout)
@@ -100,6 +112,8 @@ def launch_script(
                 if entry.returncode is None:
                     entry.returncode = entry.proc.returncode
             entry.output = read_tail(entry.log, OUTPUT_TAIL)
+        if view is not None and workdir is not None:
+            workdir.finish(view)
         janitor.close()
         del store
         launch.seconds = time.monotonic() - started
@@ -167,6 +181,17 @@ def _watch(launch: ScriptLaunch, deadline: float) -> None:
                 entry.hung = True
             return
         time.sleep(0.05)
+
+
+def output_tail(output: str, lines: int = OUTPUT_LINES, width: int = 300) -> str:
+    """The last ``lines`` lines the script printed on a rank (ddpcheck's own lines left out), each cut
+    at ``width`` characters; "" when it printed nothing."""
+    kept = [
+        line if len(line) <= width else line[: width - 3] + "..."
+        for line in output.splitlines()
+        if line.strip() and not line.startswith(OWN_PREFIX) and not line.startswith("[... ")
+    ]
+    return "\n".join(kept[-lines:])
 
 
 def _dump(entries: Sequence[ScriptRank]) -> None:

@@ -29,8 +29,8 @@ from ddpcheck.report.view import (
     failure_ranks,
     fmt_diff,
     fmt_number,
+    resume_caption,
     resume_cells,
-    resume_summary,
     same_failures,
     trim_stack,
 )
@@ -127,7 +127,7 @@ def render_html(result: CheckResult | ReportView) -> str:
         f"<title>ddpcheck {word}: {_e(res.loader)}</title>",
         f"<style>{CSS}</style></head><body><main>",
         f'<h1>ddpcheck <span class="badge {"ok" if res.ok else "failed"}">{word.upper()}</span></h1>',
-        f'<p class="meta">Loader <code>{_e(res.loader)}</code></p>',
+        f'<p class="meta">{view.subject} <code>{_e(res.loader)}</code></p>',
         f'<p class="meta">{_e(facts)}</p>',
         f'<p class="summary" id="summary">{_e(view.summary())}</p>',
     ]
@@ -174,8 +174,10 @@ def _grid(view: ReportView) -> list[str]:
     rows = []
     for row in view.rows:
         pictured = row.run.figures is not None
-        label = f'<a href="#{_e(row.anchor)}">{_e(row.label)}</a>' if pictured else _e(row.label)
-        cells = [f"<th>{label}</th>"]
+        shown = row.short if view.loader_column else row.label
+        label = f'<a href="#{_e(row.anchor)}">{_e(shown)}</a>' if pictured else _e(shown)
+        cells = [f"<th>{_e(row.loader)}</th>"] if view.loader_column else []
+        cells.append(f"<th>{label}</th>")
         for cell in (row.cell(c) for c in view.columns):
             if cell.status is None:
                 cells.append(f'<td class="status notrun">{NOT_RUN}</td>')
@@ -195,10 +197,11 @@ def _grid(view: ReportView) -> list[str]:
         cells.append(f'<td class="ranks">{_e(row.ranks)}</td>')
         rows.append(f'<tr data-world-size="{row.run.world_size}">{"".join(cells)}</tr>')
     pad_head = ("<th>padding</th>" if padding else "") + ("<th>idle</th>" if idle else "")
+    named = "<th>loader</th>" if view.loader_column else ""
     return [
         "<h2>Checks</h2>",
-        f'<div class="grid"><table class="grid"><thead><tr><th>world size</th>{head}{pad_head}<th>ranks</th>'
-        "</tr></thead><tbody>",
+        f'<div class="grid"><table class="grid"><thead><tr>{named}<th>world size</th>{head}{pad_head}'
+        "<th>ranks</th></tr></thead><tbody>",
         *rows,
         "</tbody></table></div>",
         f'<p class="legend">{_e(view.legend)}</p>',
@@ -236,6 +239,9 @@ def _details(view: ReportView) -> list[str]:
             first = " (the first)" if len(entries) > 1 else ""
             summary = f"<summary>stack of rank {failure.rank}{first}</summary>"
             body.append(f"<details>{summary}<pre>{_e(stack)}</pre></details>")
+        if failure.output.strip():
+            summary = f"<summary>last output lines of rank {failure.rank}</summary>"
+            body.append(f"<details open>{summary}<pre>{_e(failure.output)}</pre></details>")
         items.append(f'<div class="item rank"{anchor}>{"".join(body)}</div>')
     return ["<h2>Details</h2>", *items] if items else []
 
@@ -322,12 +328,7 @@ def _resume(view: ReportView) -> list[str]:
         blocks.append(f'<section class="resume" id="resume-{_e(row.anchor)}"><h3>{_e(row.label)}</h3>')
         if row.bad_restores:
             svg = resume_svg(row.bad_restores, row.label)
-            caption = f"Failed and refused restores, {row.label}: " + "; ".join(
-                f"{summary.topology}: {summary.failed} failed, {summary.refused} refused"
-                + (f", worst {summary.worst}" if summary.worst else "")
-                for summary in resume_summary(view, row)
-                if summary.failed or summary.refused
-            )
+            caption = resume_caption(view, row)
             blocks.append(f'<figure class="resume">{svg}<figcaption>{_e(caption)}</figcaption></figure>')
         blocks.append(
             f'<table class="resume"><thead><tr>{head}</tr></thead><tbody>{"".join(lines)}</tbody></table>'

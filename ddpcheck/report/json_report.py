@@ -40,8 +40,9 @@ Schema (``SCHEMA_VERSION = 3``); every key is always present::
                      "cause": str, "fix": str, "ranks": [int, ...], "epochs": [int, ...], "examples": [...],
                      "data": {...}}
         },
-        "failures": [{"rank": int, "kind": str, "message": str, "stack": str, "progress": str}],
-                                     # a stack equal to an earlier rank's: "(the same stack as rank N)"
+        "failures": [{"rank": int, "kind": str, "message": str, "stack": str, "progress": str,
+                      "output": str}],         # output: a script rank's last printed lines; a stack
+                                               # equal to an earlier rank's: "(the same stack as rank N)"
         "divergence": [{"metric": str, "reference": float, "naive": float, "corrected": float,
                         "naive_diff": float, "corrected_diff": float, "duplicated": int,
                         "dropped": int, "order_only": bool, "cause": str}],
@@ -51,7 +52,9 @@ Schema (``SCHEMA_VERSION = 3``); every key is always present::
                     "epoch": int, "step": int, "status": str,
                     "before": int, "after": int,   # samples trained before the stop / after the restore
                     "skipped": int, "repeated": int,
-                    "first_divergence": int | null, "note": str}]
+                    "first_divergence": int | null, "note": str,
+                    "ranks": [{"rank": int, "before": int, "after": int,   # every rank's part ([]: not
+                               "lost": int, "repeated": int}]}]            # known); see RankRestore
       }],
       "mixture": [{                  # per layout whose batches carry a source (sample_source / "source")
         "label": str, "status": str, "sources": [str, ...],
@@ -80,8 +83,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from ddpcheck.checks.verdict import Verdict
-from ddpcheck.report.view import Cause, MixtureTable, ReportView, Row, as_view
-from ddpcheck.result import CheckResult, MetricRow, ResumeRow
+from ddpcheck.report.mixture_view import MixtureTable
+from ddpcheck.report.view import Cause, ReportView, Row, as_view
+from ddpcheck.restores import ResumeRow
+from ddpcheck.result import CheckResult, MetricRow
 from ddpcheck.trace import RankFailure
 
 SCHEMA_VERSION = 3  # 2: layouts (label, mesh), padding, each cause's fix; 3: resume topology/outcome, idle
@@ -217,6 +222,10 @@ def _resume(row: ResumeRow) -> dict[str, Any]:
         "repeated": row.repeated,
         "first_divergence": row.first_divergence,
         "note": row.note,
+        "ranks": [
+            {"rank": r.rank, "before": r.before, "after": r.after, "lost": r.lost, "repeated": r.repeated}
+            for r in row.ranks
+        ],
     }
 
 
@@ -256,6 +265,7 @@ def _failure(failure: RankFailure) -> dict[str, Any]:
         "message": failure.message,
         "stack": failure.stack,
         "progress": failure.progress,
+        "output": failure.output,
     }
 
 

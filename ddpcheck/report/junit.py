@@ -140,6 +140,8 @@ def _cases(run: WorldResult, order: tuple[str, ...]) -> list[Case]:
                 lines.append(f"progress: {failure.progress}")
             if failure.stack.strip():
                 lines.append(failure.stack.rstrip())
+            if failure.output.strip():
+                lines += ["its last output lines:", failure.output.rstrip()]
             blocks.append("\n".join(lines))
         message = rank_summary(run.failures)
         cases.append(("ranks", "failure", {"message": message, "type": "rank-failure"}, "\n\n".join(blocks)))

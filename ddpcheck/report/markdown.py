@@ -15,7 +15,7 @@ from urllib.parse import quote
 from tabulate import tabulate
 
 from ddpcheck.layout import Layout, file_safe
-from ddpcheck.report.svg import PictureFile, picture_files
+from ddpcheck.report.svg import RESUME_PICTURE, PictureFile, picture_files
 from ddpcheck.report.table import padded_only, sample_ids
 from ddpcheck.report.view import (
     NOT_RUN,
@@ -27,6 +27,7 @@ from ddpcheck.report.view import (
     failure_ranks,
     fmt_diff,
     fmt_number,
+    resume_caption,
     resume_cells,
     same_failures,
     trim_stack,
@@ -75,7 +76,7 @@ def render_markdown(result: CheckResult | ReportView, *, figure_stem: str | None
     blocks = [
         f"## {icon} ddpcheck {res.verdict_word}",
         md_escape(view.summary()),
-        f"Loader {md_code(res.loader)} · ids {md_code(res.id_source)} · epochs {res.epochs}",
+        f"{view.subject} {md_code(res.loader)} · ids {md_code(res.id_source)} · epochs {res.epochs}",
     ]
     if view.causes:
         blocks.append(_causes(view))
@@ -88,9 +89,11 @@ def render_markdown(result: CheckResult | ReportView, *, figure_stem: str | None
     blocks += [
         b for b in (_reasons(view.skipped, "Skipped"), _reasons(view.not_applicable, "Not applicable")) if b
     ]
+    drawn = picture_names(view, figure_stem) if figure_stem is not None else []
     if figure_stem is not None:
-        blocks.append(_pictures(view, figure_stem))
-    blocks += [b for b in (_divergence(view), _resume(view), _notes(res)) if b]
+        blocks.append(_pictures(view, [p for p in drawn if p.picture.kind != RESUME_PICTURE]))
+    restores = {id(p.run): p for p in drawn if p.picture.kind == RESUME_PICTURE}
+    blocks += [b for b in (_divergence(view), _resume(view, restores), _notes(res)) if b]
     return "\n\n".join(b for b in blocks if b)
 
 
@@ -111,9 +114,15 @@ def _status(row: Row, check: str) -> str:
 
 
 def _grid(view: ReportView) -> str:
-    headers = ["world size", *(md_code(c) for c in view.grid_columns), "ranks"]
+    named = ["loader"] if view.loader_column else []  # a script's loaders: a column of their own
+    headers = [*named, "world size", *(md_code(c) for c in view.grid_columns), "ranks"]
     rows = [
-        [md_escape(row.label), *(_status(row, c) for c in view.grid_columns), md_escape(row.ranks)]
+        [
+            *([md_escape(row.loader)] if named else []),
+            md_escape(row.short if named else row.label),
+            *(_status(row, c) for c in view.grid_columns),
+            md_escape(row.ranks),
+        ]
         for row in view.rows
     ]
     return _table(rows, headers)
@@ -161,6 +170,10 @@ def _rank_failures(view: ReportView) -> str:
             summary = html.escape(f"stack of rank {failure.rank} at {entry.where}{first}")
             stack = _fence(trim_stack(failure.stack, MD_STACK_LINES))
             parts.append(f"\n<details><summary>{summary}</summary>\n\n{stack}\n\n</details>\n")
+        if failure.output.strip():
+            summary = html.escape(f"last output lines of rank {failure.rank} at {entry.where}")
+            output = _fence(failure.output.splitlines())
+            parts.append(f"\n<details><summary>{summary}</summary>\n\n{output}\n\n</details>\n")
     return "\n".join(["### Rank failures", "", *parts]).rstrip() if parts else ""
 
 
@@ -193,11 +206,11 @@ def picture_names(view: ReportView, stem: str) -> list[PictureFile]:
     ]
 
 
-def _pictures(view: ReportView, stem: str) -> str:
+def _pictures(view: ReportView, drawn: Sequence[PictureFile]) -> str:
     blocks: list[str] = []
     last: object = None
     labels = {id(row.run): row.label for row in view.rows}
-    for item in picture_names(view, stem):
+    for item in drawn:
         if item.run is not last:
             blocks.append(f"**{md_escape(labels.get(id(item.run), ''))}**")
             last = item.run
@@ -205,7 +218,9 @@ def _pictures(view: ReportView, stem: str) -> str:
     return "\n\n".join(["### Pictures", *blocks]) if blocks else ""
 
 
-def _resume(view: ReportView) -> str:
+def _resume(view: ReportView, pictures: dict[int, PictureFile]) -> str:
+    """Per layout its restores, under the picture of its failed and refused ones (one bar per rank)
+    where the pictures are written (``pictures``: by the id of the layout's run)."""
     blocks: list[str] = []
     for row in view.rows:
         if not row.run.resume:
@@ -213,7 +228,12 @@ def _resume(view: ReportView) -> str:
         rows = [
             [*map(md_escape, resume_cells(stop)), md_escape(stop.note or NOT_RUN)] for stop in row.run.resume
         ]
-        blocks.append(f"**{md_escape(row.label)}**\n\n{_table(rows, RESUME_HEADERS)}")
+        picture = pictures.get(id(row.run))
+        drawn = ""
+        if picture is not None:
+            caption = md_escape(resume_caption(view, row))
+            drawn = f"![{md_escape(picture.picture.title)}]({quote(picture.name)})\n\n{caption}\n\n"
+        blocks.append(f"**{md_escape(row.label)}**\n\n{drawn}{_table(rows, RESUME_HEADERS)}")
     return "\n\n".join(["### Resume", *blocks]) if blocks else ""
 
 

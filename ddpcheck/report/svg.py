@@ -29,8 +29,10 @@ from ddpcheck.checks.ids import (
     WORK_BALANCE,
 )
 from ddpcheck.figures import NO_RANK, SEVERAL, EpochFigure, FigureData
-from ddpcheck.report.view import ReportView, as_view, spans
-from ddpcheck.result import CheckResult, ResumeRow, WorldResult
+from ddpcheck.messages import spans
+from ddpcheck.report.view import ReportView, as_view, restore_outcome
+from ddpcheck.restores import ResumeRow
+from ddpcheck.result import CheckResult, WorldResult
 
 WIDTH = 960
 LEFT = 96  # label column
@@ -519,12 +521,15 @@ class PictureFile:
 
 
 def picture_files(result: CheckResult | ReportView, stem: str) -> list[PictureFile]:
-    """Every picture of ``result`` with the file name the Markdown report links it by."""
+    """Every picture of ``result`` with the file name the Markdown report links it by: each layout's
+    figures, then its failed and refused restores (kind ``resume``)."""
     out = []
     for row in as_view(result).rows:
-        if row.run.figures is None:
-            continue
-        for picture in pictures(row.run.figures, failed_checks(row.run)):
+        drawn = pictures(row.run.figures, failed_checks(row.run)) if row.run.figures is not None else []
+        if row.bad_restores:
+            title = f"Failed and refused restores, {row.label}"
+            drawn.append(Picture(RESUME_PICTURE, title, resume_svg(row.bad_restores, row.label)))
+        for picture in drawn:
             out.append(PictureFile(f"{stem}-{row.anchor}-{picture.kind}.svg", row.run, picture))
     return out
 
@@ -581,65 +586,111 @@ def mixture_svg(
 REFUSED = "#8c959f"  # neutral: a restore that raised a clear error is an honest answer, not a loss
 BEFORE = "#4e79a7"
 AFTER = "#a0cbe8"
-MAX_RESTORE_ROWS = 24
+MAX_RESTORE_ROWS = 24  # bars in one picture (a restore's per-rank bars count one each)
+RESUME_PICTURE = "resume"  # the kind of a layout's picture of its failed and refused restores
+MAX_RANK_BARS = 8  # per restore: the ranks that lost or repeated first, then the others in rank order
+
+
+@dataclass(frozen=True)
+class _Bar:
+    """One bar of the resume picture: a rank's part of a restore, or the whole restore."""
+
+    label: str
+    tip: str  # the restore's name and who, for hover texts
+    before: int
+    lost: int
+    after: int
+    repeated: int
+
+
+def resume_bars(row: ResumeRow) -> tuple[list[_Bar], int]:
+    """A failed restore's bars, one per rank (the ranks that lost or repeated first, at most
+    :data:`MAX_RANK_BARS`), or one for the whole restore where the row has no per-rank counts; and how
+    many ranks were left out."""
+    name = f"{row.topology} e{row.epoch} s{row.step}"
+    if not row.ranks:
+        return [_Bar(name if len(name) <= 16 else name[:15] + "…", name, row.before, row.skipped, row.after,
+                     row.repeated)], 0  # fmt: skip
+    damaged = [r for r in row.ranks if r.lost or r.repeated]
+    shown = sorted(
+        [*damaged, *(r for r in row.ranks if r not in damaged)][:MAX_RANK_BARS], key=lambda r: r.rank
+    )
+    bars = [
+        _Bar(f"rank {r.rank}", f"{name}, rank {r.rank}", r.before, r.lost, r.after, r.repeated) for r in shown
+    ]
+    return bars, len(row.ranks) - len(shown)
+
+
+def _bar(bar: _Bar, y: float, scale: float) -> list[str]:
+    """before | lost | after on one scale, the repeats marked on the after part's head."""
+    out = [_label(LEFT - 8, y + 11, bar.label, anchor="end")]
+    x = float(LEFT)
+    for css, n, color in (
+        ("before", bar.before, BEFORE),
+        ("lost", bar.lost, MISSING),
+        ("after", bar.after, AFTER),
+    ):
+        width = PLOT * n / scale
+        if width > 0:
+            out.append(
+                f'<rect class="{css}" x="{x:.2f}" y="{y}" width="{max(width, 1.5):.2f}" height="{STRIP}" '
+                f'fill="{color}"><title>{_text(f"{bar.tip}: {n:,} {css}")}</title></rect>'
+            )
+        x += width
+    if bar.repeated:  # samples trained again after the restore: the after bar's head
+        start = LEFT + PLOT * (bar.before + bar.lost) / scale
+        width = max(PLOT * min(bar.repeated, max(bar.after, bar.repeated)) / scale, 1.5)
+        out.append(
+            f'<rect class="repeated" x="{start:.2f}" y="{y + STRIP / 2:g}" width="{width:.2f}" '
+            f'height="{STRIP / 2:g}" fill="{DUPLICATED}">'
+            f"<title>{_text(f'{bar.tip}: {bar.repeated:,} repeated')}</title></rect>"
+        )
+    said = [f"lost {bar.lost:,}" if bar.lost else "", f"rep. {bar.repeated:,}" if bar.repeated else ""]
+    out.append(
+        _label(WIDTH - 4, y + 11, ", ".join(w for w in said if w) or "exact", anchor="end", color=MISSING)
+    )
+    return out
 
 
 def resume_svg(rows: Sequence[ResumeRow], where: str) -> str:
-    """One bar per failed or refused restore: the samples trained before the stop, what the restore lost
-    (red) and repeated (orange), and after it; a refused restore as a grey bar (it raised: nothing lost
-    silently). Bars share one scale, so the worst loss stands out."""
-    shown = list(rows[:MAX_RESTORE_ROWS])
-    scale = max((r.before + r.skipped + r.after for r in shown), default=0) or 1
-    body = [_label(0, 14, "Per restore: trained before the stop | lost | after the restore (repeats marked)",
-                   color=MUTED)]  # fmt: skip
-    y = 26
-    for row in shown:
-        outcome = row.outcome or ("failed" if row.status == "fail" else row.status)
+    """Per failed restore one bar per rank (the samples it trained before the stop, what the restore lost
+    in red, repeated in orange, and after it), headed by the restore; a refused restore as one grey bar
+    (it raised: nothing lost silently). Bars share one scale, so the worst loss stands out."""
+    planned = [(row, resume_bars(row) if restore_outcome(row) != "refused" else ([], 0)) for row in rows]
+    scale = max((b.before + b.lost + b.after for _, (bars, _) in planned for b in bars), default=0) or 1
+    body = [_label(0, 14, "Per restore and rank: trained before the stop | lost | after the restore (repeats "
+                   "marked)", color=MUTED)]  # fmt: skip
+    y, drawn, left_out = 26, 0, 0
+    for row, (bars, hidden) in planned:
+        outcome = restore_outcome(row)
+        if drawn + max(len(bars), 1) > MAX_RESTORE_ROWS:
+            left_out += 1
+            continue
         name = f"{row.topology} e{row.epoch} s{row.step}"
         body.append(f'<g class="restore {_attr(outcome)}" data-topology="{_attr(row.topology)}">')
-        body.append(_label(LEFT - 8, y + 11, name if len(name) <= 16 else name[:15] + "…", anchor="end"))
         if outcome == "refused":
             note = f"refused: {row.note}" if row.note else "refused"
+            body.append(_label(LEFT - 8, y + 11, name if len(name) <= 16 else name[:15] + "…", anchor="end"))
             body.append(
                 f'<rect class="refused" x="{LEFT}" y="{y}" width="{PLOT:g}" height="{STRIP}" '
                 f'fill="{REFUSED}" fill-opacity="0.35"><title>{_text(name + ": " + note)}</title></rect>'
             )
             body.append(_label(WIDTH - 4, y + 11, "refused", anchor="end", color=MUTED))
+            y += STRIP + GAP
         else:
-            x = float(LEFT)
-            parts = (
-                ("before", row.before, BEFORE),
-                ("lost", row.skipped, MISSING),
-                ("after", row.after, AFTER),
-            )
-            for css, n, color in parts:
-                width = PLOT * n / scale
-                if width > 0:
-                    tip = f"{name}: {n:,} {css}"
-                    body.append(
-                        f'<rect class="{css}" x="{x:.2f}" y="{y}" width="{max(width, 1.5):.2f}" '
-                        f'height="{STRIP}" fill="{color}"><title>{_text(tip)}</title></rect>'
-                    )
-                x += width
-            if row.repeated:  # repeats are samples trained again after the restore: the after bar's head
-                start = LEFT + PLOT * (row.before + row.skipped) / scale
-                width = max(PLOT * min(row.repeated, max(row.after, row.repeated)) / scale, 1.5)
-                tip = f"{name}: {row.repeated:,} repeated"
-                body.append(
-                    f'<rect class="repeated" x="{start:.2f}" y="{y + STRIP / 2:g}" width="{width:.2f}" '
-                    f'height="{STRIP / 2:g}" fill="{DUPLICATED}"><title>{_text(tip)}</title></rect>'
-                )
-            said = [
-                f"lost {row.skipped:,}" if row.skipped else "",
-                f"rep. {row.repeated:,}" if row.repeated else "",
-            ]
-            text = ", ".join(w for w in said if w) or outcome
-            body.append(_label(WIDTH - 4, y + 11, text, anchor="end", color=MISSING))
+            if row.ranks:  # the restore heads its ranks' bars
+                head = f"{name}: lost {row.skipped:,}, repeated {row.repeated:,}"
+                more = f" ({hidden} more ranks not drawn)" if hidden else ""
+                body.append(_label(LEFT, y + 11, head + more, bold=True))
+                y += STRIP + GAP
+            for bar in bars:
+                body += _bar(bar, y, scale)
+                y += STRIP + GAP
         body.append("</g>")
-        y += STRIP + GAP
-    if len(rows) > len(shown):
+        drawn += max(len(bars), 1)
+    if left_out:
         y += 10
-        body.append(_label(LEFT, y, f"... and {len(rows) - len(shown)} more (the table below)", color=MUTED))
+        body.append(_label(LEFT, y, f"... and {left_out} more restores (the table below)", color=MUTED))
     y += 16
     x = float(LEFT)
     for name, color in (("before", BEFORE), ("lost", MISSING), ("repeated", DUPLICATED), ("after", AFTER),

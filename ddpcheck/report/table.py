@@ -159,8 +159,12 @@ def _grid(view: ReportView, paint: Paint, width: int, layout: Layout) -> str:
 def _wide_grid(view: ReportView, paint: Paint, width: int) -> str:
     """One row per layout, one column per check (short labels, explained in a legend line)."""
     checks = view.grid_columns
-    headers = ["ws", *(SHORT_LABELS.get(check, check) for check in checks)]
-    rows = [[row.short, *(_status_cell(row, check, paint) for check in checks)] for row in view.rows]
+    named = ["loader"] if view.loader_column else []  # a script's loaders: a column of their own
+    headers = [*named, "ws", *(SHORT_LABELS.get(check, check) for check in checks)]
+    rows = [
+        [*([row.loader] if named else []), row.short, *(_status_cell(row, check, paint) for check in checks)]
+        for row in view.rows
+    ]
     room = max(width - visible_width(_table(rows, headers, pad=False)) - 2, _MIN_WRAP)
     for cells, row in zip(rows, view.rows, strict=True):
         cells.append(_printable(row.ranks))
@@ -250,6 +254,9 @@ def _details(view: ReportView, width: int) -> str:
         if failure.stack.strip():
             lines.append(f"{_INDENT}stack{' (the first)' if len(entries) > 1 else ''}:")
             lines += [f"{_INDENT * 2}{line}" for line in trim_stack(failure.stack)]
+        if failure.output.strip():
+            lines.append(f"{_INDENT}its last output lines{' (the first)' if len(entries) > 1 else ''}:")
+            lines += [f"{_INDENT * 2}{line}" for line in failure.output.splitlines()]
     return _section("Details", lines)
 
 

@@ -12,15 +12,18 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import os
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ddpcheck.checks.ids import ALL_CHECKS, MIXTURE, PADDING_BOUND, SHORT_LABELS, WORK_BALANCE
+from ddpcheck.checks.ids import ALL_CHECKS, PADDING_BOUND, SHORT_LABELS, WORK_BALANCE
 from ddpcheck.checks.verdict import Verdict
-from ddpcheck.messages import count_text, short_id
-from ddpcheck.result import CheckResult, ResumeRow, WorldResult
+from ddpcheck.messages import count_text, short_id, spans
+from ddpcheck.report.mixture_view import MixtureTable, mixture_table
+from ddpcheck.restores import ResumeRow
+from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.trace import RankFailure
 
 STATUS_WORD = {"pass": "PASS", "fail": "FAIL", "skip": "skip", "n/a": "n/a", "allowed": "allowed"}
@@ -78,8 +81,9 @@ class Row:
     anchor: str  # an id for links: "ws2", "dp2-tp2"
     cells: tuple[Cell, ...]
     ranks: str  # "ok", "skipped: ...", "rank 1 crashed; ranks 0, 2 aborted"
-    padding: str  # "4 padding copies of 64 samples (6%)", "none", or "" when padding was not judged
+    padding: str  # "4 padding copies of 64 samples (6%)...", "none", or "" when padding was not judged
     idle: str = ""  # "idle 14%, 12% (random batching: 16%, 17%)", or "" when work was not measured
+    loader: str = ""  # a script's loader (``train.py:42``), the grid's own column; "" for a loader file
 
     def cell(self, check: str) -> Cell:
         return next((c for c in self.cells if c.check == check), Cell(check, None))
@@ -177,6 +181,17 @@ class ReportView:
         return ", ".join(f"{SHORT_LABELS[c]} = {c}" for c in self.grid_columns if SHORT_LABELS.get(c, c) != c)
 
     @property
+    def subject(self) -> str:
+        """What was checked, as a report's header names it: Script, Traces (``ddpcheck judge``) or Loader."""
+        options = self.result.options
+        return "Script" if "script" in options else "Traces" if "judged" in options else "Loader"
+
+    @property
+    def loader_column(self) -> bool:
+        """The grid gives a script's loaders a column of their own."""
+        return any(row.loader for row in self.rows)
+
+    @property
     def pictured(self) -> tuple[Row, ...]:
         """Rows with pictures, failing layouts first (what a reader opens the pictures for), then in
         run order."""
@@ -208,6 +223,7 @@ def as_view(source: CheckResult | ReportView) -> ReportView:
 
 def build_view(result: CheckResult) -> ReportView:
     """The view of ``result`` (pure; a report that writes several formats builds it once)."""
+    result = shown_loaders(result)
     with_backend = show_backend(result)
     found = causes(result)
     columns = check_columns(result)
@@ -240,9 +256,9 @@ def _row(run: WorldResult, columns: Sequence[str], with_backend: bool, found: Se
         tip = "; ".join(v.detail for v in verdicts if v.detail)
         cells.append(Cell(check, status, tip, number))
     label = world_label(run, with_backend)
-    short = f"{run.label} {run.backend}" if with_backend else run.label
+    short = world_label(run, with_backend, loader=False).removeprefix("ws=")
     return Row(run, label, short, anchor(run, with_backend), tuple(cells), ranks_text(run), padding_text(run),
-               idle_text(run))  # fmt: skip
+               idle_text(run), run.loader)  # fmt: skip
 
 
 def anchor(run: WorldResult, with_backend: bool) -> str:
@@ -268,6 +284,29 @@ def _failure_cause(found: Sequence[Cause], run: WorldResult, failure: RankFailur
 # ------------------------------------------------------------------ pieces of the view
 
 
+def shown_loaders(result: CheckResult) -> CheckResult:
+    """A script's loaders named relative to the working directory it ran in (``options["cwd"]``), as the
+    script's own paths read there: ``../examples/train.py:42`` rather than an absolute path."""
+    cwd = result.options.get("cwd")
+    if not isinstance(cwd, str) or not cwd or not any(run.loader for run in result.runs):
+        return result
+    runs = tuple(
+        replace(run, loader=loader_shown(run.loader, cwd)) if run.loader else run for run in result.runs
+    )
+    return replace(result, runs=runs)
+
+
+def loader_shown(name: str, cwd: str) -> str:
+    """``/abs/path/train.py:42#2`` relative to ``cwd``; any other name as it is."""
+    path, colon, line = name.rpartition(":")
+    if not colon or not os.path.isabs(path):
+        return name
+    try:
+        return f"{os.path.relpath(path, cwd)}:{line}"
+    except ValueError:  # another drive
+        return name
+
+
 def check_columns(result: CheckResult) -> tuple[str, ...]:
     """Check ids seen in any run: known ids in ``ALL_CHECKS`` order, then unknown ones as first seen."""
     seen: list[str] = []
@@ -284,10 +323,11 @@ def show_backend(result: CheckResult) -> bool:
     return len({run.backend for run in result.runs}) > 1
 
 
-def world_label(run: WorldResult, with_backend: bool) -> str:
-    """``ws=2`` for a world size, ``dp=2,tp=2`` for a mesh (with the backend when runs used several)."""
+def world_label(run: WorldResult, with_backend: bool, *, loader: bool = True) -> str:
+    """``ws=2`` for a world size, ``dp=2,tp=2`` for a mesh (with the backend when runs used several);
+    ``train.py:42 ws=2`` for a script's loader (``loader=False``: the layout alone)."""
     label = run.layout.label if run.layout is not None and run.layout.mesh else f"ws={run.world_size}"
-    if run.loader:  # a training script's loader: its row group is named by the line that built it
+    if run.loader and loader:  # a training script's loader: its row group is named by the line that built it
         label = f"{run.loader} {label}"
     return f"{label} {run.backend}" if with_backend else label
 
@@ -328,7 +368,8 @@ def idle_text(run: WorldResult) -> str:
 def padding_text(run: WorldResult) -> str:
     """``4 padding copies of 64 samples (6%)``, ``1 padding copy of 12 batches (8%)``: the padding a
     passing layout still costs, from padding_bound's data (the most in any epoch, in what the check
-    counted); ``none``; or "" when padding was not judged."""
+    counted); where it fails, the copies named as overlap between ranks ("23 extra copies of 96 samples
+    (24%): overlap between ranks (at most 1 can be padding)"); ``none``; or "" when not judged."""
     verdict = next((v for v in run.verdicts if v.check == PADDING_BOUND), None)
     if verdict is None:
         return ""
@@ -338,7 +379,12 @@ def padding_text(run: WorldResult) -> str:
     if copies == 0:
         return "none"
     noun = str(verdict.data.get("noun") or "samples")  # samples, batches, rows: what the check counted
-    return f"{count_text(copies, 'padding copies')} of {count_text(samples, noun)} ({copies / samples:.0%})"
+    share = f"of {count_text(samples, noun)} ({copies / samples:.0%})"
+    bound = verdict.data.get("bound")
+    if verdict.status == "pass" or not isinstance(bound, int):
+        return f"{count_text(copies, 'padding copies')} {share}"  # what the sampler adds by design
+    padding = f"at most {bound} can be padding" if bound else "the sampler adds no padding"
+    return f"{count_text(copies, 'extra copies')} {share}: overlap between ranks ({padding})"
 
 
 def count(result: CheckResult) -> Counts:
@@ -430,26 +476,6 @@ def failure_ranks(entries: Sequence[FailureEntry]) -> str:
         noun = "rank" if len(set(ranks)) == 1 else "ranks"
         by_ranks.setdefault(f"{noun} {spans(ranks)}", []).append(where)
     return "; ".join(f"{', '.join(wheres)} {ranks}" for ranks, wheres in by_ranks.items())
-
-
-def spans(numbers: Iterable[int], limit: int = MAX_LISTED) -> str:
-    """``0-23`` for a run of consecutive numbers, ``0, 2, 5-7`` otherwise; past ``limit`` runs, the rest
-    counted (``... (+2040 more)``), so 4096 ranks read as one line."""
-    ordered = sorted(dict.fromkeys(numbers))
-    runs: list[tuple[int, int]] = []
-    for n in ordered:
-        if runs and n == runs[-1][1] + 1:
-            runs[-1] = (runs[-1][0], n)
-        else:
-            runs.append((n, n))
-
-    def said(first: int, last: int) -> str:
-        return str(first) if first == last else f"{first}-{last}" if last > first + 1 else f"{first}, {last}"
-
-    shown = ", ".join(said(*run) for run in runs[:limit])
-    if len(runs) <= limit:
-        return shown
-    return f"{shown} ... (+{sum(last - first + 1 for first, last in runs[limit:])} more)"
 
 
 def join_limited(items: Iterable[object], fmt: Callable[[object], str], limit: int = MAX_LISTED) -> str:
@@ -589,19 +615,31 @@ def resume_summary(view: ReportView, only: Row | None = None) -> list[TopologySu
     return out
 
 
+def resume_caption(view: ReportView, row: Row) -> str:
+    """What a layout's resume picture shows, per topology change: failed and refused counts, the worst
+    loss (every report words it so)."""
+    return f"Failed and refused restores, {row.label}: " + "; ".join(
+        f"{summary.topology}: {summary.failed} failed, {summary.refused} refused"
+        + (f", worst {summary.worst}" if summary.worst else "")
+        for summary in resume_summary(view, row)
+        if summary.failed or summary.refused
+    )
+
+
 def restore_outcome(row: ResumeRow) -> str:
     """exact, resharded, refused or failed (a row judged before outcomes were named: by its status)."""
     return row.outcome or {"pass": "exact", "fail": "failed"}.get(row.status, row.status)
 
 
 def resume_notes(view: ReportView) -> list[tuple[str, int, tuple[str, ...]]]:
-    """The notes of refused and failed restores, identical ones once: (note, how many, topologies).
+    """The notes of refused, failed and unjudged restores, identical ones once: (note, how many,
+    topologies).
     A failure note that only restates its row's numbers ("not elastic: 2 -> 1 at ...") is left to the
     summary's worst loss."""
     found: dict[str, tuple[int, list[str]]] = {}
     for row in view.rows:
         for stop in row.run.resume:
-            if restore_outcome(stop) not in ("refused", "failed") or not stop.note:
+            if restore_outcome(stop) not in ("refused", "failed", "skip") or not stop.note:
                 continue
             if stop.note.startswith("not elastic: "):
                 continue
@@ -626,7 +664,19 @@ def skip_reasons(result: CheckResult, status: str = "skip") -> list[Reason]:
 
 
 def worlds_label(runs: Sequence[WorldResult], with_backend: bool) -> str:
-    """``ws=1,2,4`` (or ``ws=1 gloo, ws=2 nccl`` when backends differ; meshes by their spec)."""
+    """``ws=1,2,4`` (or ``ws=1 gloo, ws=2 nccl`` when backends differ; meshes by their spec); a script's
+    loaders with the layouts they share: ``train.py:42, train.py:57 ws=2``."""
+    if any(run.loader for run in runs):
+        by_loader: dict[str, list[WorldResult]] = {}
+        for run in runs:
+            by_loader.setdefault(run.loader, []).append(run)
+        shared: dict[str, list[str]] = {}
+        for name, group in by_loader.items():
+            plain = [replace(r, loader="") for r in group]
+            shared.setdefault(worlds_label(plain, with_backend), []).append(name)
+        return "; ".join(
+            f"{', '.join(n for n in names if n)} {where}".strip() for where, names in shared.items()
+        )
     if with_backend or any(r.layout is not None and r.layout.mesh for r in runs):
         plain = [r for r in runs if not (r.layout is not None and r.layout.mesh)]
         if with_backend or not plain:
@@ -735,69 +785,3 @@ def explains(cause: Cause, with_backend: bool) -> str:
     for name in names:
         merged.setdefault(worlds_label(runs_of[name], with_backend), []).append(name)
     return "; ".join([*(f"{', '.join(group)} at {where}" for where, group in merged.items()), *ranked])
-
-
-# ------------------------------------------------------------------ mixture shares
-
-
-@dataclass(frozen=True)
-class MixtureTable:
-    """One layout's mixture: per source the expected share, and each group's shares (summed over epochs).
-
-    ``groups`` are ``(who, samples, shares)``: "expected", "single process", "all ranks", "rank 0",
-    "rank 0 worker 1" ...; ``status`` the mixture verdict's."""
-
-    label: str
-    anchor: str
-    status: str
-    sources: tuple[str, ...]
-    expected_from: str
-    groups: tuple[tuple[str, int, tuple[float, ...]], ...]
-
-    @property
-    def headers(self) -> tuple[str, ...]:
-        return ("", "samples", *self.sources)
-
-    def cells(self) -> list[list[str]]:
-        """The groups as text cells: who, samples, each share as a percentage."""
-        return [[who, f"{n:,}" if n else "", *(f"{x:.1%}" for x in shares)] for who, n, shares in self.groups]
-
-
-def mixture_table(row: Row) -> MixtureTable | None:
-    """The mixture verdict's data as a table (None where batches carry no source)."""
-    verdict = next((v for v in row.run.verdicts if v.check == MIXTURE), None)
-    data = verdict.data if verdict is not None else {}
-    sources = data.get("sources")
-    if verdict is None or not isinstance(sources, list) or not sources:
-        return None
-
-    def group(who: str, counts: object) -> tuple[str, int, tuple[float, ...]] | None:
-        if not isinstance(counts, list) or len(counts) != len(sources):
-            return None
-        n = sum(int(c) for c in counts)
-        return (who, n, tuple(int(c) / n if n else 0.0 for c in counts))
-
-    expected = data.get("expected")
-    groups = [("expected", 0, tuple(float(x) for x in expected))] if isinstance(expected, list) else []
-    found = [
-        group("single process", data.get("reference_counts")),
-        group("all ranks", data.get("union_counts")),
-    ]
-    ranks = data.get("rank_counts")
-    workers = data.get("worker_counts")
-    by_rank: dict[int, list[tuple[int, object]]] = {}
-    for item in workers if isinstance(workers, list) else []:
-        if isinstance(item, list) and len(item) == 3:
-            by_rank.setdefault(int(item[0]), []).append((int(item[1]), item[2]))
-    for r, counts in enumerate(ranks if isinstance(ranks, list) else []):
-        found.append(group(f"rank {r}", counts))
-        found += [group(f"rank {r} worker {w}", c) for w, c in by_rank.get(r, [])]
-    groups += [g for g in found if g is not None]
-    return MixtureTable(
-        label=row.label,
-        anchor=f"mixture-{row.anchor}",
-        status=verdict.status,
-        sources=tuple(str(s) for s in sources),
-        expected_from=str(data.get("expected_from", "")),
-        groups=tuple(groups),
-    )

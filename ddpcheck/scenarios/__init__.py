@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from ddpcheck.checker.loaderfile import LoaderSpec
     from ddpcheck.checker.options import CheckOptions
 
-# module: the name of its Factory; imported only when a run is built
+# module: its scenario class, whose ``maybe`` builds one or returns None; imported only when a run is built
 REGISTERED = (
     ("ddpcheck.scenarios.metric", "MetricEquivalence"),
     ("ddpcheck.scenarios.training", "TrainingEquivalence"),

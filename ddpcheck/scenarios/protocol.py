@@ -9,17 +9,16 @@ come from a pure judge. The session never names a scenario: it iterates :func:`d
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.layout import Layout
-from ddpcheck.result import MetricRow, ResumeRow
+from ddpcheck.restores import ResumeRow
+from ddpcheck.result import MetricRow
 from ddpcheck.trace import RankFailure, RunTrace
 
 if TYPE_CHECKING:
-    from ddpcheck.checker.loaderfile import LoaderSpec
-    from ddpcheck.checker.options import CheckOptions
     from ddpcheck.launch import GroupResult
 
 
@@ -48,7 +47,6 @@ class DataRun:
     world_size: int
     run: RunTrace  # every rank of the layout
     reference: RunTrace
-    extra: dict[str, object] = field(default_factory=dict)
     layout: Layout | None = None  # None: the plain world size ``world_size``
 
 
@@ -60,12 +58,6 @@ class Scenario(Protocol):
     def finish(self) -> dict[str, Outcome]:
         """Outcomes that need every layout (a layout's label -> what to add to it); usually empty."""
         ...
-
-
-class Factory(Protocol):
-    """Builds a scenario when the file and options ask for it, else returns None."""
-
-    def __call__(self, spec: LoaderSpec, options: CheckOptions, names: frozenset[str]) -> Scenario | None: ...
 
 
 def rank_failures(group: GroupResult, check: str = "") -> tuple[RankFailure, ...]:

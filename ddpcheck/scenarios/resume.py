@@ -12,37 +12,13 @@ from typing import TYPE_CHECKING, Any
 from ddpcheck.checker.loaderfile import LoaderSpec, other_factories
 from ddpcheck.checker.options import mesh_layouts
 from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
-from ddpcheck.checks.resume import (  # noqa: F401  (re-exported: the names tests and callers import)
-    BOUNDARY_EMPTY,
-    BOUNDARY_REPLAY,
-    GLOBAL_RANK_STATE,
-    HOW_TO_ENABLE,
-    NOT_ELASTIC,
-    NOT_ELASTIC_STATE,
-    RANK0_SAVED,
-    RANK0_STATE,
-    ROUNDED_TO_BATCHES,
-    TOPOLOGY_FIXES,
-    WORKER_OFFSETS,
-    RankResume,
-    Restore,
-    Stop,
-    StopResult,
-    Topology,
-    change_text,
-    flat,
-    judge_all,
-    judge_elastic,
-    judge_restore,
-    judge_resume,
-    restore_cause,
-    stop_points,
-    topology_verdict,
-)
+from ddpcheck.checks.resume import judge_all, stop_points
+from ddpcheck.checks.resume_common import HOW_TO_ENABLE, NOT_ELASTIC, NOT_ELASTIC_STATE, WORKER_OFFSETS, flat
+from ddpcheck.checks.resume_elastic import change_text, judge_restore, restore_cause, topology_verdict
 from ddpcheck.checks.verdict import not_applicable, skipped
 from ddpcheck.launch import GroupCall, GroupResult, TargetRef, run_groups, run_ranks
 from ddpcheck.layout import Layout
-from ddpcheck.result import ResumeRow
+from ddpcheck.restores import RankResume, Restore, ResumeRow, Stop, Topology
 from ddpcheck.scenarios.protocol import DataRun, Outcome, rank_failures
 from ddpcheck.scenarios.resume_rank import (  # noqa: F401
     ResumeJob,
@@ -288,5 +264,5 @@ def _firsts(saved: _Saved) -> list[RankResume]:
 
 def _pad_room(ranks: Sequence[RankResume], stop: Stop) -> int:
     """Copies the old layout itself holds in that epoch (its padding)."""
-    items = flat(b for r in ranks for b in r.uninterrupted[stop.epoch])
+    items = flat(b for r in ranks if stop.epoch < len(r.uninterrupted) for b in r.uninterrupted[stop.epoch])
     return len(items) - len(set(items))

@@ -39,22 +39,13 @@ from ddpcheck.checker.loaderfile import (
 )
 from ddpcheck.checker.recording import LOAD_HOOK, SAVE_HOOK, group_position, has_state
 from ddpcheck.checker.recording import RESUME_HOOK as HOOK
-from ddpcheck.checks.resume import (
-    Batches,
-    ChainResult,
-    RankResume,
-    Restore,
-    State,
-    Stop,
-    StopResult,
-    first_difference,
-    local_stop,
-    stop_points,
-)
+from ddpcheck.checks.resume import local_stop, stop_points
+from ddpcheck.checks.resume_common import first_difference
 from ddpcheck.launch import report_progress
 from ddpcheck.launch.rank import worker_headline
 from ddpcheck.layout import Layout
 from ddpcheck.messages import exception_text, one_line
+from ddpcheck.restores import Batches, ChainResult, RankResume, Restore, State, Stop, StopResult
 
 if TYPE_CHECKING:
     from ddpcheck.checker.recording import RecordOptions

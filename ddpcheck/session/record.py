@@ -59,30 +59,38 @@ def rerun_sample(world_size: int) -> tuple[int, ...]:
     return tuple(sorted(edge | spread))
 
 
-def record(spec: LoaderSpec, jobs: Sequence[Job]) -> list[RunTrace]:
-    """Record each job: side by side where their ranks fit the cores, else one by one. Only the first
-    job reports live progress."""
-    with recording(spec, jobs, None) as started:
+def record(spec: LoaderSpec, jobs: Sequence[Job], *, alone: bool = False) -> list[RunTrace]:
+    """Record each job: side by side where their ranks fit the cores, else one by one (``alone``:
+    always, for a loader that names shared memory machine-wide). Only the first job reports live
+    progress."""
+    with recording(spec, jobs, None, alone=alone) as started:
         return started.jobs()
 
 
 class Recording:
     """One layout's recordings (see the module docstring); ``held`` is the determinism rerun, let go
-    only when asked (:meth:`held_run`), unless it fits the cores beside the jobs."""
+    only when asked (:meth:`held_run`), unless it fits the cores beside the jobs. ``alone``: no two groups
+    side by side (the loader names shared memory machine-wide, as two jobs on one machine never would)."""
 
     def __init__(
-        self, spec: LoaderSpec, jobs: Sequence[Job], held: Job | None, started: StartedGroups | None
+        self,
+        spec: LoaderSpec,
+        jobs: Sequence[Job],
+        held: Job | None,
+        started: StartedGroups | None,
+        alone: bool = False,
     ) -> None:
         self.spec, self._jobs, self.held, self._started = spec, list(jobs), held, started
+        self.alone = alone
         self._held_group: GroupResult | None = None  # the held rerun, when it ran beside the jobs
 
     def jobs(self) -> list[RunTrace]:
         if self._started is None:  # simulated: one job at a time, each over every core
             return [simulate(self.spec, job) for job in self._jobs]
         indices = list(range(len(self._jobs)))
-        if self._jobs and self.held is not None and fits_cores([*self._jobs, self.held]):
+        if not self.alone and self._jobs and self.held is not None and fits_cores([*self._jobs, self.held]):
             *groups, self._held_group = self._started.collect(*indices, len(self._jobs))
-        elif fits_cores(self._jobs):
+        elif not self.alone and fits_cores(self._jobs):
             groups = self._started.collect(*indices)
         else:
             groups = [self._started.collect(i)[0] for i in indices]
@@ -107,8 +115,11 @@ class Recording:
 
 
 @contextlib.contextmanager
-def recording(spec: LoaderSpec, jobs: Sequence[Job], held: Job | None) -> Iterator[Recording]:
-    """Fork every real rank of ``jobs`` and ``held`` (nothing runs yet); stop and reap them on the way out."""
+def recording(
+    spec: LoaderSpec, jobs: Sequence[Job], held: Job | None, *, alone: bool = False
+) -> Iterator[Recording]:
+    """Fork every real rank of ``jobs`` and ``held`` (nothing runs yet); stop and reap them on the way
+    out. ``alone``: the groups run one after another (see :class:`Recording`)."""
     first = jobs[0] if jobs else held
     if first is None or first.options.simulate:
         yield Recording(spec, jobs, held, None)
@@ -117,7 +128,7 @@ def recording(spec: LoaderSpec, jobs: Sequence[Job], held: Job | None) -> Iterat
     if held is not None:
         calls.append(_group_call(spec, held, progress=True))  # it runs alone, after the jobs
     with started_groups(calls, hold=True) as started:
-        yield Recording(spec, jobs, held, started)
+        yield Recording(spec, jobs, held, started, alone)
 
 
 def _group_call(spec: LoaderSpec, job: Job, *, progress: bool) -> GroupCall:
@@ -206,6 +217,7 @@ def to_run_trace(group: GroupResult, *, set_epoch: bool = True) -> RunTrace:
         set_epoch=set_epoch,
         failures=failures,
         bad_input=bad[0].message if bad and len(bad) == len(group.outcomes) else "",
+        named_memory=bool(group.named_memory),
     )
 
 

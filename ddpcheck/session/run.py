@@ -91,6 +91,7 @@ class _Session:
         self.notes: list[str] = []
         self.reference: RunTrace | None = None
         self.single = Layout.plain(1)  # the reference's layout
+        self.alone = False  # the loader names shared memory machine-wide: no two of its groups overlap
 
     def result(self, *, interrupted: bool = False) -> CheckResult:
         return CheckResult(
@@ -121,8 +122,10 @@ class _Session:
                 plan.reference, options=replace(plan.reference.options, work=False, mixture=False)
             )
             self.reference, rerun = record(self.spec, [plan.reference, quiet])  # the rerun measures no work
+            self.alone = self.reference.named_memory or rerun.named_memory
         else:
             self.reference = record(self.spec, [plan.reference])[0]
+            self.alone = self.reference.named_memory
         raise_if_bad_input(self.reference)
         if self.reference.failures:  # nothing can be judged without it: stop here, its ranks reported
             self.runs.append(reference_failed(self.reference, plan.reference.layout))
@@ -179,8 +182,9 @@ class _Session:
         assert self.reference is not None
         reference = self.reference
         notes: list[str] = []
-        with recording(self.spec, plan.jobs, plan.rerun) as started:
+        with recording(self.spec, plan.jobs, plan.rerun, alone=self.alone) as started:
             traces = started.jobs()
+            self.alone = self.alone or any(t.named_memory for t in traces)
             if plan.window is not None:
                 reference = traces.pop(0)
             run = reference if plan.run is None else traces.pop(0)
@@ -202,8 +206,8 @@ class _Session:
             elif rerun_job is started.held:
                 rerun, figures = started.held_run(draw)
             else:
-                with recording(self.spec, [], rerun_job) as alone:
-                    rerun, figures = alone.held_run(draw)
+                with recording(self.spec, [], rerun_job) as by_itself:
+                    rerun, figures = by_itself.held_run(draw)
         # the run's note; the rerun's only when it had to be redone (its sample says nothing more)
         name = layout_name(plan.layout)
         note = shortcut_note(run, name) or (shortcut_note(rerun, name) if rerun is not None else "")
@@ -271,9 +275,8 @@ def _by_data(
     ws = plan.layout.world_size
     by_data = replace(options, ids_from_data=True)
     digest = plan.run.digest if plan.run is not None else False
-    alt_reference, alt_run = record(
-        spec, [Job(replace(by_data, set_epoch=True), single), Job(by_data, plan.layout, digest=digest)]
-    )
+    jobs = [Job(replace(by_data, set_epoch=True), single), Job(by_data, plan.layout, digest=digest)]
+    alt_reference, alt_run = record(spec, jobs, alone=reference.named_memory or run.named_memory)
     usable = alt_run.id_source.startswith("field:") if local else True
     if not local and _hashes_collide(reference, alt_reference):
         raise BadInput(

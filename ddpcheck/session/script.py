@@ -20,13 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from ddpcheck.checker.options import BadInput, CheckOptions, mesh_layouts, validate
-from ddpcheck.checker.script import GPUS_ENV, NEEDS_CUDA, ScriptTarget
+from ddpcheck.checker.script_env import GPUS_ENV, NEEDS_CUDA, ScriptTarget
 from ddpcheck.checks.ids import COVERAGE, DETERMINISM, RESHUFFLE, SINGLE_PROCESS_EQUIVALENCE
 from ddpcheck.checks.replicas import data_parallel_view
-from ddpcheck.checks.reshuffle import STALE_EPOCH
+from ddpcheck.checks.reshuffle import STALE_EPOCH, evaluation_order
+from ddpcheck.checks.scripts import alone, at_loader, in_script_words, launcher_note, told_cause
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.figures import figure_data
-from ddpcheck.launch.script import ScriptLaunch, launch_script
+from ddpcheck.launch.script import ScriptLaunch, launch_script, output_tail
+from ddpcheck.launch.workdir import WorkdirGuard, WorkdirUnavailable
 from ddpcheck.layout import Layout, LayoutError, check_ranks
 from ddpcheck.messages import count_text, one_line
 from ddpcheck.result import CheckResult, WorldResult
@@ -65,6 +67,7 @@ class _Recorded:
     failures: tuple[RankFailure, ...]
     seconds: float = 0.0
     environment: dict[str, str] = field(default_factory=dict)  # what ddpcheck set for the ranks
+    outputs: dict[int, str] = field(default_factory=dict)  # the last lines each rank printed
 
 
 def check_script(
@@ -132,10 +135,18 @@ def audit_script(
             check_ranks(layout.world_size, mesh=bool(layout.mesh), instead=instead)
     except LayoutError as exc:
         raise BadInput(str(exc)) from None
+    try:  # each run sees the directory as the user left it (DDPCHECK_WORKDIR)
+        guard = WorkdirGuard(cwd)
+        guard.ready()
+    except (ValueError, WorkdirUnavailable) as exc:
+        raise BadInput(str(exc)) from None
     workdir = tempfile.mkdtemp(prefix="ddpchk-")
-    session = _ScriptSession(target, options, cwd, workdir, say)
+    guard.own.append(os.path.realpath(workdir))
+    session = _ScriptSession(target, options, cwd, workdir, say, guard)
     try:
         session.carry_out(layouts)
+    except WorkdirUnavailable as exc:
+        raise BadInput(str(exc)) from None
     except KeyboardInterrupt:
         session.notes.append("interrupted: layouts after the last one shown were not checked")
         raise Interrupted(session.result(interrupted=True)) from None
@@ -182,8 +193,17 @@ def _compiles(path: str, shown: str) -> None:
 
 
 class _ScriptSession:
-    def __init__(self, target: ScriptTarget, options: ScriptOptions, cwd: str, workdir: str, say: Progress):
+    def __init__(
+        self,
+        target: ScriptTarget,
+        options: ScriptOptions,
+        cwd: str,
+        workdir: str,
+        say: Progress,
+        guard: WorkdirGuard | None = None,
+    ):
         self.target, self.options, self.cwd, self.workdir, self.say = target, options, cwd, workdir, say
+        self.guard = guard
         self.runs: list[WorldResult] = []
         self.notes: list[str] = []
         self.reference: _Recorded | None = None
@@ -195,6 +215,7 @@ class _ScriptSession:
             "script": self.target.shown,
             "script_args": list(self.target.args),
             "model_steps": "all" if self.options.model_steps is None else self.options.model_steps,
+            "cwd": self.cwd,
         }
         source = "index"
         if self.reference is not None and self.reference.traces:
@@ -206,12 +227,13 @@ class _ScriptSession:
             id_source=source,
             epochs=self.options.check.epochs,
             options=options,
-            notes=tuple(dict.fromkeys(self.notes)),
+            notes=tuple(dict.fromkeys([*self.notes, *(self.guard.notes() if self.guard else [])])),
             interrupted=interrupted,
         )
 
     def carry_out(self, layouts: Sequence[Layout]) -> None:
         self.say(f"reference run (1 process) of {self.target.shown}")
+        self.notes.extend(filter(None, [launcher_note(os.environ)]))
         reference = self._launch(Layout.plain(1))
         self.reference = reference
         single = Layout.plain(1)
@@ -221,7 +243,7 @@ class _ScriptSession:
                 WorldResult(
                     1,
                     "gloo",
-                    failures=reference.failures or (_failure(problem),),
+                    failures=reference.failures or (_failure(problem, reference),),
                     layout=single,
                     seconds=reference.seconds,
                     loader=self.target.shown,
@@ -277,7 +299,16 @@ class _ScriptSession:
         else:
             command += ["--", self.target.path, *self.target.args]
         env = rank_environment(layout.world_size)
-        launch = launch_script(command, layout.world_size, out, cwd=self.cwd, timeout=check.timeout, env=env)
+        launch = launch_script(
+            command,
+            layout.world_size,
+            out,
+            cwd=self.cwd,
+            timeout=check.timeout,
+            env=env,
+            workdir=self.guard,
+            label=layout_name(layout),
+        )
         return replace(read_launch(launch, layout), environment=env)
 
     def _judge(
@@ -296,7 +327,7 @@ class _ScriptSession:
                 WorldResult(
                     layout.world_size,
                     "gloo",
-                    failures=run.failures or (_failure(problem),),
+                    failures=run.failures or (_failure(problem, run),),
                     layout=layout,
                     seconds=run.seconds,
                     loader=self.target.shown,
@@ -371,7 +402,10 @@ def read_launch(launch: ScriptLaunch, layout: Layout) -> _Recorded:
                     entry.output,
                 )
             )
-    return _Recorded(layout, traces, tuple(failures), launch.seconds)
+    outputs = {entry.rank: output_tail(entry.output) for entry in launch.ranks}
+    printed = {entry.rank: entry.output for entry in launch.ranks}  # shown whole as the stack already
+    failures = [f if f.stack == printed[f.rank] else replace(f, output=outputs[f.rank]) for f in failures]
+    return _Recorded(layout, traces, tuple(failures), launch.seconds, outputs=outputs)
 
 
 COLLECTIVE_FILES = ("distributed_c10d.py", "c10d_logger.py")
@@ -386,7 +420,7 @@ def _in_collective(stacks: str) -> bool:
 def _where(stacks: str) -> str:
     """``, in train.py line 17`` where the stack names a line of the user's code, else ""; and what
     ddpcheck was doing there when it was draining an epoch that never ended."""
-    from ddpcheck.checker.script import is_user_file, shown_path
+    from ddpcheck.checker.frames import is_user_file, shown_path
 
     main = stacks.split("\n\n", 1)[0]
     draining = " in _drain" in main or " in drain_rest" in main
@@ -432,8 +466,9 @@ def _launch_problem(recorded: _Recorded) -> str:
     return ""
 
 
-def _failure(message: str) -> RankFailure:
-    return RankFailure(0, "error", message)
+def _failure(message: str, recorded: _Recorded | None = None) -> RankFailure:
+    """The launch's one failure (no rank failed, yet nothing can be judged), with what rank 0 printed."""
+    return RankFailure(0, "error", message, output=recorded.outputs.get(0, "") if recorded else "")
 
 
 def _trace_notes(recorded: _Recorded) -> list[str]:
@@ -467,6 +502,7 @@ def judge_launch(
     ``standin`` (non-empty: why) means the reference is not a real single-process run; the checks
     that need one are skipped with that reason."""
     results = []
+    grouped = _grouped(run)
     for name in _loader_names(reference, run):
         ref = _run_trace(reference, name, 1)
         current = _run_trace(run, name, layout.world_size)
@@ -497,10 +533,19 @@ def judge_launch(
         judged = judge_world(ref, current, again, layout, options, figures=figures)  # as loader files are
         verdicts = [_script_cause(v, current, name, reason, layout.world_size == 1) for v in judged.verdicts]
         verdicts = [_framework_sampler(v, ref, current) for v in verdicts]
+        verdicts = [told_cause(alone(v, *grouped), current, layout) for v in verdicts]
+        verdicts = [in_script_words(at_loader(v, name)) for v in verdicts]
         results.append(
             replace(judged, verdicts=tuple(allowed(verdicts, options.allow)), seconds=seconds, loader=name)
         )
     return results
+
+
+def _grouped(run: _Recorded) -> tuple[bool, tuple[str, ...]]:
+    """(whether the ranks ran in a process group, the frameworks they imported), for :func:`alone`."""
+    traces = run.traces.values()
+    joined = run.layout.world_size == 1 or any(t.joined_group for t in traces)
+    return joined, tuple(sorted({f for t in traces for f in t.frameworks}))
 
 
 def _loader_names(reference: _Recorded, run: _Recorded) -> list[str]:
@@ -607,6 +652,9 @@ def _script_cause(verdict: Verdict, run: RunTrace, name: str, standin: str, sing
         return verdict
     if verdict.check == RESHUFFLE and not run.set_epoch:
         repeated = verdict.epochs if verdict.failed else repeats_without_set_epoch(run)
+        harmless = evaluation_order(run.ranks[0].facts) if run.ranks else ""
+        if repeated and harmless:
+            return Verdict(RESHUFFLE, "pass", f"{harmless} (the loop never calls set_epoch on it)")
         if repeated:
             cause = f"the loop never calls set_epoch on the sampler of the loader built at {name}"
             fix = f"call set_epoch(epoch) on that loader's sampler at the start of every epoch ({name})"

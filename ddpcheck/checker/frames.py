@@ -1,0 +1,66 @@
+"""What code is the user's: frames and files outside the standard library, the installed packages and
+ddpcheck. A script's loader is named by the user's line that built it (``train.py:42``), and an error
+by the user's line that raised it."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+from types import FrameType
+
+_LIBRARY_ROOTS: tuple[str, ...] = ()
+
+
+def library_roots() -> tuple[str, ...]:
+    """The directories whose files are not the user's (read once)."""
+    global _LIBRARY_ROOTS
+    if not _LIBRARY_ROOTS:
+        import sysconfig
+
+        roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+        roots |= {p for p in sys.path if p.rstrip("/").endswith(("site-packages", "dist-packages"))}
+        roots.add(str(Path(__file__).resolve().parents[1]))  # ddpcheck itself
+        _LIBRARY_ROOTS = tuple(sorted(os.path.realpath(r) + os.sep for r in roots))
+    return _LIBRARY_ROOTS
+
+
+def is_user_file(filename: str) -> bool:
+    """A real file outside the standard library, the installed packages and ddpcheck."""
+    if not filename or filename.startswith("<"):
+        return False
+    real = os.path.realpath(filename)
+    return not real.startswith(library_roots())
+
+
+def shown_path(filename: str) -> str:
+    """``train.py`` relative to the working directory where it lies below it, else as given."""
+    real = os.path.realpath(filename)
+    cwd = os.path.realpath(os.getcwd())
+    return os.path.relpath(real, cwd) if real.startswith(cwd + os.sep) else real
+
+
+def user_site(frame: FrameType | None) -> tuple[str, str]:
+    """(``train.py:42`` of the innermost user frame, the library function between it and torch)."""
+    via = ""
+    while frame is not None:
+        code = frame.f_code
+        if is_user_file(code.co_filename):
+            return f"{shown_path(code.co_filename)}:{frame.f_lineno}", via
+        module = frame.f_globals.get("__name__", "")
+        if not via and not str(module).startswith(("torch.", "ddpcheck.")):
+            via = code.co_name
+        frame = frame.f_back
+    return "<unknown>", via
+
+
+def user_line(exc: BaseException) -> str:
+    """``train.py:17`` and its source line: the innermost frame of the user's code in the traceback."""
+    found = ""
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if is_user_file(frame.filename):
+            found = f"{shown_path(frame.filename)}:{frame.lineno}" + (
+                f" ({frame.line.strip()})" if frame.line else ""
+            )
+    return found

@@ -1,0 +1,663 @@
+"""The training step against one process: ``step_equivalence`` and ``equal_microsteps`` (issue 35).
+
+Both judge what the rank side's step watcher recorded, one :class:`~ddpcheck.trace.StepTrace` per rank,
+indexed by global rank; pure functions, no processes.
+
+``step_equivalence`` compares, at every optimizer step whose gradient was kept, the gradient the DDP step
+applied (after DDP's average, before clipping) with the gradient of the one-process replay, which was fed
+at each micro-step the union of what the ranks received at that micro-step and started from the same
+weights. The measure is the relative L2 difference ``|g - r| / |r|``, held to a tolerance derived from the
+gradient's dtype (:data:`TOLERANCE`). The float noise of an exact replay, measured on the correct fixtures
+of ``fixtures/steps`` under torchrun (float32, CPU, 2 ranks, 37 exact steps of 9 scripts), is 2.9e-8 to 2.7e-7
+(NOTES.md there); float32's bound 1e-5 leaves a margin of 37, and the smallest bug there differs by 0.07.
+bf16 autocast on CPU (exact splits of the same models) shows up to 3.7e-3, float16 4.6e-4: their bounds
+are 5e-2 and 1e-2 (no GPU was lent to measure CUDA's). A loss that sums over a fixed normaliser (the
+replay's ``loss_scale`` is ``sum``) is compared with the replay's gradient divided by the world size: fed
+every rank's batch, one process takes a step that many times larger.
+
+Causes, from the evidence: a NaN gradient spread by the all-reduce; ranks holding different gradients after
+it; an exact scalar factor (``c = <g, r> / <r, r>`` with a tiny residual: the world size, its inverse, the
+micro-batch count); BatchNorm normalising per rank; only the epoch's last window differing where the ranks'
+windows differ; the ranks' supervised-token (or sample) counts differing under a per-rank mean.
+``equal_microsteps`` asks that between consecutive optimizer steps every rank runs the same number of
+backward passes and the same forward calls of each submodule that holds parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ddpcheck.checks.ids import EQUAL_MICROSTEPS, STEP_EQUIVALENCE
+from ddpcheck.checks.verdict import Verdict, not_applicable, skipped
+from ddpcheck.layout import Layout
+from ddpcheck.messages import count_text
+from ddpcheck.trace import MicroStep, OptimizerStep, StepTrace
+
+# relative L2 difference an exact replay may show, by the dtype the step computed in (module docstring);
+# float16/bfloat16 autocast on CPU, exact splits of the fixtures' models: at most 4.6e-4 / 3.7e-3
+TOLERANCE = {"float64": 1e-9, "float32": 1e-5, "float16": 1e-2, "bfloat16": 5e-2}
+DEFAULT_DTYPE = "float32"
+FACTOR_SLACK = 0.01  # a fitted factor within 1% of a named number is that number
+MAX_LISTED = 4  # steps listed in a detail
+
+NAN = (
+    "the DDP gradient is NaN while one process's is not: a rank's loss was NaN (a mean over a micro-batch "
+    "without labels or samples: see supervision) and DDP's all-reduce spread it to every rank"
+)
+RANKS_APART = (
+    "the ranks hold different gradients when the optimizer steps: the gradient was not averaged over the "
+    "data-parallel group (the model is not wrapped in DDP, or the window's last backward ran under no_sync)"
+)
+FACTOR = "the gradient is exactly {factor} one process's, {why}"
+FACTOR_WHY = {
+    "world": "the world size: the ranks' gradients are summed instead of averaged (an all_reduce without "
+    "dividing by the world size), or the loss is multiplied by the world size on top of a mean over the "
+    "global batch",
+    "inverse world": "1 / the world size: the loss is divided by the global batch's count and DDP's average "
+    "divides it once more (multiply it by the world size)",
+    "micro": "the micro-batch count: each micro-batch's loss is scaled by the number of micro-batches, "
+    "which differs between one process and the ranks",
+    "other": "a constant: the loss is scaled by a number that depends on the world size",
+}
+UNPROBED = (
+    "; a loss summed over a fixed per-rank normaliser would show the same factor, and the replay did not "
+    "probe the loss"
+)
+BATCHNORM = (
+    "BatchNorm normalises each rank's batch by that batch's own statistics ({modules}); one process "
+    "normalises the global batch"
+)
+TAIL = (
+    "only the epoch's last {window} differs, where the ranks' windows differ ({windows}): the "
+    "loss is normalised per rank or by a constant (the accumulation steps), not by the window's count over "
+    "all ranks"
+)
+RANK_MEAN = (
+    "ranks' {what} counts differ ({counts}) and the loss is a mean per rank: DDP averages the ranks' means, "
+    "which weighs each rank's {noun} unequally"
+)
+OTHER = (
+    "the step depends on how the global batch is split over the ranks: something in the loss or the model "
+    "is computed over the rank's batch alone (a per-rank normaliser, batch statistics, in-batch negatives)"
+)
+FIXES = {
+    NAN: "drop samples without a supervised token before sharding, and divide the summed loss by the token "
+    "count all-reduced over the data-parallel group",
+    RANKS_APART: "wrap the model in DistributedDataParallel and run each window's last backward outside "
+    "no_sync (or all-reduce the gradients and divide by the world size before optimizer.step)",
+    "factor": "scale the loss so that DDP's average of the ranks gives the global batch's mean: sum the "
+    "loss, divide by the count all-reduced over the data-parallel group, multiply by the world size",
+    BATCHNORM: "convert the model with torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) (or use "
+    "GroupNorm or LayerNorm, which do not depend on the batch)",
+    TAIL: "normalise each window by its sample (or token) count over all ranks: sum the loss, divide by the "
+    "all-reduced count of the window, multiply by the world size",
+    RANK_MEAN: "divide the summed loss by the {noun} count all-reduced over the data-parallel group (times "
+    "the world size that DDP's average divides by)",
+    OTHER: "compute every normaliser and batch statistic over the data-parallel group (an all-reduce), or "
+    "--allow step_equivalence where a per-rank batch is meant (in-batch negatives)",
+}
+
+
+def tolerance_for(dtype: str) -> float:
+    """The relative L2 difference an exact replay may show for gradients of ``dtype`` (float32 if unknown)."""
+    return TOLERANCE.get(dtype.replace("torch.", ""), TOLERANCE[DEFAULT_DTYPE])
+
+
+def _vector(values: Sequence[float]) -> Any:
+    """float64 numpy; an ``array('f')`` or ``array('d')`` is read in place (no Python float per value)."""
+    import numpy as np
+
+    code = getattr(values, "typecode", "")
+    if code in ("f", "d"):
+        return np.frombuffer(values, dtype=np.float32 if code == "f" else np.float64).astype(np.float64)  # type: ignore[call-overload]
+    return np.asarray(values, dtype=np.float64)
+
+
+def _same_values(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Equal values, compared by numpy for float arrays (``array == array`` makes a float per value)."""
+    import numpy as np
+
+    codes = getattr(a, "typecode", ""), getattr(b, "typecode", "")
+    if codes[0] == codes[1] and codes[0] in ("f", "d"):  # views in place, no copy
+        dtype = np.float32 if codes[0] == "f" else np.float64
+        return bool(np.array_equal(np.frombuffer(a, dtype=dtype), np.frombuffer(b, dtype=dtype)))  # type: ignore[call-overload]
+    if codes[0] or codes[1]:
+        return bool(np.array_equal(_vector(a), _vector(b)))
+    return a == b
+
+
+def _has_nan(values: Sequence[float]) -> bool:
+    import numpy as np
+
+    return bool(np.isnan(_vector(values)).any())
+
+
+def relative_difference(g: Sequence[float], r: Sequence[float]) -> float:
+    """``|g - r| / |r|`` (inf when ``r`` is zero and ``g`` is not; NaN when ``g`` holds a NaN)."""
+    import numpy as np
+
+    a, b = _vector(g), _vector(r)
+    if a.shape != b.shape:
+        raise ValueError(f"gradients of {a.size} and {b.size} values cannot be compared")
+    diff, ref = float(np.linalg.norm(a - b)), float(np.linalg.norm(b))
+    return diff / ref if ref else (0.0 if diff == 0 else math.inf)
+
+
+def fit_factor(g: Sequence[float], r: Sequence[float]) -> tuple[float, float]:
+    """The scalar ``c`` that best maps ``r`` onto ``g`` (least squares) and the relative residual
+    ``|g - c r| / |g|``: a tiny residual means ``g`` is ``r`` scaled."""
+    import numpy as np
+
+    a, b = _vector(g), _vector(r)
+    rr = float(b @ b)
+    if not rr:
+        return 0.0, 1.0
+    c = float(a @ b) / rr
+    gg = float(np.linalg.norm(a))
+    return c, (float(np.linalg.norm(a - c * b)) / gg if gg else 0.0)
+
+
+@dataclass(frozen=True)
+class StepDiff:
+    """One compared optimizer step: how far the DDP gradient is from the replay's, and the windows."""
+
+    index: int
+    rel: float  # NaN: the DDP gradient holds a NaN
+    factor: float
+    residual: float
+    micro: tuple[int, ...]  # micro-steps per data-parallel rank
+    samples: tuple[int, ...]  # samples per data-parallel rank (-1 unknown)
+    supervised: tuple[int, ...] | None  # supervised labels per data-parallel rank (None: no labels)
+    # per micro-step position, each rank's count (supervised labels where known, else samples; -1 unknown
+    # or no such micro-step): a per-rank mean weighs the ranks apart where these differ
+    per_micro: tuple[tuple[int, ...], ...] = ()
+
+
+def _fed(step: OptimizerStep) -> list[MicroStep]:
+    """The micro-steps a loader fed (a padding pass the loop builds itself holds no data)."""
+    return [m for m in step.micro if m.batches]
+
+
+def _samples(step: OptimizerStep) -> int:
+    counts = [m.samples for m in _fed(step)]
+    return -1 if any(c < 0 for c in counts) else sum(counts)
+
+
+def _supervised(step: OptimizerStep) -> int | None:
+    counts = [m.supervised for m in _fed(step)]
+    return None if not counts or any(c is None for c in counts) else sum(c for c in counts if c is not None)
+
+
+def _step_diff(index: int, heads: Sequence[StepTrace], reference: OptimizerStep, scale: float) -> StepDiff:
+    steps = [next(s for s in h.steps if s.index == index) for h in heads]
+    g = steps[0].grad
+    assert g is not None and reference.grad is not None
+    expected = reference.grad if scale == 1.0 else [v * scale for v in reference.grad]
+    rel = relative_difference(g, expected) if not _has_nan(g) else math.nan
+    norm_g, norm_r = steps[0].grad_norm, reference.grad_norm
+    if norm_g is not None and norm_r and not math.isnan(rel):  # kept coordinates: the whole norm counts too
+        rel = max(rel, abs(norm_g - norm_r * scale) / (norm_r * scale))
+    factor, residual = fit_factor(g, expected) if not math.isnan(rel) else (math.nan, math.nan)
+    sup = [_supervised(s) for s in steps]
+    labelled = not any(c is None for c in sup)
+    return StepDiff(
+        index,
+        rel,
+        factor,
+        residual,
+        tuple(len(s.micro) for s in steps),
+        tuple(_samples(s) for s in steps),
+        tuple(c for c in sup if c is not None) if labelled else None,
+        _per_micro(steps, labelled),
+    )
+
+
+def _per_micro(steps: Sequence[OptimizerStep], labelled: bool) -> tuple[tuple[int, ...], ...]:
+    def count(step: OptimizerStep, m: int) -> int:
+        if m >= len(step.micro):
+            return -1
+        micro = step.micro[m]
+        value = micro.supervised if labelled else micro.samples
+        return -1 if value is None else value
+
+    width = max((len(s.micro) for s in steps), default=0)
+    return tuple(tuple(count(s, m) for s in steps) for m in range(width))
+
+
+def _heads(run: Sequence[StepTrace | None], layout: Layout) -> list[StepTrace | None]:
+    """One trace per data-parallel rank: its first replica's."""
+    if len(run) != layout.world_size:
+        return list(run)
+    return [run[r] for r in layout.representatives()]
+
+
+def _compared(heads: Sequence[StepTrace], replay: StepTrace) -> list[int]:
+    """Step indices with a kept gradient on every data-parallel rank and in the replay."""
+    kept = [{s.index for s in h.steps if s.grad is not None} for h in heads]
+    mine = {s.index for s in replay.steps if s.grad is not None}
+    return sorted(mine.intersection(*kept))
+
+
+def _why_not(index: int, heads: Sequence[StepTrace], replay: StepTrace) -> str:
+    """Why step ``index`` cannot be compared, as the run's ranks or the replay recorded it ("": it can)."""
+    for where, trace in (*((f"rank {r}: ", h) for r, h in enumerate(heads)), ("", replay)):
+        step = next((s for s in trace.steps if s.index == index), None)
+        if step is not None and step.not_comparable:
+            return where + step.not_comparable
+    return ""
+
+
+def _unjudgeable(run: Sequence[StepTrace | None], replay: StepTrace | None, layout: Layout) -> Verdict | None:
+    missing = [r for r, t in enumerate(run) if t is None]
+    if missing:
+        return skipped(STEP_EQUIVALENCE, f"rank {missing[0]} recorded no training step")
+    if replay is None:
+        return skipped(
+            STEP_EQUIVALENCE, "the one-process replay did not run: nothing to compare the step with"
+        )
+    heads = [t for t in _heads(run, layout) if t is not None]
+    if layout.replicas > 1 and any(h.parameters != replay.parameters for h in heads):
+        return not_applicable(
+            STEP_EQUIVALENCE,
+            f"the ranks of mesh {layout.spec} hold shards of the parameters ({heads[0].parameters} values on "
+            f"rank 0, {replay.parameters} at one process): compare at a plain world size",
+        )
+    indices = _compared(heads, replay)
+    if not indices:
+        why = f" ({replay.notes[0]})" if replay.notes else ""
+        return not_applicable(
+            STEP_EQUIVALENCE, f"no optimizer step kept its gradient on every rank and in the replay{why}"
+        )
+    reasons = [_why_not(i, heads, replay) for i in indices]
+    if all(reasons):
+        return not_applicable(STEP_EQUIVALENCE, f"the one-process replay is not faithful: {reasons[0]}")
+    sizes = {len(s.grad or ()) for t in (*heads, replay) for s in t.steps if s.index in indices}
+    if len(sizes) > 1:
+        shown = ", ".join(map(str, sorted(sizes)))
+        return not_applicable(
+            STEP_EQUIVALENCE,
+            f"the ranks and the replay kept gradients of different sizes ({shown} values): not the same "
+            "parameters",
+        )
+    return None
+
+
+def check_step_equivalence(
+    run: Sequence[StepTrace | None],
+    replay: StepTrace | None,
+    layout: Layout,
+    tolerance: float | None = None,
+) -> Verdict:
+    """The DDP step's gradient against the one-process replay's, at every step both kept.
+
+    ``run``: each rank's StepTrace by global rank (None: the rank recorded none); ``replay``: the StepTrace
+    of one process fed, micro-step by micro-step, the union of the ranks' micro-batches from the same
+    weights (its ``notes`` say why it is not faithful: then ``n/a``); ``layout``: the run's layout (the
+    data-parallel ranks are compared, one replica each); ``tolerance``: the relative L2 difference allowed
+    (default: :func:`tolerance_for` the gradient's dtype).
+    """
+    refused = _unjudgeable(run, replay, layout)
+    if refused is not None:
+        return refused
+    assert replay is not None
+    heads = [t for t in _heads(run, layout) if t is not None]
+    dtype = max(
+        heads[0].grad_dtype or DEFAULT_DTYPE, heads[0].compute_dtype or DEFAULT_DTYPE, key=tolerance_for
+    )
+    tol = tolerance if tolerance is not None else tolerance_for(dtype)
+    candidates = _compared(heads, replay)
+    reasons = {i: _why_not(i, heads, replay) for i in candidates}
+    indices = [i for i in candidates if not reasons[i]]
+    apart = _ranks_apart(heads, indices, tol)
+    if apart is not None:
+        return apart
+    scale = 1.0 / layout.dp_world_size if replay.loss_scale == "sum" else 1.0
+    by_index = {s.index: s for s in replay.steps if s.grad is not None}
+    # a replayed step whose gradient is NaN compares with nothing (it started from NaN weights, or its
+    # loss is NaN at one process too)
+    finite = [i for i in indices if not _has_nan(by_index[i].grad or ())]
+    dropped = len(indices) - len(finite)
+    indices = finite
+    if not indices:
+        return not_applicable(
+            STEP_EQUIVALENCE, "the one-process replay's gradient is NaN: the loss is NaN at one process too"
+        )
+    diffs = [_step_diff(i, heads, by_index[i], scale) for i in indices]
+    note = " (the loss sums over a fixed normaliser: compared with the replay's step / world size)"
+    note = note if scale != 1.0 else ""
+    if dropped:
+        note += (
+            f"; {count_text(dropped, 'later steps')} not compared: the replay from the run's weights is NaN"
+        )
+    unfaithful = [i for i in candidates if reasons[i]]
+    if unfaithful:
+        note += f"; {count_text(len(unfaithful), 'steps')} not compared: {reasons[unfaithful[0]]}"
+    return _judged(diffs, heads, layout, Settings(tol, dtype, replay.loss_scale, note))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the compared steps are judged and described."""
+
+    tol: float
+    dtype: str
+    loss_scale: str
+    note: str  # appended to the detail
+
+
+def _judged(diffs: Sequence[StepDiff], heads: Sequence[StepTrace], layout: Layout, how: Settings) -> Verdict:
+    bad = [d for d in diffs if math.isnan(d.rel) or d.rel > how.tol]
+    data: dict[str, object] = {
+        "tolerance": how.tol,
+        "dtype": how.dtype,
+        "loss_scale": how.loss_scale,
+        "steps": [
+            {
+                "index": d.index,
+                "rel": None if math.isnan(d.rel) else d.rel,
+                "micro": list(d.micro),
+                "samples": list(d.samples),
+                "supervised": list(d.supervised) if d.supervised else None,
+            }
+            for d in diffs
+        ],
+    }
+    tolerance = f"tolerance {how.tol:g} for {how.dtype}"
+    if not bad:
+        worst = max(d.rel for d in diffs)
+        return Verdict(
+            STEP_EQUIVALENCE,
+            "pass",
+            f"the DDP gradient equals one process's on the union of the ranks' micro-batches at "
+            f"{count_text(len(diffs), 'compared steps')} ({_windows_text(diffs)}; largest rel. difference "
+            f"{worst:.2g}, {tolerance}){how.note}",
+            data=data,
+        )
+    cause, fix = _cause(diffs, bad, heads, layout, how.tol, how.loss_scale)
+    detail = (
+        f"the DDP gradient differs from one process's on the union of the ranks' micro-batches by "
+        f"{_diffs_text(bad)} ({len(bad)} of {count_text(len(diffs), 'compared steps')}; "
+        f"{_windows_text(bad)}; {tolerance}){how.note}"
+    )
+    examples = tuple(d.index for d in bad[:MAX_LISTED])
+    ranks = tuple(range(len(heads)))
+    return Verdict(STEP_EQUIVALENCE, "fail", detail, cause, ranks, examples=examples, data=data, fix=fix)
+
+
+def _ranks_apart(heads: Sequence[StepTrace], indices: Sequence[int], tol: float) -> Verdict | None:
+    """Every data-parallel rank should hold rank 0's gradient; a fail naming the first that does not."""
+    for index in indices:
+        grads = [next(s.grad for s in h.steps if s.index == index) for h in heads]
+        first = grads[0]
+        assert first is not None
+        for dp, other in enumerate(grads[1:], start=1):
+            assert other is not None
+            if other is first or _same_values(other, first):  # the usual answer: bit for bit the same
+                continue
+            rel = relative_difference(other, first)
+            both_nan = _has_nan(other) and _has_nan(first)
+            if not both_nan and (math.isnan(rel) or rel > tol):
+                shown = "NaN on one of them" if math.isnan(rel) else f"{rel:.2g} (rel. L2)"
+                return Verdict(
+                    STEP_EQUIVALENCE,
+                    "fail",
+                    f"data-parallel rank {dp}'s gradient differs from rank 0's by {shown} at optimizer step "
+                    f"{index}, when every rank should hold the same averaged gradient",
+                    RANKS_APART,
+                    ranks=(0, dp),
+                    examples=(index,),
+                    fix=FIXES[RANKS_APART],
+                )
+    return None
+
+
+def _cause(
+    diffs: Sequence[StepDiff],
+    bad: Sequence[StepDiff],
+    heads: Sequence[StepTrace],
+    layout: Layout,
+    tol: float,
+    loss_scale: str,
+) -> tuple[str, str]:
+    """The likeliest cause of the failing steps ``bad`` among the compared ``diffs``, and its fix."""
+    if any(math.isnan(d.rel) for d in bad):
+        return NAN, FIXES[NAN]
+    factor = _exact_factor(bad, layout.dp_world_size, tol, loss_scale)
+    if factor:
+        return factor, FIXES["factor"]
+    modules = sorted({m for h in heads for m in h.per_rank_norm})
+    if modules:
+        return BATCHNORM.format(modules=", ".join(modules[:4])), FIXES[BATCHNORM]
+    good = [d for d in diffs if d not in bad]
+    if good and bad[-1] is diffs[-1] and all(map(_differ, bad)) and not any(map(_differ, good)):
+        window = "accumulation window" if max(bad[-1].micro) > 1 else "step"
+        return TAIL.format(window=window, windows=_window_counts(bad[-1])), FIXES[TAIL]
+    if all(_counts_differ(d) for d in bad) and not any(_counts_differ(d) for d in good):
+        d = bad[0]
+        what, noun = ("supervised-token", "tokens") if d.supervised is not None else ("sample", "samples")
+        counts = _counts_differ(d)
+        shown = " vs ".join(str(c) for c in counts[:4]) + (" ..." if len(counts) > 4 else "")
+        if len(d.per_micro) > 1:
+            position = next(m for m, c in enumerate(d.per_micro) if c == counts)
+            shown += f" in micro-batch {position} of step {d.index}"
+        return RANK_MEAN.format(what=what, counts=shown, noun=noun), FIXES[RANK_MEAN].format(noun=what)
+    return OTHER, FIXES[OTHER]
+
+
+def _exact_factor(bad: Sequence[StepDiff], world: int, tol: float, loss_scale: str) -> str:
+    """The cause when every failing step is the replay's gradient times one constant ("" when not)."""
+    factors = [d.factor for d in bad]
+    if any(d.residual > max(10 * tol, 1e-4) for d in bad) or any(abs(c - 1) <= FACTOR_SLACK for c in factors):
+        return ""
+    c = factors[0]
+    if any(abs(f - c) > FACTOR_SLACK * abs(c) for f in factors):
+        return ""
+    candidates: list[tuple[str, float]] = []
+    if world > 1:
+        candidates += [("world", float(world)), ("inverse world", 1.0 / world)]
+    micro = {m for d in bad for m in d.micro}
+    if len(micro) == 1 and next(iter(micro)) > 1:
+        k = float(next(iter(micro)))
+        candidates += [("micro", k), ("micro", 1.0 / k)]
+    for key, value in candidates:
+        if abs(c - value) <= FACTOR_SLACK * value:
+            why = FACTOR_WHY[key]
+            if key == "inverse world" and loss_scale != "mean":
+                why += UNPROBED
+            return FACTOR.format(factor=_factor_text(c), why=why)
+    return FACTOR.format(factor=_factor_text(c), why=FACTOR_WHY["other"])
+
+
+def _factor_text(c: float) -> str:
+    if c >= 1:
+        return f"{c:.3g}x"
+    inverse = 1 / c if c else math.inf
+    return f"1/{inverse:.3g} of" if abs(inverse - round(inverse)) < 0.01 * inverse else f"{c:.3g}x"
+
+
+def _differ(d: StepDiff) -> bool:
+    return len(set(d.micro)) > 1 or len(set(d.samples)) > 1
+
+
+def _counts_differ(d: StepDiff) -> tuple[int, ...]:
+    """The first micro-step's per-rank counts that differ (all known); () when none do."""
+    for counts in d.per_micro:
+        if min(counts) >= 0 and len(set(counts)) > 1:
+            return counts
+    return ()
+
+
+def _window_counts(d: StepDiff) -> str:
+    parts = [
+        f"rank {r}: {count_text(m, 'micro-batches')} of {count_text(s, 'samples') if s >= 0 else '? samples'}"
+        for r, (m, s) in enumerate(zip(d.micro, d.samples, strict=True))
+    ]
+    return ", ".join(parts[:4]) + (" ..." if len(parts) > 4 else "")
+
+
+def _diffs_text(bad: Sequence[StepDiff]) -> str:
+    parts = [
+        ("NaN" if math.isnan(d.rel) else f"{d.rel:.2g}") + f" at step {d.index}" for d in bad[:MAX_LISTED]
+    ]
+    more = f" and {len(bad) - MAX_LISTED} more" if len(bad) > MAX_LISTED else ""
+    return ", ".join(parts) + more
+
+
+def _windows_text(diffs: Sequence[StepDiff]) -> str:
+    """How many micro-batches the compared steps took: "1 micro-batch each", or per step where they vary."""
+    shapes = {d.micro for d in diffs}
+    if len(shapes) == 1 and len(set(next(iter(shapes)))) == 1:
+        n = next(iter(shapes))[0]
+        return f"{count_text(n, 'micro-batches')} each"
+    parts = []
+    for d in diffs[:MAX_LISTED]:
+        per = d.micro[0] if len(set(d.micro)) == 1 else "/".join(map(str, d.micro[:4]))
+        parts.append(f"step {d.index}: {per}")
+    return "micro-batches per rank " + ", ".join(parts)
+
+
+# ----------------------------------------------------------------------------- equal_microsteps
+
+
+MICRO_COUNTS = (
+    "the ranks form different numbers of micro-batches per optimizer step (token-budget or dynamic batching "
+    "per rank): their gradients are weighed unequally, and under FSDP or ZeRO-3 the extra micro-batch's "
+    "collectives hang"
+)
+MODULE_SKIPPED = (
+    "{module} runs only on the micro-batches that need it, so the ranks call it a different number of "
+    "times: its parameters get no gradient on some ranks (DDP needs find_unused_parameters), and under "
+    "FSDP or ZeRO-3 its all-gather hangs"
+)
+STEP_COUNTS = (
+    "the ranks take different numbers of optimizer steps: the last collective of the longer ranks hangs"
+)
+MICRO_FIXES = {
+    MICRO_COUNTS: "agree on the micro-batch count before the step: all_reduce(count, op=MAX) and run empty, "
+    "zero-weighted micro-batches on the ranks with fewer",
+    MODULE_SKIPPED: "run {module} on every micro-batch: a dummy input weighted zero where the micro-batch "
+    "has none",
+    STEP_COUNTS: "give every rank the same number of batches per epoch (pad or drop whole windows)",
+}
+
+
+def _forward_counts(micro: Sequence[MicroStep]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for m in micro:
+        for name, n in m.forwards:
+            out[name] = out.get(name, 0) + n
+    return out
+
+
+def _per_rank_text(counts: Sequence[int], ranks: Sequence[int]) -> str:
+    """``rank 0 ran 2, rank 1 ran 0``; ranks with one count grouped (``ranks 0 and 2 ran 3``)."""
+    groups: dict[int, list[int]] = {}
+    for rank, n in zip(ranks, counts, strict=True):
+        groups.setdefault(n, []).append(rank)
+    parts = []
+    for n, members in sorted(groups.items(), key=lambda kv: kv[1][0]):
+        who = f"rank {members[0]}" if len(members) == 1 else _ranks_list(members)
+        parts.append(f"{who} ran {n}")
+    return ", ".join(parts[:4]) + (f" and {len(parts) - 4} more counts" if len(parts) > 4 else "")
+
+
+def _ranks_list(members: Sequence[int]) -> str:
+    shown = ", ".join(map(str, members[:5]))
+    if len(members) > 5:
+        return f"ranks {shown} and {len(members) - 5} more"
+    head, _, tail = shown.rpartition(", ")
+    return f"ranks {head} and {tail}"
+
+
+def _outermost(names: Sequence[str]) -> list[str]:
+    return [n for n in names if not any(n.startswith(o + ".") for o in names if o != n)]
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    step: str  # "in step 3" or "after the last optimizer step"
+    module: str  # "" for backward passes
+    counts: tuple[int, ...]
+
+
+def _windows(trace: StepTrace) -> list[tuple[str, tuple[MicroStep, ...]]]:
+    out = [(f"in step {s.index}", s.micro) for s in trace.steps]
+    if trace.open_micro:
+        out.append(("after the last optimizer step", trace.open_micro))
+    return out
+
+
+def _mismatches(traces: Sequence[StepTrace]) -> list[Mismatch]:
+    found: list[Mismatch] = []
+    windows = [_windows(t) for t in traces]
+    longest = max(len(w) for w in windows)
+    for w in windows:  # equal step counts: only the open window (after the last step) may be missing
+        w.extend(("after the last optimizer step", ()) for _ in range(longest - len(w)))
+    for k in range(longest):
+        label = windows[0][k][0]
+        micro = [w[k][1] for w in windows]
+        backward = tuple(len(m) for m in micro)
+        if len(set(backward)) > 1:
+            found.append(Mismatch(label, "", backward))
+            continue
+        counts = [_forward_counts(m) for m in micro]
+        names = sorted({n for c in counts for n in c})
+        differ = [n for n in names if len({c.get(n, 0) for c in counts}) > 1]
+        for name in _outermost(differ):
+            found.append(Mismatch(label, name, tuple(c.get(name, 0) for c in counts)))
+    return found
+
+
+def check_equal_microsteps(run: Sequence[StepTrace | None], layout: Layout) -> Verdict:
+    """Between consecutive optimizer steps every rank runs the same number of backward passes and the same
+    forward calls of each submodule that holds parameters.
+
+    ``run``: each rank's StepTrace by global rank (None: recorded none); every rank is compared, the
+    non-data peers of a mesh included (a tensor peer with a micro-batch fewer hangs its group too).
+    """
+    missing = [r for r, t in enumerate(run) if t is None]
+    if missing:
+        return skipped(EQUAL_MICROSTEPS, f"rank {missing[0]} recorded no training step")
+    traces = [t for t in run if t is not None]
+    if len(traces) < 2:
+        return not_applicable(EQUAL_MICROSTEPS, "one rank: no other rank to run in step with")
+    if not any(t.steps or t.open_micro for t in traces):
+        return not_applicable(EQUAL_MICROSTEPS, "no backward pass was recorded")
+    ranks = list(range(len(traces)))
+    steps = [len(t.steps) for t in traces]
+    if len(set(steps)) > 1:
+        return Verdict(
+            EQUAL_MICROSTEPS, "fail", f"optimizer steps: {_per_rank_text(steps, ranks)}", STEP_COUNTS,
+            ranks=tuple(ranks), fix=MICRO_FIXES[STEP_COUNTS],
+        )  # fmt: skip
+    found = _mismatches(traces)
+    windows = len(_windows(traces[0]))
+    if not found:
+        backward = sorted({len(m) for _, m in _windows(traces[0])})
+        passes = f"{backward[0]} backward pass" + ("" if backward[0] == 1 else "es")
+        shape = passes if len(backward) == 1 else f"{backward[0]} to {backward[-1]} backward passes"
+        modules = len({n for t in traces for _, m in _windows(t) for n in _forward_counts(m)})
+        return Verdict(
+            EQUAL_MICROSTEPS,
+            "pass",
+            f"every rank ran the same micro-steps: {count_text(len(traces[0].steps), 'optimizer steps')} of "
+            f"{shape} each, the same forward calls of {count_text(modules, 'modules')}",
+        )
+    first = next((m for m in found if not m.module), found[0])
+    affected = len({m.step for m in found})
+    where = f"{first.step}; {affected} of {count_text(windows, 'steps')} differ"  # "in step 3; 2 of 8 ..."
+    if not first.module:
+        detail = f"backward passes: {_per_rank_text(first.counts, ranks)} {where}"
+        cause, fix = MICRO_COUNTS, MICRO_FIXES[MICRO_COUNTS]
+    else:
+        detail = f"{first.module}: {_per_rank_text(first.counts, ranks)} {where}"
+        cause = MODULE_SKIPPED.format(module=first.module)
+        fix = MICRO_FIXES[MODULE_SKIPPED].format(module=first.module)
+    odd = tuple(r for r, n in enumerate(first.counts) if n != max(set(first.counts), key=first.counts.count))
+    data: dict[str, object] = {
+        "mismatches": [{"where": m.step, "module": m.module, "counts": list(m.counts)} for m in found[:64]]
+    }
+    return Verdict(EQUAL_MICROSTEPS, "fail", detail, cause, ranks=odd or tuple(ranks), data=data, fix=fix)
