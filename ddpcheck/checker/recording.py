@@ -50,7 +50,6 @@ from ddpcheck.checker.recipe import (
     group_position,
 )
 from ddpcheck.checker.running import (
-    MAX_ITEMS_PER_EPOCH,
     EndlessGuard,
     Stream,
     peek,
@@ -62,7 +61,7 @@ from ddpcheck.launch.rank import report_progress
 from ddpcheck.trace import LoaderFacts, RankTrace
 
 __all__ = [
-    "CONTENT_STEPS", "LOAD_HOOK", "MAX_ITEMS_PER_EPOCH", "MIXED_IDS", "RESUME_HOOK", "SAVE_HOOK",
+    "CONTENT_STEPS", "LOAD_HOOK", "MIXED_IDS", "RESUME_HOOK", "SAVE_HOOK",
     "SET_EPOCH_HOOK", "EndlessGuard", "IdBatches", "LoaderHooks", "LoaderRecipe", "OpenedLoader",
     "RankRecording", "RecordOptions", "SamplerBatches", "Stream", "batches_with_ids", "build",
     "build_loader", "device_mesh", "first_set_epoch", "group_position", "has_state", "head_digests",
