@@ -158,7 +158,7 @@ def main_judge(argv: Sequence[str], command: LoaderCommand) -> int:
 
 
 def _checked(args: argparse.Namespace, work: Any, command: LoaderCommand) -> int:
-    from ddpcheck.checker.options import BadInput
+    from ddpcheck.options import BadInput
 
     try:
         outcome = work(args)
@@ -183,7 +183,7 @@ def _checked(args: argparse.Namespace, work: Any, command: LoaderCommand) -> int
 
 
 def _check_options(args: argparse.Namespace, **overrides: Any) -> Any:
-    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.options import CheckOptions
 
     values: dict[str, Any] = {
         "world_sizes": tuple(getattr(args, "world_sizes", (1, 2, 4))),
@@ -232,7 +232,7 @@ def _run_script(args: argparse.Namespace) -> tuple[CheckResult, bool]:
 
 
 def _judge(args: argparse.Namespace) -> tuple[CheckResult, bool]:
-    from ddpcheck.checker.options import BadInput, mesh_layouts
+    from ddpcheck.options import BadInput, mesh_layouts
     from ddpcheck.session.script import judge_directory
 
     options = _check_options(args, world_sizes=(1,))

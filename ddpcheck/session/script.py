@@ -19,7 +19,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ddpcheck.checker.options import BadInput, CheckOptions, mesh_layouts, validate
 from ddpcheck.checker.script_env import GPUS_ENV, NEEDS_CUDA, ScriptTarget
 from ddpcheck.checks.ids import COVERAGE, DETERMINISM, RESHUFFLE, SINGLE_PROCESS_EQUIVALENCE
 from ddpcheck.checks.replicas import data_parallel_view
@@ -32,6 +31,7 @@ from ddpcheck.launch.script import ScriptLaunch, launch_script, output_tail
 from ddpcheck.launch.workdir import WorkdirGuard, WorkdirUnavailable
 from ddpcheck.layout import Layout, LayoutError, check_ranks
 from ddpcheck.messages import count_text, one_line
+from ddpcheck.options import BadInput, CheckOptions, mesh_layouts, validate
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.session.run import Interrupted, allowed, jsonable_options, judge_world, layout_name, status_text
 from ddpcheck.trace import (
@@ -97,7 +97,7 @@ def check_script(
     ``path_or_module``: a ``.py`` file, or a module name run as ``python -m`` (``"pkg.train"``);
     ``args``: the script's own command line; ``model_steps``: batches per epoch its loop receives
     (None: whole epochs); ``step``: watch and judge the training step (``--no-step``: False). Other
-    keywords are :class:`~ddpcheck.checker.options.CheckOptions` fields (``steps``, ``max_idle``,
+    keywords are :class:`~ddpcheck.options.CheckOptions` fields (``steps``, ``max_idle``,
     ``data_dims``...). Raises BadInput for a missing script or bad options.
 
     Example::
