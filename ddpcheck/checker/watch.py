@@ -26,8 +26,11 @@ class Watcher(Protocol):
         """The name of a loader built (or first iterated) with ``frame`` as the caller."""
         ...
 
-    def open_epoch(self, loader: Any, name: str, inner: Iterator[Any]) -> Iterator[Any]:
-        """``iter(loader)`` returned ``inner``: the iterator the script receives instead."""
+    def open_epoch(
+        self, loader: Any, name: str, inner: Iterator[Any], caller: FrameType | None
+    ) -> Iterator[Any]:
+        """``iter(loader)``, called from ``caller``, returned ``inner``: the iterator the script receives
+        instead."""
         ...
 
     def set_epoch_seen(self, name: str) -> None:
@@ -145,7 +148,7 @@ def _iter_wrapper(original: Callable[[Any], Iterator[Any]]) -> Callable[[Any], I
             return original(self)
         inner = original(self)
         name = loader_name(self) or watcher.name_for(self, caller)
-        return watcher.open_epoch(self, name, inner)
+        return watcher.open_epoch(self, name, inner, caller)
 
     setattr(__iter__, _ITER_ATTR, original)
     __iter__.__doc__ = original.__doc__
