@@ -431,4 +431,8 @@ class ScriptRankTrace:
     fallback: str = ""
     steps: StepTrace | None = None  # what the training step did (None: not recorded)
     frameworks: tuple[str, ...] = ()  # training frameworks the script imported: "lightning", "accelerate"...
+    # no DataLoader iterated before the model's first call: that call's line, and the script's function
+    # its inputs came from as --batches takes it ("" unknown); see ddpcheck.checker.batch_hint
+    first_model_call: str = ""
+    inputs_from: str = ""
     version: int = SCRIPT_TRACE_VERSION

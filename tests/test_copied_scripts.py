@@ -233,10 +233,27 @@ def test_the_token_stream_truth_tells_sampling_from_slicing_and_the_bugs_apart()
     assert TRUTH[("stream_generator", 2)]["spans"]["train"]["equivalent_steps"] == 24
 
 
-@pytest.mark.xfail(
-    strict=True, reason="a clean run without a DataLoader is exit 2 in one line: issue 36 item 4"
-)
-def test_a_script_that_iterates_no_dataloader_says_how_to_name_its_batches(tmp_path: Path) -> None:
-    proc = ddpcheck_run(*FAST, "--report-dir", str(tmp_path), "--", "nanogpt_get_batch.py")
+# (script, what the model's first call shows, the line of that call)
+NO_LOADER_CASES = [
+    ("nanogpt_get_batch.py", "get_batch", "losses = [model(*get_batch(split))"),
+    ("stream_generator.py", "distributed_data_generator", "loss = (model(inputs)"),
+    ("dataloader_lite.py", "DataLoaderLite.next_batch", "loss = (model(x)"),
+]
+
+
+@pytest.mark.parametrize(("script", "name", "call"), NO_LOADER_CASES, ids=[c[0] for c in NO_LOADER_CASES])
+def test_a_script_that_iterates_no_dataloader_says_how_to_name_its_batches(
+    script: str, name: str, call: str, tmp_path: Path
+) -> None:
+    """Issue 36 item 4 without --batches: exit 2 (bad input: nothing was checked) in one line that names
+    the function the model's first inputs came from, at the line that called the model."""
+    proc = ddpcheck_run(*FAST, "--quiet", "--report-dir", str(tmp_path), "--", script)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and "--batches" in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    at = f"{script}:{line_of(SCRIPTS / script, call)}"
+    assert line.startswith(
+        f"ddpcheck: error: no DataLoader was iterated (nothing was checked): the model's first inputs came "
+        f"from {name}, at {at} ("
+    ), line
+    assert line.endswith(f"; pass --batches {name} to record the batches it returns"), line
+    assert "Traceback" not in proc.stdout + proc.stderr and not (tmp_path / "ddpcheck.json").exists()

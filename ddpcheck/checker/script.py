@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from types import FrameType, ModuleType
 from typing import Any
 
+from ddpcheck.checker.batch_hint import FirstInputs
 from ddpcheck.checker.batches import BatchIds, is_collated
 from ddpcheck.checker.face import OpenedLoader
 from ddpcheck.checker.facts import len_or_none
@@ -524,6 +525,8 @@ def record_script(
     notes = patch_cuda_choices()
     refuse_own_launch()
     outcome = Outcome()
+    first = FirstInputs(lambda: bool(recorder.loaders))
+    first.install()
     try:
         with watching(recorder):
             run_target(target)
@@ -539,6 +542,7 @@ def record_script(
             )
     except BaseException as exc:  # the script's own error: reported as it is, in one line
         outcome = failure(exc)
+    first.remove()
     outcome = _finish(recorder, outcome)
     joined = recorder.joined if recorder.joined is not None else joined_group()
     rank, world_size = recorder.position if recorder.position is not None else position()
@@ -553,6 +557,8 @@ def record_script(
         joined_group=bool(joined),
         stopped=recorder.stopped,
         fallback=accelerate_fallback(),
+        first_model_call=first.site,
+        inputs_from=first.name,
     )
 
 

@@ -91,7 +91,8 @@ def check_script(
     ``path_or_module``: a ``.py`` file, or a module name run as ``python -m`` (``"pkg.train"``);
     ``args``: the script's own command line; ``model_steps``: batches per epoch its loop receives
     (None: whole epochs). Other keywords are :class:`~ddpcheck.checker.options.CheckOptions` fields
-    (``steps``, ``max_idle``, ``data_dims``...). Raises BadInput for a missing script or bad options.
+    (``steps``, ``max_idle``, ``data_dims``...). Raises BadInput for a missing script, bad options, or a
+    script that runs to its end at one process without iterating a DataLoader (nothing to check).
 
     Example::
 
@@ -120,7 +121,8 @@ def audit_script(
 ) -> CheckResult:
     """Run the script at world size 1 and every requested layout, and judge each loader it iterates.
 
-    Raises BadInput (exit 2) for a script that does not exist or bad options."""
+    Raises BadInput (exit 2) for a script that does not exist, bad options, or one that iterated no
+    DataLoader at one process although it ran to its end."""
     options = options or ScriptOptions()
     say = progress or (lambda _m: None)
     validate(options.check)
@@ -238,6 +240,9 @@ class _ScriptSession:
         reference = self._launch(Layout.plain(1))
         self.reference = reference
         single = Layout.plain(1)
+        nothing = nothing_iterated(reference)
+        if nothing:
+            raise BadInput(nothing)
         problem = _launch_problem(reference)
         if problem:
             self.runs.append(
@@ -494,6 +499,31 @@ def _launch_problem(recorded: _Recorded) -> str:
     if not any(t.loaders for t in recorded.traces.values()):
         return "the script iterated no DataLoader"
     return ""
+
+
+NO_DATALOADER = "no DataLoader was iterated (nothing was checked)"
+
+
+def nothing_iterated(recorded: _Recorded) -> str:
+    """A launch whose ranks all ran to their end without iterating a DataLoader: the one line that says
+    so and where the model's inputs came from (bad input, exit 2: what to check is not there); "" when
+    not so (a rank failed, or a loader was recorded)."""
+    traces = recorded.traces.values()
+    if recorded.failures or not traces or any(t.loaders or t.status != "ok" or t.fallback for t in traces):
+        return ""
+    first = recorded.traces[min(recorded.traces)]
+    to_record = "pass --batches NAME to record the function that returns its batches (a name in the script, "
+    to_record += "or module:qualname)"
+    if first.inputs_from:
+        return (
+            f"{NO_DATALOADER}: the model's first inputs came from {first.inputs_from}, at "
+            f"{first.first_model_call}; pass --batches {first.inputs_from} to record the batches it returns"
+        )
+    if first.first_model_call:
+        return f"{NO_DATALOADER}: the model's first inputs came from {first.first_model_call}; {to_record}"
+    printed = recorded.outputs.get(min(recorded.traces), "")
+    last = f"; rank 0's last line: {_last_line(printed)}" if printed.strip() else ""
+    return f"{NO_DATALOADER} and no model was called{last}; {to_record}"
 
 
 def _failure(message: str, recorded: _Recorded | None = None) -> RankFailure:
