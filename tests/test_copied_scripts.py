@@ -73,7 +73,11 @@ def test_a_per_rank_random_split_is_one_cause_and_the_evaluation_order_no_failur
     assert proc.returncode == 1, proc.stdout + proc.stderr
     data = report(tmp_path)
     (cause,) = data["causes"]
-    assert "a Subset/random_split drawn differently on each rank" in cause["cause"], cause
+    split = line_of(SCRIPTS / "bug_random_split_eval.py", "= random_split(")
+    assert cause["cause"].startswith(
+        "the ranks' datasets differ: the random_split(data, [train_len, len(data) - train_len]) at "
+        f"bug_random_split_eval.py:{split}, drawn differently on each rank"
+    ), cause
     assert "generator=torch.Generator().manual_seed(0)" in cause["fix"]
     line = line_of(SCRIPTS / "bug_random_split_eval.py", "return DataLoader(")
     found = failing(data)

@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, Subset, random_split
 
 from ddpcheck.checker.script import LoaderRecord, ScriptRecorder, ScriptRecordOptions, StopScript
 from ddpcheck.checker.watch import watching
@@ -123,3 +123,24 @@ def test_a_later_peek_at_a_line_known_to_peek_is_left_undrained() -> None:
     record = _only(_record(train, epochs=3))
     assert len(record.epochs) == 3 and len(peeked) == 3  # the fourth peek is where the script stops
     assert all(len(e.ids) == SIZE for e in record.epochs)
+
+
+def test_a_subset_carries_the_call_that_drew_it_as_written() -> None:
+    """``LoaderFacts.subset_call``: the user's random_split or Subset call at its line, for the cause."""
+    recorder = ScriptRecorder(ScriptRecordOptions(epochs=1, model_steps=None))
+    with watching(recorder):
+        data = list(range(SIZE))
+        train, _ = random_split(data, [0.75, 0.25])  # unseeded, as minGPT's
+        for _ in DataLoader(train, batch_size=8):
+            pass
+        for _ in DataLoader(Subset(data, range(0, SIZE, 2)), batch_size=8):
+            pass
+        for _ in DataLoader(data, batch_size=8):
+            pass
+        recorder.finish()
+    calls = [record.facts.subset_call if record.facts else None for record in recorder.loaders.values()]
+    here = Path(__file__).name
+    assert calls[0] is not None and calls[0].endswith(f"{here}:{_line('= random_split(data')}")
+    assert calls[0].startswith("random_split(data, [0.75, 0.25]) at ")
+    assert calls[1] is not None and calls[1].startswith("Subset(data, range(0, SIZE, 2)) at ")
+    assert calls[2] == ""  # no subset: nothing to name

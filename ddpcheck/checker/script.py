@@ -51,7 +51,7 @@ from ddpcheck.checker.script_env import (
 )
 from ddpcheck.checker.step import active_watcher as step_watcher
 from ddpcheck.checker.subsets import base_indices, to_base
-from ddpcheck.checker.watch import install, mark_parts, watching
+from ddpcheck.checker.watch import drawn_at, install, mark_parts, watching
 from ddpcheck.checker.work import Measured, WorkMeter, looks_like_tokens
 from ddpcheck.trace import EpochTrace, LoaderFacts, RankTrace, ScriptLoader, ScriptRankTrace
 
@@ -435,7 +435,9 @@ class ScriptRecorder:
         if self._should_stop(record):
             self.stop_script(record)
         if record.facts is None:
-            record.facts = _facts(OpenedLoader.wrap(outer, self.hooks, position=self.position))
+            facts = _facts(OpenedLoader.wrap(outer, self.hooks, position=self.position))
+            drawn = drawn_at(getattr(outer, "dataset", None)) if facts.subset else ""
+            record.facts = replace(facts, subset_call=drawn) if drawn else facts
             mark_parts(outer, name)
         if record.iterations > 0 and record.set_epoch_calls > 0:
             record.epochs_after_set += 1
