@@ -27,6 +27,7 @@ from types import FrameType, ModuleType
 from typing import Any
 
 from ddpcheck.checker.batch_hint import FirstInputs
+from ddpcheck.checker.batch_source import BatchSources
 from ddpcheck.checker.batches import BatchIds, is_collated
 from ddpcheck.checker.face import OpenedLoader
 from ddpcheck.checker.facts import len_or_none
@@ -67,8 +68,10 @@ class ScriptRecordOptions:
     digest: bool = False  # digest every loaded batch's content (replicas of a mesh compare it)
     work: bool = True
     work_cost: str = "tokens"
+    batches: str = ""  # a batch function to record (--batches NAME); its windows are ``steps`` calls
 
 
+DEFAULT_WINDOW = 8  # calls per window of a --batches function when no --steps is given
 MAX_WINDOW_BATCHES = 256  # batches past model_steps an open accumulation window may still take
 PEEK_BATCHES = 2  # an iterator left after at most this many batches, at another line, may be a peek
 BATCH_WORDS = {0: "zero", 1: "one", 2: "two"}
@@ -479,8 +482,11 @@ class ScriptRecorder:
         return main is record
 
     def stop_script(self, record: LoaderRecord) -> None:
+        self.stop_with(f"{record.name}: {self.options.epochs} epochs recorded")
+
+    def stop_with(self, message: str) -> None:
         self.stopped = True
-        raise StopScript(f"{record.name}: {self.options.epochs} epochs recorded")
+        raise StopScript(message)
 
     def set_epoch_seen(self, loader_name: str) -> None:
         record = self.loaders.get(loader_name)
@@ -529,6 +535,11 @@ def record_script(
     outcome = Outcome()
     first = FirstInputs(lambda: bool(recorder.loaders))
     first.install()
+    sources = None
+    if options.batches:
+        window = options.steps or DEFAULT_WINDOW
+        sources = BatchSources(options.batches, window, options.epochs, recorder.stop_with)
+        sources.install()
     try:
         with watching(recorder):
             run_target(target)
@@ -545,6 +556,8 @@ def record_script(
     except BaseException as exc:  # the script's own error: reported as it is, in one line
         outcome = failure(exc)
     first.remove()
+    if sources is not None:
+        sources.remove()
     outcome = _finish(recorder, outcome)
     joined = recorder.joined if recorder.joined is not None else joined_group()
     rank, world_size = recorder.position if recorder.position is not None else position()
@@ -561,6 +574,7 @@ def record_script(
         fallback=accelerate_fallback(),
         first_model_call=first.site,
         inputs_from=first.name,
+        sources=sources.traces() if sources is not None else (),
     )
 
 

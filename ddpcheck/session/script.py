@@ -22,6 +22,7 @@ from typing import Any
 
 from ddpcheck.checker.options import BadInput, CheckOptions, mesh_layouts, validate
 from ddpcheck.checker.script_env import GPUS_ENV, NEEDS_CUDA, ScriptTarget
+from ddpcheck.checks.batch_sources import judge_sources, nothing_iterated
 from ddpcheck.checks.ids import COVERAGE, DETERMINISM, RESHUFFLE, SINGLE_PROCESS_EQUIVALENCE
 from ddpcheck.checks.replicas import data_parallel_view
 from ddpcheck.checks.reshuffle import STALE_EPOCH, evaluation_order
@@ -57,6 +58,7 @@ class ScriptOptions:
     model_steps: int | None = DEFAULT_MODEL_STEPS  # None: the script's loop receives whole epochs
     hooks: str = ""  # a file with loader-file hooks (sample_ids, batch_work, token_ids)
     cwd: str = ""  # the script's working directory ("" = this process's)
+    batches: str = ""  # a batch function to record (--batches NAME), in windows of check.steps calls
 
 
 @dataclass
@@ -240,7 +242,8 @@ class _ScriptSession:
         reference = self._launch(Layout.plain(1))
         self.reference = reference
         single = Layout.plain(1)
-        nothing = nothing_iterated(reference)
+        printed = reference.outputs.get(0, "")
+        nothing = nothing_iterated(list(reference.traces.values()), printed, self.options.batches)
         if nothing:
             raise BadInput(nothing)
         problem = _launch_problem(reference)
@@ -295,6 +298,8 @@ class _ScriptSession:
             command += ["--steps", str(check.steps)]
         if self.options.hooks:
             command += ["--hooks", os.path.abspath(self.options.hooks)]
+        if self.options.batches:
+            command += ["--batches", self.options.batches]
         if layout.replicas > 1:
             command.append("--digest")
         if not check.work:
@@ -496,34 +501,9 @@ def _launch_problem(recorded: _Recorded) -> str:
     fallbacks = {t.fallback for t in recorded.traces.values() if t.fallback}
     if fallbacks:
         return sorted(fallbacks)[0]
-    if not any(t.loaders for t in recorded.traces.values()):
+    if not any(t.loaders or t.sources for t in recorded.traces.values()):
         return "the script iterated no DataLoader"
     return ""
-
-
-NO_DATALOADER = "no DataLoader was iterated (nothing was checked)"
-
-
-def nothing_iterated(recorded: _Recorded) -> str:
-    """A launch whose ranks all ran to their end without iterating a DataLoader: the one line that says
-    so and where the model's inputs came from (bad input, exit 2: what to check is not there); "" when
-    not so (a rank failed, or a loader was recorded)."""
-    traces = recorded.traces.values()
-    if recorded.failures or not traces or any(t.loaders or t.status != "ok" or t.fallback for t in traces):
-        return ""
-    first = recorded.traces[min(recorded.traces)]
-    to_record = "pass --batches NAME to record the function that returns its batches (a name in the script, "
-    to_record += "or module:qualname)"
-    if first.inputs_from:
-        return (
-            f"{NO_DATALOADER}: the model's first inputs came from {first.inputs_from}, at "
-            f"{first.first_model_call}; pass --batches {first.inputs_from} to record the batches it returns"
-        )
-    if first.first_model_call:
-        return f"{NO_DATALOADER}: the model's first inputs came from {first.first_model_call}; {to_record}"
-    printed = recorded.outputs.get(min(recorded.traces), "")
-    last = f"; rank 0's last line: {_last_line(printed)}" if printed.strip() else ""
-    return f"{NO_DATALOADER} and no model was called{last}; {to_record}"
 
 
 def _failure(message: str, recorded: _Recorded | None = None) -> RankFailure:
@@ -598,6 +578,9 @@ def judge_launch(
         results.append(
             replace(judged, verdicts=tuple(allowed(verdicts, options.allow)), seconds=seconds, loader=name)
         )
+    rerun_traces = rerun.traces if rerun is not None else None
+    for source in judge_sources(reference.traces, run.traces, rerun_traces, layout, seconds):  # --batches
+        results.append(replace(source, verdicts=tuple(allowed(list(source.verdicts), options.allow))))
     return results
 
 
