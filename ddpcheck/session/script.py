@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpcheck.checker.script_env import GPUS_ENV, NEEDS_CUDA, ScriptTarget
+from ddpcheck.checks.batch_sources import judge_sources, nothing_iterated
 from ddpcheck.checks.ids import COVERAGE, DETERMINISM, RESHUFFLE, SINGLE_PROCESS_EQUIVALENCE
 from ddpcheck.checks.replicas import data_parallel_view
 from ddpcheck.checks.reshuffle import STALE_EPOCH, evaluation_order
@@ -61,6 +62,7 @@ class ScriptOptions:
     cwd: str = ""  # the script's working directory ("" = this process's)
     step: bool = True  # watch the training step and judge it (--no-step: the loaders alone)
     ignore_index: int = IGNORE_INDEX  # the label value that supervises nothing
+    batches: str = ""  # a batch function to record (--batches NAME), in windows of check.steps calls
 
 
 @dataclass
@@ -98,7 +100,8 @@ def check_script(
     ``args``: the script's own command line; ``model_steps``: batches per epoch its loop receives
     (None: whole epochs); ``step``: watch and judge the training step (``--no-step``: False). Other
     keywords are :class:`~ddpcheck.options.CheckOptions` fields (``steps``, ``max_idle``,
-    ``data_dims``...). Raises BadInput for a missing script or bad options.
+    ``data_dims``...). Raises BadInput for a missing script, bad options, or a script that runs to its
+    end at one process without iterating a DataLoader (nothing to check).
 
     Example::
 
@@ -128,7 +131,8 @@ def audit_script(
 ) -> CheckResult:
     """Run the script at world size 1 and every requested layout, and judge each loader it iterates.
 
-    Raises BadInput (exit 2) for a script that does not exist or bad options."""
+    Raises BadInput (exit 2) for a script that does not exist, bad options, or one that iterated no
+    DataLoader at one process although it ran to its end."""
     options = options or ScriptOptions()
     say = progress or (lambda _m: None)
     validate(options.check)
@@ -246,6 +250,10 @@ class _ScriptSession:
         reference = self._launch(Layout.plain(1))
         self.reference = reference
         single = Layout.plain(1)
+        printed = reference.outputs.get(0, "")
+        nothing = nothing_iterated(list(reference.traces.values()), printed, self.options.batches)
+        if nothing:
+            raise BadInput(nothing)
         problem = _launch_problem(reference)
         if problem:
             self.runs.append(
@@ -336,6 +344,8 @@ class _ScriptSession:
             command += ["--steps", str(check.steps)]
         if self.options.hooks:
             command += ["--hooks", os.path.abspath(self.options.hooks)]
+        if self.options.batches:
+            command += ["--batches", self.options.batches]
         if layout.replicas > 1:
             command.append("--digest")
         if not check.work:
@@ -513,7 +523,7 @@ def _launch_problem(recorded: _Recorded) -> str:
     fallbacks = {t.fallback for t in recorded.traces.values() if t.fallback}
     if fallbacks:
         return sorted(fallbacks)[0]
-    if not any(t.loaders for t in recorded.traces.values()):
+    if not any(t.loaders or t.sources for t in recorded.traces.values()):
         return "the script iterated no DataLoader"
     return ""
 
@@ -627,6 +637,9 @@ def _judge_loaders(
         results.append(
             replace(judged, verdicts=tuple(allowed(verdicts, options.allow)), seconds=seconds, loader=name)
         )
+    rerun_traces = rerun.traces if rerun is not None else None
+    for source in judge_sources(reference.traces, run.traces, rerun_traces, layout, seconds):  # --batches
+        results.append(replace(source, verdicts=tuple(allowed(list(source.verdicts), options.allow))))
     return results
 
 
