@@ -14,16 +14,17 @@ import argparse
 import copy
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ddpcheck import hygiene
-from ddpcheck.record import model_steps, split_command
+from ddpcheck.record import batch_function, model_steps, split_command
 
 if TYPE_CHECKING:
     from ddpcheck.result import CheckResult
 
+BATCH_WINDOW = 8  # calls of a --batches function per window, without --steps
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 MESH_OPTIONS = ("--mesh", "--data-dims", "--sequence-dims")
@@ -94,6 +95,15 @@ def build_run_parser(command: LoaderCommand) -> argparse.ArgumentParser:
         default=-100,
         metavar="N",
         help="the label value that supervises nothing, for supervision and the step's token counts (-100)",
+    )
+    parser.add_argument(
+        "--batches",
+        type=batch_function,
+        default="",
+        metavar="NAME",
+        help="a script without a DataLoader: record what this function returns (get_batch, Cls.method, "
+        "a generator; module:name for a module's) as its batches, in windows of --steps calls "
+        f"(default {BATCH_WINDOW})",
     )
     return parser
 
@@ -210,12 +220,16 @@ def _run_script(args: argparse.Namespace) -> tuple[CheckResult, bool]:
     from ddpcheck.session.script import ScriptOptions, audit_script
 
     path, module, script_args = args.target
+    check = _check_options(args)
+    if args.batches and check.steps is None:  # a batch function's windows: the checks' epochs
+        check = replace(check, steps=BATCH_WINDOW)
     options = ScriptOptions(
-        check=_check_options(args),
+        check=check,
         model_steps=args.model_steps,
         hooks=args.hooks,
         step=args.step,
         ignore_index=args.ignore_index,
+        batches=args.batches,
     )
     quiet = getattr(args, "quiet", False)
 

@@ -2,7 +2,8 @@
 
 Each process of a launch (``torchrun ... -m ddpcheck.record``, ``accelerate launch -m``, ``srun python
 -m``) runs the unmodified script as its own ``__main__`` and writes what its loaders yielded to
-``DIR/rank<R>.trace`` (plain data); nothing is judged here. With ``--step`` each rank also watches the
+``DIR/rank<R>.trace`` (plain data) and its ids to ``.npy`` files beside it (:mod:`ddpcheck.tracefile`);
+nothing is judged here. With ``--step`` each rank also watches the
 training step (``ddpcheck.checker.step``) and saves the compared steps' batches under ``DIR/step``;
 ``--replay DIR`` runs the script at world size 1 on the union of what those ranks received.
 ``ddpcheck judge DIR --reference DIR1`` judges the files later, ``ddpcheck run`` starts such processes
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import pickle
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 EXIT_BAD_INPUT = 2
 EXIT_SCRIPT_FAILED = 3
-TRACE_SUFFIX = ".trace"
 
 
 def split_command(argv: Sequence[str]) -> tuple[list[str], str, str, list[str]]:
@@ -63,6 +62,18 @@ def model_steps(text: str) -> int | None:
     if value < 1:
         raise argparse.ArgumentTypeError(f"--model-steps must be at least 1 (or 'all'), got {text!r}")
     return value
+
+
+def batch_function(text: str) -> str:
+    """``--batches NAME``: a function's name in the script (``get_batch``, ``Cls.method``) or a module's
+    (``module:name``), checked for its form here, found as the script runs."""
+    from ddpcheck.checker.batch_source import parse_name
+
+    try:
+        parse_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def batches_or_all(text: str) -> int | None:
@@ -115,6 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--digest", action="store_true", help="digest batch contents (mesh replicas)")
     parser.add_argument("--no-work", action="store_true", help="do not measure token work")
     parser.add_argument("--work-cost", choices=("tokens", "attention"), default="tokens")
+    parser.add_argument(
+        "--batches",
+        type=batch_function,
+        default="",
+        metavar="NAME",
+        help="record the calls of this function of the script (get_batch, Cls.method, module:name) as "
+        "batches, in windows of --steps calls (default 8)",
+    )
     step = parser.add_argument_group("the training step (issue 35)")
     step.add_argument(
         "--step",
@@ -153,10 +172,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="also compare windows that start in an epoch's last N batches",
     )
     return parser
-
-
-def trace_path(out: str, rank: int) -> str:
-    return os.path.join(out, f"rank{rank}{TRACE_SUFFIX}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -203,22 +218,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         digest=args.digest,
         work=not args.no_work,
         work_cost=args.work_cost,
+        batches=args.batches,
     )
     target = ScriptTarget(path=path, module=module, args=tuple(script_args))
+    from ddpcheck.tracefile import spill_to, write_rank
+
+    spill_to(args.out)  # an epoch's ids go to disk as they grow (ddpcheck.tracefile)
     watcher = _watch_step(args)
     trace = replace(record_script(target, options, hooks), frameworks=imported_frameworks())
     if watcher is not None:
         trace = replace(trace, steps=watcher.finish())
-    os.makedirs(args.out, exist_ok=True)
-    final = trace_path(args.out, trace.rank)
-    partial = f"{final}.{os.getpid()}.part"
-    with open(partial, "wb") as handle:
-        pickle.dump(trace, handle, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(partial, final)
+    write_rank(args.out, trace)
     if trace.status != "ok":
         print(f"ddpcheck.record: rank {trace.rank}: {trace.message}", file=sys.stderr)
         return EXIT_SCRIPT_FAILED
-    if not trace.loaders:
+    if not trace.loaders and not trace.sources:
         print(f"ddpcheck.record: rank {trace.rank}: the script iterated no DataLoader", file=sys.stderr)
         return EXIT_SCRIPT_FAILED
     return 0

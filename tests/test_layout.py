@@ -146,9 +146,8 @@ LEVELS = (
     ("ddpcheck.scenarios",),
     ("ddpcheck.checker",),
     ("ddpcheck.launch", "ddpcheck.checks", "ddpcheck.reference", "ddpcheck.report"),
-    ("ddpcheck.trace", "ddpcheck.result", "ddpcheck.restores", "ddpcheck.figures", "ddpcheck.layout",
-     "ddpcheck.messages", "ddpcheck.options",
-     *CHECK_DATA, "ddpcheck"),
+    ("ddpcheck.trace", "ddpcheck.tracefile", "ddpcheck.result", "ddpcheck.restores", "ddpcheck.figures",
+     "ddpcheck.layout", "ddpcheck.messages", "ddpcheck.options", *CHECK_DATA, "ddpcheck"),
 )  # fmt: skip
 
 

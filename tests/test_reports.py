@@ -459,6 +459,7 @@ KNOWN_JSON = {
                     "message": "timed out after 30 s",
                     "stack": "Thread 0x1:\n  f()",
                     "progress": "epoch 1, in all_reduce",
+                    "output": "",
                 }
             ],
             "divergence": [

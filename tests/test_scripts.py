@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ddpcheck.tracefile import read_rank
 from tests.conftest import ROOT
 
 SCRIPTS = ROOT / "fixtures" / "scripts"
@@ -200,9 +202,16 @@ def test_a_script_that_raises_before_any_loader_is_exit_3_with_its_own_line(tmp_
 
 
 def test_a_script_that_iterates_no_loader_says_so(tmp_path: Path) -> None:
-    proc = ddpcheck_run(*FAST, "--report-dir", str(tmp_path), "--", "faults/no_loader.py")
-    assert proc.returncode == 3
-    assert "the script iterated no DataLoader" in proc.stdout
+    """It ran to its end cleanly and nothing was checked: bad input (exit 2), one line, no report; its
+    last printed line is in it, as nothing called a model."""
+    proc = ddpcheck_run(*FAST, "--quiet", "--report-dir", str(tmp_path), "--", "faults/no_loader.py")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == (
+        "ddpcheck: error: no DataLoader was iterated (nothing was checked) and no model was called; rank "
+        "0's last line: nothing to train; pass --batches NAME to record the function that returns its "
+        "batches (a name in the script, or module:qualname)"
+    )
+    assert not (tmp_path / "ddpcheck.json").exists()
 
 
 def test_a_script_that_spawns_its_own_ranks_is_refused_at_once_naming_the_call(tmp_path: Path) -> None:
@@ -337,8 +346,10 @@ def test_a_launch_recorded_under_torchrun_is_judged_later(tmp_path: Path) -> Non
             capture_output=True,
             timeout=180,
         )
-    traces = sorted(p.name for p in (tmp_path / "ws2").iterdir())
+    traces = sorted(p.name for p in (tmp_path / "ws2").iterdir() if p.suffix == ".trace")
     assert traces == ["rank0.trace", "rank1.trace"]
+    ids = sorted(p.name for p in (tmp_path / "ws2").iterdir() if p.suffix != ".trace")
+    assert ids and all(re.fullmatch(r"rank[01]\.\d+\.\d+\.ids\.npy", name) for name in ids), ids
     report = tmp_path / "reports"
     proc = subprocess.run(
         [
@@ -521,7 +532,9 @@ def test_drained_batches_keep_the_worker_that_would_have_loaded_them(tmp_path: P
         ]
         env = {**os.environ, "OUT": str(tmp_path / f"truth-{steps}.pkl")}
         subprocess.run(command, cwd=SCRIPTS, env=env, check=True, capture_output=True, timeout=180)
-        traces[steps] = pickle.loads((out / "rank0.trace").read_bytes()).loaders[0].trace
+        recorded = read_rank(out / "rank0.trace")
+        assert recorded is not None
+        traces[steps] = recorded.loaders[0].trace
     truth = pickle.loads((tmp_path / "truth-all.pkl").read_bytes())  # the loop received every batch
     workers = {steps: [w for e in t.epochs for w in e.worker_ids] for steps, t in traces.items()}
     assert workers["all"] == truth

@@ -7,13 +7,19 @@ uniform reshuffle would produce it, and only findings rarer than ``CHANCE`` fail
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
 
 from ddpcheck.checks.context import Context, same_sequence
 from ddpcheck.checks.ids import RESHUFFLE
+from ddpcheck.checks.tally import int_ids, unique, values_of
 from ddpcheck.checks.verdict import Verdict, passed, skipped
 from ddpcheck.checks.wording import ranks_text
+from ddpcheck.messages import count_text
 from ddpcheck.trace import LoaderFacts, RunTrace
 
 CHANCE = 1e-3  # a repeat rarer than this under an honest reshuffle is treated as a bug
@@ -25,6 +31,11 @@ STALE_EPOCH = (
     "is drawn, or build a fresh iterator each epoch"
 )
 FROZEN_SHARDS = "the sample-to-rank assignment never changes: each rank only reorders its own shard"
+LOOP_REPLAYS = (
+    "the data loops without reshuffling: once a pass ends, the next one replays the first pass's order "
+    "(a looping dataset that shuffled once, or re-seeds each pass the same)"
+)
+REPLAY_PROBES = 8  # first-id recurrences tried as the length of a pass
 NOT_FORWARDED = (
     "the loader does not forward set_epoch to the {parts} it wraps: the training loop's set_epoch never "
     "reaches it, so it repeats its first epoch's order"
@@ -76,7 +87,7 @@ def _stale_epoch(reference: RunTrace, ctx: Context) -> Verdict | None:
     if not (facts.shuffles and facts.has_set_epoch and reference.set_epoch and facts.steps is None):
         return None
     epoch = reference.ranks[0].epochs[0]
-    n = len(set(epoch.ids))
+    n = len(set(epoch.ids)) if ctx.batch_level else ctx.view(0).ref_distinct
     log_p = -_log_falling(n, len(epoch.ids))  # an honest reshuffle repeating the whole order
     if log_p >= math.log(CHANCE):
         return None
@@ -87,12 +98,80 @@ def _stale_epoch(reference: RunTrace, ctx: Context) -> Verdict | None:
     return Verdict(RESHUFFLE, "fail", detail, STALE_EPOCH, (0,), (0, 1), (), {"ranks": ctx.world_size})
 
 
+def _stream(run: RunTrace, rank: int) -> Any:
+    """One rank's windows, end to end: the continuing stream an iteration-based loop receives (an int64
+    numpy array for integer ids, else a list)."""
+    epochs = [e.ids for e in run.ranks[rank].epochs]
+    if epochs and all(int_ids(ids) for ids in epochs):
+        return np.concatenate([np.asarray(values_of(ids), np.int64) for ids in epochs])
+    return [x for ids in epochs for x in ids]
+
+
+def _replay(stream: Any) -> tuple[int, int] | None:
+    """``(p, m)``: after a pass of ``p`` distinct ids the stream starts over in the same order, for ``m``
+    ids at least (None: it never does, or its first pass was not shuffled: ascending ids replay by design)."""
+    n = len(stream)
+    if n < 4:
+        return None
+    numeric = isinstance(stream, np.ndarray)
+    if numeric:
+        starts = (np.flatnonzero(stream[2:] == stream[0]) + 2).tolist()
+    else:
+        starts = [p for p in range(2, n) if stream[p] == stream[0]]
+    for p in starts[:REPLAY_PROBES]:
+        m = min(n - p, p)
+        head = stream[:p]
+        if numeric:
+            same = bool(np.array_equal(stream[p : p + m], stream[:m])) and len(unique(head)) == p
+        else:
+            same = list(stream[p : p + m]) == list(stream[:m]) and len(set(head)) == p
+        if m >= 2 and same:
+            return None if _ascending(head) else (p, m)
+    return None
+
+
+def _ascending(ids: Any) -> bool:
+    if isinstance(ids, np.ndarray):
+        return bool(np.all(ids[1:] > ids[:-1]))
+    try:
+        return all(a < b for a, b in itertools.pairwise(ids))
+    except TypeError:
+        return False
+
+
+def _replayed_pass(ctx: Context) -> Verdict | None:
+    """Windows of a continuing stream (``--steps``) in which some rank's data loops and replays its first
+    pass in the same order, rarer than ``CHANCE`` under an honest reshuffle at every pass."""
+    run = ctx.run
+    if ctx.facts.steps is None or ctx.batch_level:
+        return None
+    found = [
+        (r.rank, hit) for r in run.ranks if (hit := _replay(_stream(run, run.ranks.index(r)))) is not None
+    ]
+    found = [(rank, (p, m)) for rank, (p, m) in found if -_log_falling(p, m) < math.log(CHANCE)]
+    if not found:
+        return None
+    rank, (p, m) = found[0]
+    ranks = tuple(r for r, _ in found)
+    where = "every rank" if len(ranks) == len(run.ranks) > 1 else ranks_text(list(ranks))
+    detail = (
+        f"the data loops after {count_text(p, ctx.noun)} on rank {rank} and the next pass replays the first "
+        f"pass's order ({m:,} {ctx.noun} in the same order, {_chance_text(-_log_falling(p, m))} by chance; "
+        f"{where})"
+    )
+    data: dict[str, object] = {"pass_length": p, "replayed": m, "ranks": len(ranks)}
+    return Verdict(RESHUFFLE, "fail", detail, LOOP_REPLAYS, ranks[:8], (), (), data)
+
+
 def check_reshuffle(
     reference: RunTrace, run: RunTrace, rerun: RunTrace | None = None, *, ctx: Context | None = None
 ) -> Verdict:
     ctx = ctx or Context(reference, run, rerun)
     if ctx.unjudgeable:
         return skipped(RESHUFFLE, ctx.unjudgeable)
+    replayed = _replayed_pass(ctx)  # across the wrap of a looping stream, whatever the windows
+    if replayed is not None:
+        return replayed
     if ctx.num_epochs < 2:
         return skipped(RESHUFFLE, f"needs 2 epochs, got {ctx.num_epochs}")
     ref_epochs = reference.ranks[0].epochs

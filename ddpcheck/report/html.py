@@ -26,10 +26,12 @@ from ddpcheck.report.view import (
     Row,
     as_view,
     divergence_cause,
+    failure_ranks,
     fmt_diff,
     fmt_number,
     resume_caption,
     resume_cells,
+    same_failures,
     trim_stack,
 )
 from ddpcheck.result import CheckResult
@@ -224,17 +226,19 @@ def _details(view: ReportView) -> list[str]:
             evidence = f"<dl>{rows}</dl>" if rows else ""
             body.append(f'<div class="finding">{head}: {_e(finding.detail)}{evidence}</div>')
         items.append(f'<div class="item {cause.kind}" id="evidence-{cause.number}">{"".join(body)}</div>')
-    for entry in view.failures:
-        failure = entry.failure
+    for entries in same_failures(view.failures):
+        entry, failure = entries[0], entries[0].failure
         number = f"[{entry.cause}] " if entry.cause is not None else ""
         anchor = f' id="evidence-{entry.cause}"' if entry.cause is not None else ""
-        body = [f'<div class="head">{number}[{_e(entry.where)}] rank {failure.rank} {_e(failure.kind)}</div>']
+        count = f" (x{len(entries)})" if len(entries) > 1 else ""
+        body = [f'<div class="head">{number}{_e(failure_ranks(entries))} {_e(failure.kind)}{count}</div>']
         body.append(f"<div>{_e(failure.message)}</div>")
         if failure.progress:
             body.append(f'<div class="muted">progress: {_e(failure.progress)}</div>')
         if failure.stack.strip():
             stack = "\n".join(trim_stack(failure.stack, HTML_STACK_LINES))
-            summary = f"<summary>stack of rank {failure.rank}</summary>"
+            first = " (the first)" if len(entries) > 1 else ""
+            summary = f"<summary>stack of rank {failure.rank}{first}</summary>"
             body.append(f"<details>{summary}<pre>{_e(stack)}</pre></details>")
         if failure.output.strip():
             summary = f"<summary>last output lines of rank {failure.rank}</summary>"

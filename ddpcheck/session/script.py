@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import pickle
 import shutil
 import sys
 import tempfile
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpcheck.checker.script_env import GPUS_ENV, NEEDS_CUDA, ScriptTarget
+from ddpcheck.checks.batch_sources import judge_sources, nothing_iterated
 from ddpcheck.checks.ids import COVERAGE, DETERMINISM, RESHUFFLE, SINGLE_PROCESS_EQUIVALENCE
 from ddpcheck.checks.replicas import data_parallel_view
 from ddpcheck.checks.reshuffle import STALE_EPOCH, evaluation_order
@@ -36,18 +36,18 @@ from ddpcheck.options import BadInput, CheckOptions, mesh_layouts, validate
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.session.run import Interrupted, allowed, jsonable_options, judge_world, layout_name, status_text
 from ddpcheck.trace import (
-    SCRIPT_TRACE_VERSION,
     EpochTrace,
     RankFailure,
     RankTrace,
     RunTrace,
     ScriptLoader,
     ScriptRankTrace,
+    UnionIds,
 )
+from ddpcheck.tracefile import TRACE_GLOB, BadTraceFile, read_rank, trace_path
 
 Progress = Callable[[str], None]
 DEFAULT_MODEL_STEPS = 2
-TRACE_GLOB = "rank*.trace"
 COMPARED_BATCHES = 4  # with whole epochs: the step windows that start in an epoch's first 4 batches...
 TAIL_BATCHES = 8  # ...and in its last 8 (each compared window saves the weights and its batches)
 
@@ -62,6 +62,7 @@ class ScriptOptions:
     cwd: str = ""  # the script's working directory ("" = this process's)
     step: bool = True  # watch the training step and judge it (--no-step: the loaders alone)
     ignore_index: int = IGNORE_INDEX  # the label value that supervises nothing
+    batches: str = ""  # a batch function to record (--batches NAME), in windows of check.steps calls
 
 
 @dataclass
@@ -99,7 +100,8 @@ def check_script(
     ``args``: the script's own command line; ``model_steps``: batches per epoch its loop receives
     (None: whole epochs); ``step``: watch and judge the training step (``--no-step``: False). Other
     keywords are :class:`~ddpcheck.options.CheckOptions` fields (``steps``, ``max_idle``,
-    ``data_dims``...). Raises BadInput for a missing script or bad options.
+    ``data_dims``...). Raises BadInput for a missing script, bad options, or a script that runs to its
+    end at one process without iterating a DataLoader (nothing to check).
 
     Example::
 
@@ -129,7 +131,8 @@ def audit_script(
 ) -> CheckResult:
     """Run the script at world size 1 and every requested layout, and judge each loader it iterates.
 
-    Raises BadInput (exit 2) for a script that does not exist or bad options."""
+    Raises BadInput (exit 2) for a script that does not exist, bad options, or one that iterated no
+    DataLoader at one process although it ran to its end."""
     options = options or ScriptOptions()
     say = progress or (lambda _m: None)
     validate(options.check)
@@ -247,6 +250,10 @@ class _ScriptSession:
         reference = self._launch(Layout.plain(1))
         self.reference = reference
         single = Layout.plain(1)
+        printed = reference.outputs.get(0, "")
+        nothing = nothing_iterated(list(reference.traces.values()), printed, self.options.batches)
+        if nothing:
+            raise BadInput(nothing)
         problem = _launch_problem(reference)
         if problem:
             self.runs.append(
@@ -337,6 +344,8 @@ class _ScriptSession:
             command += ["--steps", str(check.steps)]
         if self.options.hooks:
             command += ["--hooks", os.path.abspath(self.options.hooks)]
+        if self.options.batches:
+            command += ["--batches", self.options.batches]
         if layout.replicas > 1:
             command.append("--digest")
         if not check.work:
@@ -412,7 +421,7 @@ def read_launch(launch: ScriptLaunch, layout: Layout) -> _Recorded:
     traces: dict[int, ScriptRankTrace] = {}
     failures: list[RankFailure] = []
     for entry in launch.ranks:
-        trace = _read_trace(os.path.join(launch.out, f"rank{entry.rank}.trace"))
+        trace = _read_trace(trace_path(launch.out, entry.rank))
         if trace is not None:
             traces[entry.rank] = trace
         if entry.hung and _in_collective(entry.stacks):
@@ -496,43 +505,14 @@ def _last_line(output: str) -> str:
     return one_line(lines[-1], 300) if lines else "no output"
 
 
-_SAFE_BUILTINS = frozenset(
-    {"set", "frozenset", "tuple", "list", "dict", "int", "float", "complex", "str", "bytes", "bytearray",
-     "bool", "slice", "range"}
-)  # fmt: skip
-
-
-class _TraceUnpickler(pickle.Unpickler):
-    """Trace files are plain data: a file that names any other class (a hostile or foreign pickle,
-    which could run code as it loads) is refused, never imported."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (
-            module == "ddpcheck.trace"
-            or module == "array"
-            or (module == "builtins" and name in _SAFE_BUILTINS)
-            or (module, name) in _NUMPY_DATA  # ids a hook returned as numpy scalars
-        ):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name} is no part of a trace")
-
-
-_NUMPY_DATA = frozenset(
-    {(m, n) for m in ("numpy.core.multiarray", "numpy._core.multiarray") for n in ("scalar", "_reconstruct")}
-    | {("numpy", "dtype"), ("numpy", "ndarray")}
-)
-
-
 def _read_trace(path: str, *, untrusted: bool = False) -> ScriptRankTrace | None:
-    """A rank's trace file; ``untrusted`` (a directory given to ``ddpcheck judge``): plain data only."""
+    """A rank's trace file (its ids left on disk); ``untrusted`` (a directory given to ``ddpcheck judge``):
+    plain data only. None for a file that is no trace of this version or names ids files that do not
+    match it."""
     try:
-        with open(path, "rb") as handle:
-            trace = _TraceUnpickler(handle).load() if untrusted else pickle.load(handle)
-    except Exception:  # unreadable, truncated, foreign or hostile: no trace of this version
+        return read_rank(path, untrusted=untrusted)
+    except BadTraceFile:
         return None
-    if not isinstance(trace, ScriptRankTrace) or trace.version != SCRIPT_TRACE_VERSION:
-        return None
-    return trace
 
 
 def _launch_problem(recorded: _Recorded) -> str:
@@ -543,7 +523,7 @@ def _launch_problem(recorded: _Recorded) -> str:
     fallbacks = {t.fallback for t in recorded.traces.values() if t.fallback}
     if fallbacks:
         return sorted(fallbacks)[0]
-    if not any(t.loaders for t in recorded.traces.values()):
+    if not any(t.loaders or t.sources for t in recorded.traces.values()):
         return "the script iterated no DataLoader"
     return ""
 
@@ -657,6 +637,9 @@ def _judge_loaders(
         results.append(
             replace(judged, verdicts=tuple(allowed(verdicts, options.allow)), seconds=seconds, loader=name)
         )
+    rerun_traces = rerun.traces if rerun is not None else None
+    for source in judge_sources(reference.traces, run.traces, rerun_traces, layout, seconds):  # --batches
+        results.append(replace(source, verdicts=tuple(allowed(list(source.verdicts), options.allow))))
     return results
 
 
@@ -705,17 +688,35 @@ def _run_trace(recorded: _Recorded | None, name: str, world_size: int) -> RunTra
 
 def standin_reference(run: RunTrace) -> RunTrace:
     """What every rank saw together, as if one process had seen it: a reference for the checks that
-    only need the epoch's samples (the ones that need a real single-process run are skipped)."""
+    only need the epoch's samples (the ones that need a real single-process run are skipped). The ids
+    are a :class:`UnionIds` of the ranks': read a chunk at a time, or counted by the checks' tally with
+    the ranks themselves, never held whole."""
     epochs = []
     for e in range(run.num_epochs):
-        seen: dict[Any, None] = {}
-        for trace in run.epoch(e):
-            seen.update(dict.fromkeys(trace.ids))
-        ids = list(seen)
-        epochs.append(EpochTrace(epoch=e, ids=ids, batch_sizes=[len(ids)] if ids else [], len_loader=None))
+        ids = UnionIds(tuple(trace.ids for trace in run.epoch(e)))
+        epochs.append(EpochTrace(epoch=e, ids=ids, batch_sizes=WholeEpoch(ids), len_loader=None))
     facts = run.ranks[0].facts if run.ranks else None
     rank = RankTrace(rank=0, epochs=tuple(epochs)) if facts is None else RankTrace(0, tuple(epochs), facts)
     return RunTrace(world_size=1, backend=run.backend, ranks=(rank,), id_source=run.id_source)
+
+
+class WholeEpoch(Sequence[int]):
+    """The stand-in's batch sizes: one batch of the whole epoch (none when empty), sized only if asked."""
+
+    def __init__(self, ids: UnionIds) -> None:
+        self.ids = ids
+
+    def __len__(self) -> int:
+        return 1 if any(len(p) for p in self.ids.parts) else 0
+
+    def __getitem__(self, index: Any) -> Any:
+        sizes = [len(self.ids)] if len(self) else []
+        return sizes[index]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 NEEDS_REFERENCE = (COVERAGE, SINGLE_PROCESS_EQUIVALENCE)
@@ -745,7 +746,9 @@ def _framework_sampler(verdict: Verdict, reference: RunTrace, run: RunTrace) -> 
 
 def _script_cause(verdict: Verdict, run: RunTrace, name: str, standin: str, single: bool) -> Verdict:
     """Causes said of the script; checks a stand-in reference cannot decide, skipped with the reason."""
-    if standin and verdict.check in NEEDS_REFERENCE:
+    if (
+        standin and verdict.check in NEEDS_REFERENCE and not verdict.data.get("overflow")
+    ):  # the dataset decides
         return Verdict(verdict.check, "skip", f"not judged without a single-process run: {standin}")
     if verdict.check == DETERMINISM and verdict.status == "skip" and not single:
         return verdict
