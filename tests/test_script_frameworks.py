@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from ddpcheck.checks.ids import (
     STEP_EQUIVALENCE,
 )
 from ddpcheck.cli import main
+from ddpcheck.tracefile import read_rank
 from tests.conftest import FIXTURES
 
 SCRIPTS = FIXTURES / "scripts" / "frameworks"
@@ -302,8 +302,8 @@ def test_recorded_ids_are_what_the_model_received(tmp_path: Path) -> None:
                "--", "hf_trainer.py", "--workers", "2", "--samples", "32"]  # fmt: skip
     subprocess.run(command, cwd=SCRIPTS, env=env, check=True, timeout=300, capture_output=True)
     for rank in (0, 1):
-        with open(out / f"rank{rank}.trace", "rb") as handle:
-            trace = pickle.load(handle)
+        trace = read_rank(out / f"rank{rank}.trace")
+        assert trace is not None
         lines = [json.loads(line) for line in (truth / f"rank{rank}.jsonl").read_text().splitlines()]
         received = {line["epoch"]: line["ids"] for line in lines if "loader" in line}
         assert trace.status == "ok"

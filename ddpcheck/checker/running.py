@@ -34,7 +34,9 @@ def record_indices(loader: Any, epoch: int) -> EpochTrace:
     len_loader = len_or_none(loader)
     ids = IdBuffer()
     sizes: list[int] = []
-    source = getattr(loader, "batch_sampler", None) or getattr(loader, "sampler", None)
+    source = getattr(loader, "batch_sampler", None)
+    if source is None:  # never `or`: truth-testing a sampler calls its __len__, which may not exist
+        source = getattr(loader, "sampler", None)
     guard = EndlessGuard(len_or_none(getattr(loader, "dataset", None)), False, _samples(source, loader))
     for batch, _ in SamplerBatches(loader):
         ids.extend(batch)
