@@ -70,6 +70,8 @@ def batch_function(text: str) -> str:
     (``module:name``), checked for its form here, found as the script runs."""
     from ddpcheck.checker.batch_source import parse_name
 
+    if not text:  # the default (argparse passes a string default through its type): none
+        return ""
     try:
         parse_name(text)
     except ValueError as exc:
