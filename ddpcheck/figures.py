@@ -15,10 +15,10 @@ import itertools
 import math
 from array import array
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ddpcheck.trace import EpochTrace, RankTrace, RunTrace
+from ddpcheck.trace import EpochTrace, IdArray, RankTrace, RunTrace, UnionIds
 
 if TYPE_CHECKING:
     import numpy as np
@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
     IntArray = npt.NDArray[np.signedinteger[Any]]  # int32 where it fits (memory at 10M samples), else int64
 
-MAX_RANK_STRIPS = 64  # above this many ranks only the first ones get a strip (the picture says so)
+MAX_PICTURED = 1 << 24  # above this many samples an epoch, no sample strips (they would need every id)
+MAX_RANK_STRIPS = 64  # above this many ranks, each strip is a group of consecutive ranks (rank_group)
 LEVELS = 255  # shares are stored as bytes: 0 = none, 255 = all of the bin, any non-zero share >= 1
 NO_RANK = -1  # owner value: no rank saw the sample
 SEVERAL = -2  # owner value: more than one rank saw the sample
@@ -79,7 +80,7 @@ class FigureData:
 
     world_size: int
     ranks: tuple[int, ...]  # ranks with a trace, in order
-    shown_ranks: int  # the first this many of ``ranks`` have strips
+    shown_ranks: int  # how many strips: one per rank, or per group of ``rank_group`` consecutive ranks
     max_bins: int
     epochs: tuple[EpochFigure, ...] = ()
     owner_samples: int = 0  # x axis of the assignment picture: reference epoch 0's samples
@@ -99,6 +100,11 @@ class FigureData:
     packed_rows: bool = (
         False  # rows packed on each rank (:func:`rows_packed_per_rank`): no row is one process's
     )
+    rank_group: int = 1  # ranks per strip (4096 ranks: 64 strips of 64 ranks, each what its ranks saw)
+
+    def strip_ranks(self, strip: int) -> tuple[int, ...]:
+        """The ranks one strip shows."""
+        return self.ranks[strip * self.rank_group : (strip + 1) * self.rank_group]
 
     @property
     def binned(self) -> bool:
@@ -140,8 +146,9 @@ def figure_data(reference: RunTrace, run: RunTrace, max_bins: int = 2000) -> Fig
     if max_bins < 1:
         raise ValueError(f"max_bins must be at least 1, not {max_bins}")
     ranks = tuple(sorted(run.ranks, key=lambda r: r.rank))
-    shown = min(len(ranks), MAX_RANK_STRIPS)
-    base = FigureData(run.world_size, tuple(r.rank for r in ranks), shown, max_bins)
+    group = -(-len(ranks) // MAX_RANK_STRIPS) if len(ranks) > MAX_RANK_STRIPS else 1
+    shown = -(-len(ranks) // group)
+    base = FigureData(run.world_size, tuple(r.rank for r in ranks), shown, max_bins, rank_group=group)
     notes = []
     if run.skipped:
         return _with_note(base, f"not run: {run.skipped}")
@@ -151,8 +158,8 @@ def figure_data(reference: RunTrace, run: RunTrace, max_bins: int = 2000) -> Fig
         return _with_note(base, "no rank returned a trace")
     if len(ranks) < run.world_size:
         notes.append(f"only {len(ranks)} of {run.world_size} ranks returned a trace")
-    if shown < len(ranks):
-        notes.append(f"strips for the first {shown} of {len(ranks)} ranks")
+    if group > 1:
+        notes.append(f"{len(ranks)} ranks in {shown} strips of {group} consecutive ranks each")
     window = next((r.facts.steps for r in ranks if getattr(r.facts, "steps", None)), None)
     if window:
         notes.append(f"each rank recorded only {window} batches per epoch: the rest shows as missing")
@@ -161,16 +168,25 @@ def figure_data(reference: RunTrace, run: RunTrace, max_bins: int = 2000) -> Fig
         notes.append(PACKED_NOTE)
     epochs = min(reference.num_epochs, min(len(r.epochs) for r in ranks))
     ref_rank = reference.ranks[0]
-    axis0 = _Axis(ref_rank.epochs[0].ids)
+    size = _size_hint(ref_rank.epochs[0].ids)
+    if size > MAX_PICTURED:
+        notes.append(
+            f"the sample pictures are drawn for epochs of up to {MAX_PICTURED:,} samples; this one has "
+            f"{size:,} (the checks' verdicts count every sample)"
+        )
+        counted = tuple(_counted(e, ranks, ref_rank.epochs[e]) for e in range(epochs))
+        return replace(base, shown_ranks=0, epochs=counted, note="; ".join(notes))
+    limit = ref_rank.facts.dataset_len if reference.id_source == "index" else None
+    axis0 = _Axis(ref_rank.epochs[0].ids, limit)
     figures: list[EpochFigure] = []
     owners0: list[IntArray] = []
     for e in range(epochs):
-        axis = axis0 if e == 0 else _Axis(ref_rank.epochs[e].ids)
-        figure, owner = _epoch(e, axis, ranks, shown, max_bins, ref_rank.epochs[e])
+        axis = axis0 if e == 0 else _Axis(ref_rank.epochs[e].ids, limit)
+        figure, owner = _epoch(e, axis, ranks, group, max_bins, ref_rank.epochs[e])
         figures.append(figure)
         owners0.append(owner if e == 0 else _to_axis(owner, axis, axis0))
     columns = _columns(axis0.n, max_bins)
-    work, per_column, totals = _work(ranks[:shown], max_bins)
+    work, per_column, totals = _work(ranks[:MAX_RANK_STRIPS], max_bins)
     return FigureData(
         world_size=run.world_size,
         ranks=base.ranks,
@@ -187,6 +203,34 @@ def figure_data(reference: RunTrace, run: RunTrace, max_bins: int = 2000) -> Fig
         work_per_column=per_column,
         work_totals=totals,
         packed_rows=packed,
+        rank_group=group,
+    )
+
+
+def _size_hint(ids: Sequence[Hashable]) -> int:
+    """The reference epoch's length, or a bound on it that costs nothing (a union of ranks: their sum)."""
+    parts = getattr(ids, "parts", None)
+    return sum(len(p) for p in parts) if isinstance(ids, UnionIds) and parts is not None else len(ids)
+
+
+def _counted(epoch: int, ranks: Sequence[RankTrace], ref: EpochTrace) -> EpochFigure:
+    """An epoch too large to picture sample by sample: what each rank yielded and stepped, no strips."""
+    traces = [r.epochs[epoch] for r in ranks]
+    return EpochFigure(
+        epoch=epoch,
+        samples=0,
+        bins=0,
+        rank_share=(),
+        missing=b"",
+        duplicated=b"",
+        missing_count=0,
+        duplicated_count=0,
+        extra_copies=0,
+        foreign=tuple(0 for _ in traces),
+        yielded=tuple(len(t.ids) for t in traces),
+        steps=tuple(t.num_batches for t in traces),
+        len_loader=tuple(t.len_loader for t in traces),
+        reference_steps=ref.num_batches,
     )
 
 
@@ -219,21 +263,21 @@ class _Axis:
 
     DENSE = 4  # a table up to 4 slots per sample (plus a little) beats a binary search
 
-    def __init__(self, ids: Sequence[Hashable]) -> None:
+    def __init__(self, ids: Sequence[Hashable], limit: int | None = None) -> None:
         import numpy as np
 
         self._dict: dict[Hashable, int] | None = None
         self._table: IntArray | None = None
         self._sorted: IntArray | None = None
         self._low = 0
-        if not (isinstance(ids, array) and ids.typecode == "q"):
+        values = _int64(ids)
+        if values is None:
             lookup: dict[Hashable, int] = {}
             for item in ids:
                 lookup.setdefault(item, len(lookup))
             self._dict = lookup
             self.n = len(lookup)
             return
-        values = np.frombuffer(ids, dtype=np.int64) if len(ids) else np.zeros(0, np.int64)
         span = int(values.max()) - int(values.min()) + 1 if len(values) else 0
         if len(values) and span <= self.DENSE * len(values) + 1024:
             self._low = int(values.min())
@@ -247,12 +291,30 @@ class _Axis:
         position = np.empty(len(order), np.int64)
         position[order] = np.arange(len(order), dtype=np.int64)
         self._ordered, self.n = ordered_sorted[order], len(order)
+        core = np.ones(len(ordered_sorted), np.bool_)
+        if len(values) and span > self.DENSE * len(values) + 1024 and limit is not None:
+            core = (ordered_sorted >= 0) & (ordered_sorted < limit)  # the dataset's indices; a few strays
+            inside = ordered_sorted[core]
+            self._low = int(inside[0]) if len(inside) else 0
+            span = int(inside[-1]) - self._low + 1 if len(inside) else 0
         if len(values) and span <= self.DENSE * len(values) + 1024:
             table = np.full(span, -1, np.int32)
-            table[ordered_sorted - self._low] = position
+            table[ordered_sorted[core] - self._low] = position[core]
             self._table = table
+            if not core.all():
+                self._sorted, self._position = ordered_sorted[~core], position[~core]
         else:
             self._sorted, self._position = ordered_sorted, position
+
+    def _search(self, values: IntArray) -> IntArray:
+        """Positions by binary search among the ids the table does not cover (-1: not held)."""
+        import numpy as np
+
+        assert self._sorted is not None
+        if not len(self._sorted):
+            return np.full(len(values), -1, np.int64)
+        at = np.minimum(np.searchsorted(self._sorted, values), len(self._sorted) - 1)
+        return np.where(self._sorted[at] == values, self._position[at], -1)
 
     def ordered_ids(self) -> Any:
         """The axis's ids in order: an int64 numpy array for integer ids (no copy), else a list."""
@@ -267,9 +329,8 @@ class _Axis:
 
         if not len(ids) or not self.n:
             return np.full(len(ids), -1, np.int64)
-        numeric = isinstance(ids, np.ndarray) and ids.dtype == np.int64
-        if self._dict is None and (numeric or (isinstance(ids, array) and ids.typecode == "q")):
-            values = ids if numeric else np.frombuffer(ids, dtype=np.int64)
+        values = _int64(ids)
+        if self._dict is None and values is not None:
             if self._table is not None:
                 low, high = int(values.min()), int(values.max())
                 if low >= self._low and high - self._low < len(self._table):
@@ -279,10 +340,10 @@ class _Axis:
                 inside = (offset >= 0) & (offset < len(self._table))
                 out = np.full(len(values), -1, np.int64)
                 out[inside] = self._table[offset[inside]]
+                if self._sorted is not None and len(self._sorted):  # ids outside the table's range
+                    out[~inside] = self._search(values[~inside])
                 return out
-            assert self._sorted is not None
-            at = np.minimum(np.searchsorted(self._sorted, values), self.n - 1)
-            return np.where(self._sorted[at] == values, self._position[at], -1)
+            return self._search(values)
         if self._dict is None:  # integer reference, non-integer ids: compare as plain ints
             self._dict = {int(x): i for i, x in enumerate(self._ordered.tolist())}
         table = self._dict
@@ -290,10 +351,36 @@ class _Axis:
         return np.fromiter((table.get(x, -1) for x in keys), np.int64, len(keys))
 
 
+def _int64(ids: Any) -> IntArray | None:
+    """Integer ids as one int64 numpy array (None: not integers in an array). Only for epochs small
+    enough to picture (``MAX_PICTURED``): this holds them all."""
+    import numpy as np
+
+    if isinstance(ids, array):
+        if ids.typecode != "q":
+            return None
+        return np.frombuffer(ids, dtype=np.int64) if len(ids) else np.zeros(0, np.int64)
+    if isinstance(ids, UnionIds):
+        if not ids.numeric():
+            return None
+        parts = [p for p in (_int64(part) for part in ids.parts) if p is not None]
+        if not parts:
+            return np.zeros(0, np.int64)
+        joined = np.concatenate(parts)
+        _, first = np.unique(joined, return_index=True)  # each id at its first yield
+        return joined[np.sort(first)]
+    values = ids.array() if isinstance(ids, IdArray) else ids
+    kind = getattr(getattr(values, "dtype", None), "kind", "")
+    if kind not in ("i", "u") or getattr(values, "ndim", 0) != 1 or values.dtype == np.uint64:
+        return None
+    return np.asarray(values, dtype=np.int64)
+
+
 def _epoch(
-    epoch: int, axis: _Axis, ranks: Sequence[RankTrace], shown: int, max_bins: int, ref: EpochTrace
+    epoch: int, axis: _Axis, ranks: Sequence[RankTrace], group: int, max_bins: int, ref: EpochTrace
 ) -> tuple[EpochFigure, IntArray]:
-    """One epoch's figure, and each sample's owner (rank, NO_RANK or SEVERAL) on ``axis``."""
+    """One epoch's figure, and each sample's owner (rank, NO_RANK or SEVERAL) on ``axis``; a strip per
+    ``group`` consecutive ranks."""
     import numpy as np
 
     n = axis.n
@@ -306,7 +393,9 @@ def _epoch(
     owner = np.full(n, NO_RANK, np.int32)
     shares: list[bytes] = []
     foreign: list[int] = []
+    pending: list[IntArray] = []  # the positions the ranks of the current strip saw (group > 1)
     for i, rank in enumerate(ranks):
+        last = i + 1 == len(ranks) or (i + 1) % group == 0
         trace = rank.epochs[epoch]
         where = axis.lookup(trace.ids)
         hit = where if not len(where) or int(where.min()) >= 0 else where[where >= 0]
@@ -315,12 +404,17 @@ def _epoch(
         if len(hit) * _SPARSE < n:
             # A rank of a large world holds a sliver of the epoch: work on its own samples only, so
             # W ranks cost O(samples), not O(W x samples).
-            distinct, copies = np.unique(hit, return_counts=True)
+            distinct, copies = _counts(hit)
             total[distinct] += copies.astype(np.int32)
             holders[distinct] += 1
             owner[distinct] = rank.rank
-            if i < shown:
+            if group == 1:
                 shares.append(_sparse_shares(distinct, starts, sizes))
+            else:
+                pending.append(distinct)
+                if last:
+                    shares.append(_sparse_shares(_counts(np.concatenate(pending))[0], starts, sizes))
+                    pending = []
             continue
         seen = np.zeros(n, np.bool_)
         seen[hit] = True
@@ -331,8 +425,13 @@ def _epoch(
         holders += seen
         owner[hit] = rank.rank
         del hit
-        if i < shown:
+        if group == 1:
             shares.append(_shares(seen, starts, sizes))
+        else:
+            pending.append(np.flatnonzero(seen))
+            if last:
+                shares.append(_sparse_shares(_counts(np.concatenate(pending))[0], starts, sizes))
+                pending = []
     owner[holders == 0] = NO_RANK
     owner[holders > 1] = SEVERAL
     duplicated = total > 1
@@ -353,6 +452,17 @@ def _epoch(
         reference_steps=ref.num_batches,
     )
     return figure, owner
+
+
+def _counts(values: Any) -> tuple[Any, Any]:
+    """(distinct values, how often each occurs), by sorting (numpy's unique hashes: slow on shuffled ints)."""
+    import numpy as np
+
+    ordered = np.sort(values)
+    if not len(ordered):
+        return ordered, np.zeros(0, np.int64)
+    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+    return ordered[starts], np.diff(np.append(starts, len(ordered)))
 
 
 def _shares(flags: Any, starts: Any, sizes: Any) -> bytes:

@@ -6,7 +6,7 @@ Plain string work, imported by the command line before torch and by ranks alike.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 # a content hash as ddpcheck.checker.identity makes them (63 bits): 16 to 19 digits standing alone
 _HASH_ID = re.compile(r"(?<![\w#.:/-])\d{16,19}(?![\w.:/-])")
@@ -59,3 +59,23 @@ def listed(label: str, items: Sequence[object], limit: int = 8) -> str:
     shown = ", ".join(str(item) for item in items[:limit])
     more = f" ... ({len(items)} in all)" if len(items) > limit else ""
     return f"{label}: {shown}{more}"
+
+
+def spans(numbers: Iterable[int], limit: int = 12) -> str:
+    """``0-23`` for a run of consecutive numbers, ``0, 2, 5-7`` otherwise; past ``limit`` runs, the rest
+    counted (``... (+2040 more)``), so 4096 ranks read as one line."""
+    ordered = sorted(dict.fromkeys(numbers))
+    runs: list[tuple[int, int]] = []
+    for n in ordered:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], n)
+        else:
+            runs.append((n, n))
+
+    def said(first: int, last: int) -> str:
+        return str(first) if first == last else f"{first}-{last}" if last > first + 1 else f"{first}, {last}"
+
+    shown = ", ".join(said(*run) for run in runs[:limit])
+    if len(runs) <= limit:
+        return shown
+    return f"{shown} ... (+{sum(last - first + 1 for first, last in runs[limit:])} more)"

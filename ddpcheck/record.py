@@ -2,7 +2,8 @@
 
 Each process of a launch (``torchrun ... -m ddpcheck.record``, ``accelerate launch -m``, ``srun python
 -m``) runs the unmodified script as its own ``__main__`` and writes what its loaders yielded to
-``DIR/rank<R>.trace`` (plain data); nothing is judged here. With ``--step`` each rank also watches the
+``DIR/rank<R>.trace`` (plain data) and its ids to ``.npy`` files beside it (:mod:`ddpcheck.tracefile`);
+nothing is judged here. With ``--step`` each rank also watches the
 training step (``ddpcheck.checker.step``) and saves the compared steps' batches under ``DIR/step``;
 ``--replay DIR`` runs the script at world size 1 on the union of what those ranks received.
 ``ddpcheck judge DIR --reference DIR1`` judges the files later, ``ddpcheck run`` starts such processes
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import pickle
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 EXIT_BAD_INPUT = 2
 EXIT_SCRIPT_FAILED = 3
-TRACE_SUFFIX = ".trace"
 
 
 def split_command(argv: Sequence[str]) -> tuple[list[str], str, str, list[str]]:
@@ -70,8 +69,8 @@ def batch_function(text: str) -> str:
     (``module:name``), checked for its form here, found as the script runs."""
     from ddpcheck.checker.batch_source import parse_name
 
-    if not text:  # the default (argparse passes a string default through its type): none
-        return ""
+    if not text:  # the default: no batch function (argparse runs a string default through this too)
+        return text
     try:
         parse_name(text)
     except ValueError as exc:
@@ -177,10 +176,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def trace_path(out: str, rank: int) -> str:
-    return os.path.join(out, f"rank{rank}{TRACE_SUFFIX}")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     problem = enter_workdir()  # first: a mount namespace is entered only while this is one thread
     if problem:
@@ -228,16 +223,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         batches=args.batches,
     )
     target = ScriptTarget(path=path, module=module, args=tuple(script_args))
+    from ddpcheck.tracefile import spill_to, write_rank
+
+    spill_to(args.out)  # an epoch's ids go to disk as they grow (ddpcheck.tracefile)
     watcher = _watch_step(args)
     trace = replace(record_script(target, options, hooks), frameworks=imported_frameworks())
     if watcher is not None:
         trace = replace(trace, steps=watcher.finish())
-    os.makedirs(args.out, exist_ok=True)
-    final = trace_path(args.out, trace.rank)
-    partial = f"{final}.{os.getpid()}.part"
-    with open(partial, "wb") as handle:
-        pickle.dump(trace, handle, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(partial, final)
+    write_rank(args.out, trace)
     if trace.status != "ok":
         print(f"ddpcheck.record: rank {trace.rank}: {trace.message}", file=sys.stderr)
         return EXIT_SCRIPT_FAILED

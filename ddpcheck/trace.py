@@ -9,9 +9,9 @@ costs 8 MB, not the ~36 MB of a Python list of ints.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 IdSource = str
 """How sample identity was obtained: ``index``, ``hook``, ``field:<name>`` or ``content-hash``."""
@@ -30,7 +30,227 @@ def compact_ids(ids: Iterable[Hashable]) -> Sequence[Hashable]:
     return tuple(items)
 
 
+class IdArray(Sequence[int]):
+    """Integer ids held as one numpy array: in memory, or in a ``.npy`` file opened only while read.
+
+    The compact form of an epoch at scale: the narrowest integer type that holds its ids (a billion
+    dataset indices cost 4 GB as ``uint32``, not 28 GB as Python ints). A file-backed one keeps no file
+    open and no page mapped between reads (:meth:`array` maps the file afresh), so a run of 4096 ranks
+    holds 4096 of them for the price of their names. Elements read one by one come back as Python ints;
+    the checks read :meth:`array` in chunks instead. ``lo``/``hi``: the smallest and largest id
+    (``hi < lo`` when empty), known without reading the ids.
+    """
+
+    __slots__ = ("_array", "dtype", "hi", "lo", "path", "size")
+
+    def __init__(self, values: Any = None, *, path: str = "", dtype: str = "", size: int = 0,
+                 lo: int = 0, hi: int = -1) -> None:  # fmt: skip
+        import numpy as np
+
+        if values is not None:
+            values = np.asarray(values)
+            if values.dtype.kind not in "iu" or values.ndim != 1:
+                raise TypeError(f"IdArray holds a 1-d array of integers, not {values.dtype} x {values.shape}")
+            self._array: Any = values
+            self.path, self.dtype, self.size = "", values.dtype.str, len(values)
+            self.lo, self.hi = (int(values.min()), int(values.max())) if len(values) else (0, -1)
+        else:
+            self._array, self.path, self.dtype, self.size, self.lo, self.hi = None, path, dtype, size, lo, hi
+
+    def array(self) -> Any:
+        """The ids as a numpy array (a read-only memory map for a file: drop it when done)."""
+        if self._array is not None:
+            return self._array
+        import numpy as np
+
+        if not self.size:
+            return np.zeros(0, np.dtype(self.dtype))
+        values = np.load(self.path, mmap_mode="r")
+        if len(values) != self.size or values.dtype.str != self.dtype:
+            raise ValueError(
+                f"{self.path} holds {len(values)} {values.dtype} ids, not {self.size} {self.dtype}"
+            )
+        return values
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return self.array()[index].tolist()
+        return int(self.array()[index])
+
+    def __iter__(self) -> Iterator[int]:
+        values = self.array()
+        for start in range(0, len(values), 1 << 16):
+            yield from values[start : start + (1 << 16)].tolist()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, IdArray):
+            return NotImplemented
+        if len(self) != len(other) or (len(self) and (self.lo, self.hi) != (other.lo, other.hi)):
+            return False
+        a, b = self.array(), other.array()
+        step = 1 << 20
+        return all(bool((a[i : i + step] == b[i : i + step]).all()) for i in range(0, len(a), step))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        where = f" in {self.path}" if self.path else ""
+        return f"IdArray({self.size} x {self.dtype}{where})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name in self.__slots__:
+            object.__setattr__(self, name, state[name])
+
+
+def _int_array(ids: object) -> bool:
+    """Ids held as integers in one array (``array('q')``, an :class:`IdArray`, a numpy integer array)."""
+    if type(ids) is array:
+        return ids.typecode == "q"
+    if isinstance(ids, IdArray):
+        return True
+    kind = getattr(getattr(ids, "dtype", None), "kind", "")
+    return kind in ("i", "u") and getattr(ids, "ndim", 0) == 1 and str(getattr(ids, "dtype", "")) != "uint64"
+
+
+def _numpy(ids: Any) -> Any:
+    import numpy as np
+
+    if type(ids) is array:
+        return np.frombuffer(ids, dtype=np.int64) if len(ids) else np.zeros(0, np.int64)
+    return ids.array() if isinstance(ids, IdArray) else ids
+
+
+class UnionIds(Sequence[Hashable]):
+    """Several streams' ids together, each once, in first-yield order (the first stream's, then the next
+    one's new ids, ...): the stand-in reference of a launch recorded without a single-process run.
+
+    Integer ids are produced a chunk at a time over a bitmap of their range (N/8 bytes), never held
+    whole; the checks' tally recognises a union of the very ranks it counts and reads nothing twice.
+    Other ids go through a dict, as they always did.
+    """
+
+    CHUNK = 1 << 22
+
+    def __init__(self, parts: Sequence[Sequence[Hashable]]) -> None:
+        self.parts = tuple(parts)
+        self._len: int | None = None
+
+    def settle(self, length: int) -> None:
+        """Its length, when the caller counted it anyway (the tally does)."""
+        self._len = length
+
+    def numeric(self) -> bool:
+        """Every part holds integer ids in one array."""
+        return all(_int_array(p) for p in self.parts)
+
+    def _dense(self) -> bool:
+        """Integer ids in a range a bitmap covers cheaply (else :meth:`chunks` is not used)."""
+        if not self.numeric():
+            return False
+        lo, hi = self._bounds()
+        return hi < lo or hi - lo < 16 * sum(len(p) for p in self.parts) + (1 << 23)
+
+    def _bounds(self) -> tuple[int, int]:
+        found = []
+        for p in self.parts:
+            if isinstance(p, IdArray):
+                found.append((p.lo, p.hi))
+            elif len(p):
+                values = _numpy(p)
+                found.append((int(values.min()), int(values.max())))
+        found = [(lo, hi) for lo, hi in found if hi >= lo]
+        return (min(f[0] for f in found), max(f[1] for f in found)) if found else (0, -1)
+
+    def chunks(self) -> Iterator[Any]:
+        """The ids in order as int64 numpy arrays (integer parts only)."""
+        import numpy as np
+
+        lo, hi = self._bounds()
+        seen = np.zeros(((hi - lo + 1) >> 3) + 1, np.uint8)
+        one = np.uint8(1)
+        for part in self.parts:
+            values = _numpy(part)
+            for start in range(0, len(values), self.CHUNK):
+                k = values[start : start + self.CHUNK].astype(np.int64) - lo
+                mask = np.left_shift(one, (k & 7).astype(np.uint8))
+                fresh = (seen[k >> 3] & mask) == 0
+                ordered = np.sort(k)
+                if len(k) > 1 and (ordered[1:] == ordered[:-1]).any():  # later copies within the chunk
+                    order = np.argsort(k, kind="stable")
+                    ordered = k[order]
+                    fresh[order[1:][ordered[1:] == ordered[:-1]]] = False
+                new = k[fresh]
+                np.bitwise_or.at(seen, new >> 3, mask[fresh])
+                if len(new):
+                    yield new + lo
+
+    def __len__(self) -> int:
+        if self._len is None:
+            if self._dense():
+                self._len = sum(len(c) for c in self.chunks())
+            else:
+                self._len = len(dict.fromkeys(x for p in self.parts for x in p))
+        return self._len
+
+    def __iter__(self) -> Iterator[Hashable]:
+        if self._dense():
+            for c in self.chunks():
+                yield from c.tolist()
+        else:
+            yield from dict.fromkeys(x for p in self.parts for x in p)
+
+    def __getitem__(self, index: Any) -> Any:
+        items = list(self)  # rare: only small stand-ins are read by position
+        return items[index]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, UnionIds):
+            return NotImplemented
+        if self._dense() and other._dense():
+            return _same_stream(self.chunks(), other.chunks())
+        return list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _same_stream(a: Iterator[Any], b: Iterator[Any]) -> bool:
+    """Two streams of int64 chunks hold the same ids in the same order (chunked differently)."""
+    import numpy as np
+
+    x, y = np.zeros(0, np.int64), np.zeros(0, np.int64)
+    while True:
+        while len(x) < UnionIds.CHUNK and (more := next(a, None)) is not None:
+            x = np.concatenate([x, more])
+        while len(y) < max(len(x), 1) and (more := next(b, None)) is not None:
+            y = np.concatenate([y, more])
+        n = min(len(x), len(y))
+        if not np.array_equal(x[:n], y[:n]):
+            return False
+        if n == 0:
+            return len(x) == len(y) == 0
+        x, y = x[n:], y[n:]
+
+
 BITMAP_IDS = 1 << 26  # ids below this are counted in a bitmap (64 MB at most) whatever the epoch's length
+SPILL_IDS = 1 << 20  # an epoch's integer ids beyond this many go to the installed sink as they arrive
+
+
+class IdSink(Protocol):
+    """Where an epoch's integer ids go while recorded (``ddpcheck.tracefile.SpillFile``): appended a
+    buffer at a time, then closed into the :class:`IdArray` of the whole epoch."""
+
+    def write(self, ids: array[int]) -> None: ...
+
+    def close(self) -> IdArray: ...
+
+
+ID_SINKS: list[Callable[[], IdSink]] = []  # empty: ids stay in memory; else the factory of every epoch's sink
 
 
 class IdBuffer:
@@ -50,17 +270,37 @@ class IdBuffer:
         self._outside: Any = None  # sorted distinct ints seen outside the bitmap's range (numpy)
         self._counted = 0  # ids already folded into _seen / _outside
         self._set: set[Hashable] | None = None
+        self._sink: IdSink | None = None  # where ids past SPILL_IDS went (ID_SINKS installed)
+        self._spilled = 0
+        self._stored: Sequence[Hashable] = ()  # the sink's IdArray once closed
 
     def extend(self, batch: Sequence[Hashable]) -> None:
         if self._ints is not None:
             if type(batch) is array and batch.typecode == "q":
                 self._ints.extend(batch)
+                if len(self._ints) >= SPILL_IDS and ID_SINKS:
+                    self._spill()
                 return
+            if self._spilled:  # ids already on disk are ints: the rest must be too
+                raise TypeError("an epoch whose ids were written as integers yields ids that are not")
             self._list, self._ints = list[Hashable](self._ints.tolist()), None
         assert self._list is not None
         self._list.extend(batch)
 
+    def _spill(self) -> None:
+        """Move the buffered ids to the sink (counting them first, if distinct() is in use)."""
+        assert self._ints is not None
+        if self._seen is not None or self._outside is not None:
+            self.distinct()
+        if self._sink is None:
+            self._sink = ID_SINKS[0]()
+        self._sink.write(self._ints)
+        self._spilled += len(self._ints)
+        self._ints, self._counted = array("q"), 0
+
     def __len__(self) -> int:
+        if self._sink is not None:
+            return self._spilled + (len(self._ints) if self._ints is not None else 0)
         return len(self._ints) if self._ints is not None else len(self._list or ())
 
     def distinct(self) -> int:
@@ -105,7 +345,13 @@ class IdBuffer:
         return inside + len(o)
 
     def ids(self) -> Sequence[Hashable]:
-        """The epoch's ids, compact: what :func:`compact_ids` makes of the same ids in a list."""
+        """The epoch's ids, compact: what :func:`compact_ids` makes of the same ids in a list (an
+        :class:`IdArray` on disk once they were spilled)."""
+        if self._sink is not None:
+            if self._ints is not None:
+                self._sink.write(self._ints)
+                self._ints, self._stored = None, self._sink.close()
+            return self._stored
         if self._ints is not None:
             return self._ints
         return compact_ids(self._list or [])
@@ -136,6 +382,9 @@ class LoaderFacts:
     resumable: str = ""  # where the data state lives, for the resume check ("" none; see checker.recording)
     set_epoch_unreached: str = ""  # parts with a set_epoch the training loop's call never reached
     work: str = ""  # what a batch's work was measured from ("" not measured; see checker.work)
+    # the ids are the sampler's own indices into a dataset of this length (None: unknown, or mapped through
+    # a Subset or an indices mapping to other samples): ids outside [0, index_space) overflowed
+    index_space: int | None = None
     # what a rank-splitting sampler (DistributedSampler or alike) was told: the ranks it splits among and
     # this rank's place; None where no part of the loader says
     sampler_replicas: int | None = None
@@ -431,7 +680,7 @@ class StepTrace:
     compute_dtype: str = ""
 
 
-SCRIPT_TRACE_VERSION = 2
+SCRIPT_TRACE_VERSION = 3  # 3: integer ids in .npy files beside the trace (ddpcheck.tracefile)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddpcheck.checker.options import CheckOptions
 from ddpcheck.checks.ids import (
     DATA_CHECKS,
     METRIC_EQUIVALENCE,
@@ -27,6 +26,7 @@ from ddpcheck.checks.ids import (
     WORK_BALANCE,
 )
 from ddpcheck.checks.verdict import Verdict, allow, not_applicable, passed, skipped
+from ddpcheck.options import CheckOptions
 from ddpcheck.report import (
     SCHEMA_VERSION,
     ReportWriteError,
@@ -459,6 +459,7 @@ KNOWN_JSON = {
                     "message": "timed out after 30 s",
                     "stack": "Thread 0x1:\n  f()",
                     "progress": "epoch 1, in all_reduce",
+                    "output": "",
                 }
             ],
             "divergence": [

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ddpcheck.tracefile import read_rank
 from tests.conftest import ROOT
 
 SCRIPTS = ROOT / "fixtures" / "scripts"
@@ -344,8 +346,10 @@ def test_a_launch_recorded_under_torchrun_is_judged_later(tmp_path: Path) -> Non
             capture_output=True,
             timeout=180,
         )
-    traces = sorted(p.name for p in (tmp_path / "ws2").iterdir())
+    traces = sorted(p.name for p in (tmp_path / "ws2").iterdir() if p.suffix == ".trace")
     assert traces == ["rank0.trace", "rank1.trace"]
+    ids = sorted(p.name for p in (tmp_path / "ws2").iterdir() if p.suffix != ".trace")
+    assert ids and all(re.fullmatch(r"rank[01]\.\d+\.\d+\.ids\.npy", name) for name in ids), ids
     report = tmp_path / "reports"
     proc = subprocess.run(
         [
@@ -528,7 +532,9 @@ def test_drained_batches_keep_the_worker_that_would_have_loaded_them(tmp_path: P
         ]
         env = {**os.environ, "OUT": str(tmp_path / f"truth-{steps}.pkl")}
         subprocess.run(command, cwd=SCRIPTS, env=env, check=True, capture_output=True, timeout=180)
-        traces[steps] = pickle.loads((out / "rank0.trace").read_bytes()).loaders[0].trace
+        recorded = read_rank(out / "rank0.trace")
+        assert recorded is not None
+        traces[steps] = recorded.loaders[0].trace
     truth = pickle.loads((tmp_path / "truth-all.pkl").read_bytes())  # the loop received every batch
     workers = {steps: [w for e in t.epochs for w in e.worker_ids] for steps, t in traces.items()}
     assert workers["all"] == truth

@@ -19,7 +19,7 @@ from typing import Any
 
 from ddpcheck.checker.index_log import index_items
 from ddpcheck.checker.loaderfile import is_torch_loader, unwrap_loader
-from ddpcheck.checker.subsets import base_indices
+from ddpcheck.checker.subsets import base_indices, maps_indices
 from ddpcheck.trace import LoaderFacts
 
 
@@ -109,6 +109,7 @@ def read_facts(outer: Any) -> LoaderFacts:
         has_set_epoch=any(callable(getattr(p, "set_epoch", None)) for p in parts),
         shuffles=_declared_shuffle(sampler),
         in_order=bool(getattr(loader, "in_order", True)) or int(loader.num_workers) == 0,
+        index_space=None if iterable or maps_indices(dataset) else dataset_len,
         sampler_replicas=replicas,
         sampler_rank=place,
         subset=subset,

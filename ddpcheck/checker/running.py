@@ -13,7 +13,7 @@ from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddpcheck.checker.batches import CONTENT_STEPS, IdBatches, SamplerBatches, head_digests, sampler_batches
+from ddpcheck.checker.batches import CONTENT_STEPS, IdBatches, SamplerBatches, head_digests
 from ddpcheck.checker.face import OpenedLoader
 from ddpcheck.checker.facts import len_or_none, restored_rng
 from ddpcheck.checker.identity import batch_digest
@@ -24,18 +24,9 @@ from ddpcheck.checker.work import Measured, WorkMeter, add_tally, looks_like_tok
 from ddpcheck.launch.rank import report_progress
 from ddpcheck.trace import EpochTrace, IdBuffer, PackingTally, SourceCodes
 
-MAX_ITEMS_PER_EPOCH = 50_000_000
 ENDLESS_FACTOR = 4
 ENDLESS_PROBE = 20_000
 Batch = tuple[list[Hashable], "int | None", "int | None", "Measured | None"]  # ids, worker, digest, work
-
-
-def guard_size(n: int, subject: str = "the loader") -> None:
-    if n > MAX_ITEMS_PER_EPOCH:
-        raise BadLoaderFile(
-            f"{subject} passed more than {MAX_ITEMS_PER_EPOCH:,} samples in one epoch; check it in windows "
-            "with --steps N"
-        )
 
 
 def record_indices(loader: Any, epoch: int) -> EpochTrace:
@@ -43,15 +34,34 @@ def record_indices(loader: Any, epoch: int) -> EpochTrace:
     len_loader = len_or_none(loader)
     ids = IdBuffer()
     sizes: list[int] = []
-    for batch, _ in sampler_batches(loader):
+    source = getattr(loader, "batch_sampler", None) or getattr(loader, "sampler", None)
+    guard = EndlessGuard(len_or_none(getattr(loader, "dataset", None)), False, _samples(source, loader))
+    for batch, _ in SamplerBatches(loader):
         ids.extend(batch)
         sizes.append(len(batch))
-        guard_size(len(ids))
+        if len(ids) >= guard.due:
+            guard.check(ids)
     return EpochTrace(epoch=epoch, ids=ids.ids(), batch_sizes=sizes, len_loader=len_loader)
 
 
+def _samples(source: Any, loader: Any) -> int | None:
+    """How many samples an epoch holds by what the loader says of itself: its sampler's length, or its
+    batches times their size (None: it does not say)."""
+    sampler = getattr(loader, "sampler", None)
+    if source is sampler:
+        return len_or_none(sampler)
+    batches, size = (
+        len_or_none(source),
+        getattr(loader, "batch_size", None) or getattr(source, "batch_size", None),
+    )
+    return batches * size if batches is not None and isinstance(size, int) and size > 0 else None
+
+
 class EndlessGuard:
-    """Stops an epoch that cannot end: it passed several times the dataset, or an absurd count.
+    """Stops an epoch that cannot end, judged by what the loader says of itself: more than several
+    times its dataset (or the epoch its sampler announces), or, where it says nothing, several times
+    as many samples as distinct ones. A never-repeating stream without a length runs into the deadline.
+    A window (``--steps``) ends after its batches, whatever the loader says.
 
     ``subject`` names the loader in the message; ``probe_distinct`` False leaves out the probe of
     distinct ids (a training script's recorder: the more permissive rule, as scripts had before the
@@ -61,6 +71,7 @@ class EndlessGuard:
         self,
         dataset_len: int | None,
         windowed: bool,
+        expected: int | None = None,
         *,
         subject: str = "the loader",
         probe_distinct: bool = True,
@@ -69,28 +80,34 @@ class EndlessGuard:
         self.windowed = windowed
         self.subject = subject
         self.probe_distinct = probe_distinct
+        known = [n for n in (dataset_len, expected) if n is not None]
+        self.limit = ENDLESS_FACTOR * max(known) + ENDLESS_PROBE if known else None
         self.next_probe = ENDLESS_PROBE
         self.due = 0  # the length below which :meth:`check` cannot raise or probe
         self._update_due()
 
     def _update_due(self) -> None:
-        due = MAX_ITEMS_PER_EPOCH + 1
-        if not self.windowed:
-            if self.probe_distinct:
-                due = min(due, self.next_probe)
-            if self.dataset_len is not None:
-                due = min(due, ENDLESS_FACTOR * self.dataset_len + ENDLESS_PROBE + 1)
-        self.due = due
+        never = 1 << 62
+        if self.windowed:
+            self.due = never
+            return
+        probe = self.next_probe if self.probe_distinct else never
+        self.due = probe if self.limit is None else min(probe, self.limit + 1)
 
     def check(self, ids: IdBuffer) -> None:
         n = len(ids)
         if self.windowed:
-            guard_size(n, self.subject)
             return
-        if self.dataset_len is not None and n > ENDLESS_FACTOR * self.dataset_len + ENDLESS_PROBE:
+        if self.limit is not None and n > self.limit:
+            epoch = (self.limit - ENDLESS_PROBE) // ENDLESS_FACTOR
+            said = (
+                f"its dataset's {epoch:,}"
+                if epoch == self.dataset_len
+                else f"the {epoch:,} samples its sampler says an epoch holds"
+            )
             raise BadLoaderFile(
                 f"{self.subject} looks endless: one epoch passed {n:,} samples, more than {ENDLESS_FACTOR}x "
-                f"its dataset's {self.dataset_len:,}; check it in windows with --steps N"
+                f"{said}; check it in windows with --steps N"
             )
         if self.probe_distinct and n >= self.next_probe:
             self.next_probe = n * 2
@@ -101,7 +118,6 @@ class EndlessGuard:
                     f"{self.subject} looks endless: one epoch passed {n:,} samples but only {distinct:,} "
                     "distinct ones; check it in windows with --steps N"
                 )
-        guard_size(n, self.subject)
 
 
 @dataclass
@@ -218,10 +234,13 @@ class Stream:
             if self._iterator is None:
                 self._iterator = self._open(0)
             iterator = self._iterator
-        guard = EndlessGuard(self.opened.facts.dataset_len, steps is not None)
+        n = steps or len_or_none(self.opened.outer)  # once per epoch: len(loader) walks the samplers' __len__
+        size = self.opened.facts.batch_size
+        guard = EndlessGuard(
+            self.opened.facts.dataset_len, steps is not None, n * size if n and size else None
+        )
         built = EpochBuilder()
         add = built.add
-        n = steps or len_or_none(self.opened.outer)  # once per epoch: len(loader) walks the samplers' __len__
         of = f"/{n}" if n else ""
         count = 0
         while steps is None or count < steps:

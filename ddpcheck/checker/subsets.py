@@ -43,6 +43,20 @@ def base_indices(dataset: Any) -> array[int] | None:
         dataset = inner
 
 
+def maps_indices(dataset: Any) -> bool:
+    """The dataset renames its positions (a ``Subset``, an HF indices mapping): ids are not its indices."""
+    try:
+        from torch.utils.data import Subset
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return False
+    if isinstance(dataset, Subset):
+        return True
+    return (
+        type(dataset).__module__ == "datasets.arrow_dataset"
+        and getattr(dataset, "_indices", None) is not None
+    )
+
+
 def _hf_rows(dataset: Any) -> array[int] | None:
     """An HF ``datasets.Dataset`` with an indices mapping (``select``, ``shuffle``, ``train_test_split``,
     ``shard(contiguous=False)``): each position's row in its table. None without a mapping: a

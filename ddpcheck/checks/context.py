@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from itertools import chain
 
+import numpy as np
+
 from ddpcheck.checks.arrays import (
     EpochCounts,
     as_int64,
@@ -21,6 +23,18 @@ from ddpcheck.checks.arrays import (
     same_ints,
     same_reference_ids,
 )
+from ddpcheck.checks.tally import (
+    EpochTally,
+    Evidence,
+    Strangers,
+    distinct_ids,
+    int_ids,
+    same_ids,
+    same_set,
+    stream_hash,
+    unique,
+)
+from ddpcheck.checks.wording import few
 from ddpcheck.trace import EpochTrace, LoaderFacts, RankTrace, RunTrace
 
 Item = Hashable
@@ -46,6 +60,8 @@ def same_sequence(a: Sequence[Hashable], b: Sequence[Hashable]) -> bool:
     same = same_ints(a, b)  # array('q') ids: compared by numpy, not element by element
     if same is not None:
         return same
+    if int_ids(a) and int_ids(b):  # integer arrays of any width, in memory or on disk: chunk by chunk
+        return same_ids(a, b)
     if type(a) is type(b):
         return a == b
     return len(a) == len(b) and list(a) == list(b)
@@ -108,7 +124,13 @@ class Allowance:
 
 
 class EpochView:
-    """The reference's epoch and every rank's epoch, as items, with the counts the checks share."""
+    """The reference's epoch and every rank's epoch, as items, with the counts the checks share.
+
+    Integer ids (any array of them, in memory or on disk) are counted by :class:`EpochTally` in memory
+    that grows with the id range (N/8 bytes a bitmap), not with copies of the ids; anything else (ids
+    that are not ints, whole batches as items, a reference that repeats ids) by sets and counters. Both
+    answer every question below the same way, and the checks ask only these.
+    """
 
     def __init__(
         self,
@@ -117,13 +139,22 @@ class EpochView:
         ranks: Sequence[EpochTrace],
         batch_level: bool,
         same_reference: EpochView | None = None,
+        limit: int | None = None,
     ):
         self.epoch = epoch
         self.ref_trace = reference
         self.rank_traces = list(ranks)
         self.batch_level = batch_level
         self._same = same_reference  # an earlier epoch whose reference ids are identical: share its sets
+        self._limit = limit  # the dataset's length when ids are its indices: the bitmaps' range
         self._rank_sets: dict[int, set[Item]] = {}
+
+    @cached_property
+    def tally(self) -> EpochTally | None:
+        """The bounded count; ``None`` where sets answer (see the class docstring)."""
+        if self.batch_level:
+            return None
+        return EpochTally.of(self.ref_trace.ids, [t.ids for t in self.rank_traces], self._limit)
 
     @cached_property
     def ref_items(self) -> Sequence[Item]:
@@ -142,6 +173,8 @@ class EpochView:
     @cached_property
     def ref_counts(self) -> Counter[Item] | None:
         """Multiplicities when the reference repeats an item; ``None`` when every count is 1."""
+        if self.tally is not None:
+            return None
         if self._same is not None:
             return self._same.ref_counts
         if self.ref_distinct == len(self.ref_items):
@@ -150,11 +183,8 @@ class EpochView:
 
     @cached_property
     def _counts(self) -> EpochCounts | None:
-        """The passing path's counts from numpy, when every epoch's ids are ``array('q')`` ids.
-
-        ``None`` otherwise (batches as items, ids that are not ints): then sets answer everything.
-        The evidence of a failure (which items, on which ranks) always comes from sets.
-        """
+        """Counts from numpy when every epoch's ids are ``array('q')`` but the tally declined (the
+        reference repeats ids). ``None`` otherwise: then sets answer everything."""
         if self.batch_level:
             return None
         ref = as_int64(self.ref_trace.ids)
@@ -166,23 +196,31 @@ class EpochView:
     @cached_property
     def ref_distinct(self) -> int:
         """How many distinct items the reference epoch holds."""
+        if self.tally is not None:
+            return self.tally.ref_distinct
         counts = self._counts
         return counts.ref_distinct if counts is not None else len(self.ref_set)
 
     @cached_property
     def ddp_distinct(self) -> int:
         """How many distinct items the ranks hold together."""
+        if self.tally is not None:
+            return self.tally.ddp_distinct
         counts = self._counts
         return counts.ddp_distinct if counts is not None else len(self.ddp_set)
 
     @cached_property
     def extras_count(self) -> int:
         """How many distinct items some rank sees and the reference never yields."""
+        if self.tally is not None:
+            return self.tally.extras
         counts = self._counts
         return counts.extras if counts is not None else len(self.extras)
 
     def same_ref_items(self, other: EpochView) -> bool:
         """This epoch's reference holds the same distinct items as ``other``'s."""
+        if self.tally is not None and other.tally is not None:
+            return self.tally.same_reference(other.tally)
         mine, theirs = self._counts, other._counts
         if mine is not None and theirs is not None:
             return same_reference_ids(mine, theirs)
@@ -191,9 +229,12 @@ class EpochView:
     def same_rank_items(self, other: EpochView, rank: int) -> bool:
         """``rank`` holds the same distinct items in this epoch as in ``other``."""
         if not self.batch_level and not other.batch_level:
-            mine, theirs = as_int64(self.rank_traces[rank].ids), as_int64(other.rank_traces[rank].ids)
-            if mine is not None and theirs is not None:
+            a, b = self.rank_traces[rank].ids, other.rank_traces[rank].ids
+            mine, theirs = as_int64(a), as_int64(b)
+            if mine is not None and theirs is not None and len(mine) + len(theirs) <= 1 << 22:
                 return same_id_set(mine, theirs)
+            if int_ids(a) and int_ids(b):
+                return same_set(a, b)
         return self.rank_set(rank) == other.rank_set(rank)
 
     def allowed(self, item: Item) -> int:
@@ -227,11 +268,13 @@ class EpochView:
 
     @property
     def rank_sets(self) -> list[set[Item]]:
-        """Every rank's set (built on demand: the evidence paths use these, the passing paths do not)."""
+        """Every rank's set (built on demand: the evidence paths of the set path use these)."""
         return [self.rank_set(r) for r in range(len(self.rank_items))]
 
     def within(self, rank: int) -> int:
         """Copies a rank holds of items it already holds (its own repeats)."""
+        if self.tally is not None:
+            return self.tally.within(rank)
         counts = self._counts
         if counts is not None:
             return counts.within[rank]
@@ -286,6 +329,12 @@ class EpochView:
                 out.append(x)
         return out
 
+    def missing_examples(self) -> tuple[object, ...]:
+        """The smallest few missing items."""
+        if self.tally is not None:
+            return self.tally.missing_examples()
+        return few(self.missing_items())
+
     @cached_property
     def excess(self) -> int:
         """Copies beyond what the reference holds, summed over items (padding plus any overlap)."""
@@ -296,9 +345,8 @@ class EpochView:
     @cached_property
     def cross_excess(self) -> int:
         """Extra ranks per item: an item on 3 ranks that the reference yields once counts 2."""
-        if (
-            self.ref_counts is None and self._counts is not None
-        ):  # every rank's distinct items, less the union
+        if self.ref_counts is None and (self.tally is not None or self._counts is not None):
+            # every rank's distinct items, less the union
             return sum(self.distinct(r) for r in range(len(self.rank_items))) - self.ddp_distinct
         if self.ref_counts is None:  # a rank's shortfall is its own repeats plus items earlier ranks had
             return sum(short - self.within(r) for r, short in enumerate(self._union[1]))
@@ -306,12 +354,111 @@ class EpochView:
 
     @cached_property
     def overlap_items(self) -> set[Item]:
-        """Items seen by more ranks than the reference allows."""
+        """Items seen by more ranks than the reference allows (the set path's; see ``overlap_count``)."""
         return {x for x, c in self.rank_multiplicity.items() if c > self.allowed(x)}
+
+    @cached_property
+    def overlap_count(self) -> int:
+        """How many items are seen by more ranks than the reference allows."""
+        if self.tally is not None:
+            return self.tally.overlap_count
+        return len(self.overlap_items)
+
+    @cached_property
+    def shared_holdings(self) -> int:
+        """Over every rank, how many of its distinct items are over-shared (an item on k ranks counts k)."""
+        if self.tally is not None:  # each over-shared item on k ranks adds k - 1 to cross_excess
+            return self.cross_excess + self.overlap_count
+        over = self.overlap_items
+        return sum(len(s & over) for s in self.rank_sets)
+
+    def in_reference(self, rank: int) -> int:
+        """How many of a rank's distinct items the reference holds."""
+        if self.tally is not None:
+            return self.tally.in_reference(rank)
+        return len(self.rank_set(rank) & self.ref_set)
+
+    def overlap_evidence(self) -> Evidence | None:
+        """The lowest rank with an over-shared item, the lowest other rank sharing one, and examples."""
+        return self._evidence
+
+    @cached_property
+    def _evidence(self) -> Evidence | None:
+        if self.tally is not None:
+            return self.tally.overlap_evidence()
+        over = self.overlap_items
+        if not over:
+            return None
+        owners: dict[Item, list[int]] = {}
+        for rank, items in enumerate(self.rank_sets):
+            for item in items & over:
+                owners.setdefault(item, []).append(rank)
+        first = min(rs[0] for rs in owners.values())
+        mine = [x for x, rs in owners.items() if rs[0] == first]
+        second = min(r for x in mine for r in owners[x] if r != first)
+        return Evidence(first, second, few(x for x in mine if second in owners[x]))  # type: ignore[arg-type]
+
+    def duplicated_examples(self) -> tuple[object, ...]:
+        """The smallest few items the ranks hold more copies of than the reference allows."""
+        if self.tally is not None:
+            return self.tally.duplicated_examples()
+        return few(x for x, c in self.ddp_counts.items() if c > self.allowed(x))
+
+    def strangers(self, also: Sequence[EpochView] = (), indices: int | None = None) -> Strangers:
+        """Items the ranks see and the reference never yields, less those of ``also``'s references and,
+        with ``indices``, dataset indices (ints in ``[0, indices)``): how many, on which ranks, and the
+        smallest few of the first such rank's."""
+        if not self.extras_count:
+            return Strangers(0, (), ())
+        tallies = [v.tally for v in also]
+        if self.tally is not None and all(t is not None for t in tallies):
+            return self.tally.strangers([t for t in tallies if t is not None], indices)
+        extra = self.extras - set().union(*(v.ref_set for v in also))
+        if indices is not None:
+            extra = {x for x in extra if not (type(x) is int and 0 <= x < indices)}
+        ranks = tuple(r for r in range(len(self.rank_traces)) if not self.rank_set(r).isdisjoint(extra))
+        examples = few(self.rank_set(ranks[0]) & extra) if ranks else ()
+        return Strangers(len(extra), ranks, examples)  # type: ignore[arg-type]
+
+    def union_size(self, ranks: Sequence[int]) -> int:
+        """How many distinct items these ranks hold together."""
+        if self.tally is not None:
+            parts = [distinct_ids(self.rank_traces[r].ids) for r in ranks]
+            return len(unique(np.concatenate(parts))) if parts else 0
+        return len(set().union(*(self.rank_set(r) for r in ranks)))
+
+    def identical_streams(self) -> list[int]:
+        """The largest group (>= 2) of ranks with the same non-empty stream, else ``[]``."""
+        return list(self._identical)
+
+    @cached_property
+    def _identical(self) -> list[int]:
+        groups: dict[object, list[int]] = {}
+        hashed = self.tally is not None
+        for rank, items in enumerate(self.rank_items):
+            if len(items):
+                key = (len(items), stream_hash(items)) if hashed else _signature(items)
+                groups.setdefault(key, []).append(rank)
+        if hashed:  # equal hashes, confirmed id by id against the group's first rank
+            groups = {
+                key: [
+                    r
+                    for r in ranks
+                    if r == ranks[0] or same_ids(self.rank_items[ranks[0]], self.rank_items[r])
+                ]
+                for key, ranks in groups.items()
+            }
+        best = max(groups.values(), key=len, default=[])
+        return best if len(best) >= 2 else []
 
     @cached_property
     def extras(self) -> set[Item]:
         return self.ddp_set - self.ref_set
+
+
+def _signature(items: Sequence[Hashable]) -> object:
+    tobytes = getattr(items, "tobytes", None)
+    return (type(items).__name__, tobytes()) if callable(tobytes) else tuple(items)
 
 
 class Context:
@@ -361,6 +508,14 @@ class Context:
                     return False
         return True
 
+    @cached_property
+    def index_limit(self) -> int | None:
+        """The dataset's length when the ids are its indices (map-style, identified by index), else None."""
+        facts = self.ref_facts
+        if self.reference.id_source != "index" or facts.dataset_kind != "map":
+            return None
+        return facts.dataset_len
+
     @property
     def noun(self) -> str:
         return "batches" if self.batch_level else "samples"
@@ -388,7 +543,9 @@ class Context:
             before = self.view(epoch - 1) if epoch else None
             if before is not None and not same_sequence(before.ref_trace.ids, ref.ids):
                 before = None
-            self._views[epoch] = EpochView(epoch, ref, self.run.epoch(epoch), self.batch_level, before)
+            self._views[epoch] = EpochView(
+                epoch, ref, self.run.epoch(epoch), self.batch_level, before, self.index_limit
+            )
         return self._views[epoch]
 
     def views(self) -> list[EpochView]:

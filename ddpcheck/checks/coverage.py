@@ -8,8 +8,9 @@ from ddpcheck.checks.context import Context, EpochView
 from ddpcheck.checks.diagnose import missing_cause, reference_share
 from ddpcheck.checks.ids import COVERAGE
 from ddpcheck.checks.packed import packed_coverage
+from ddpcheck.checks.ranges import OVERFLOW, OVERFLOW_FIX, Overflow, find_overflow
 from ddpcheck.checks.verdict import Verdict, passed, skipped
-from ddpcheck.checks.wording import epochs_text, few, ids_text
+from ddpcheck.checks.wording import epochs_text, few, ids_text, ranks_text
 from ddpcheck.messages import count_text
 from ddpcheck.trace import RunTrace
 
@@ -56,7 +57,39 @@ def drop_text(ctx: Context, view: EpochView, noun: str) -> str:
 
 
 def missing_examples(view: EpochView) -> tuple[object, ...]:
-    return few(view.missing_items())
+    return view.missing_examples()
+
+
+def overflow_verdict(found: Overflow) -> Verdict:
+    """``coverage`` failed by an index outside the dataset: the first bad position, named."""
+    more = f" on {ranks_text(found.ranks)}" if len(found.ranks) > 1 else ""
+    where = f"at position {found.position:,} of epoch {found.epoch}"
+    detail = (
+        f"rank {found.rank} yields index {found.value} {where}, outside the dataset's {found.limit:,} "
+        f"samples ({found.what()}); {count_text(found.count, 'such ids')} in epoch {found.epoch}{more}, "
+        "so the samples they should name reach no rank"
+    )
+    data: dict[str, object] = {
+        "overflow": True,
+        "rank": found.rank,
+        "epoch": found.epoch,
+        "position": found.position,
+        "value": found.value,
+        "out_of_range": found.count,
+        "negative": found.negative,
+        "dataset_len": found.limit,
+    }
+    return Verdict(
+        COVERAGE,
+        "fail",
+        detail,
+        OVERFLOW,
+        found.ranks[:8],
+        (found.epoch,),
+        (found.value,),
+        data,
+        OVERFLOW_FIX,
+    )
 
 
 def check_coverage(
@@ -65,6 +98,9 @@ def check_coverage(
     ctx = ctx or Context(reference, run, rerun)
     if ctx.unjudgeable:
         return skipped(COVERAGE, ctx.unjudgeable)
+    overflow = find_overflow(run)  # held against the dataset's length: no reference needed
+    if overflow is not None:
+        return overflow_verdict(overflow)
     on_tokens = packed_coverage(ctx)  # rows packed per rank: their boundaries differ, their tokens may not
     if on_tokens is not None:
         return on_tokens

@@ -9,6 +9,7 @@ from collections.abc import Hashable, Sequence
 
 from ddpcheck.checks.context import Context, batch_key, broken_reason, paired_ranks, same_sequence
 from ddpcheck.checks.ids import DETERMINISM
+from ddpcheck.checks.tally import first_difference, int_ids
 from ddpcheck.checks.verdict import Verdict, passed, skipped
 from ddpcheck.trace import EpochTrace, RunTrace
 
@@ -16,15 +17,23 @@ CAUSE = "the order changes from run to run: an unseeded generator or per-process
 
 
 def _first_difference(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
+    if int_ids(a) and int_ids(b):
+        return first_difference(a, b)
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
     return min(len(a), len(b))
 
 
+def _plain(item: Hashable) -> Hashable:
+    """An id as the report shows it: a numpy integer as a Python int."""
+    kind = getattr(getattr(item, "dtype", None), "kind", "")
+    return int(item) if kind and kind in "iu" else item  # type: ignore[call-overload]
+
+
 def _describe(a: Sequence[Hashable], b: Sequence[Hashable], pos: int) -> str:
-    said = str(a[pos]) if pos < len(a) else "nothing more"
-    then = str(b[pos]) if pos < len(b) else "nothing more"
+    said = str(_plain(a[pos])) if pos < len(a) else "nothing more"
+    then = str(_plain(b[pos])) if pos < len(b) else "nothing more"
     return f"the run yields {said}, the rerun {then}"
 
 
@@ -49,7 +58,7 @@ def _compare(
         return "its set of batches (in_order=False: order is free, contents are not)", 0, shown
     if not same_sequence(one.ids, two.ids):
         pos = _first_difference(one.ids, two.ids)
-        shown = tuple(x[pos] for x in (one.ids, two.ids) if pos < len(x))
+        shown = tuple(_plain(x[pos]) for x in (one.ids, two.ids) if pos < len(x))
         return f"position {pos}: {_describe(one.ids, two.ids, pos)}", pos, shown
     if not same_sequence(one.batch_sizes, two.batch_sizes):
         pos = _first_difference(one.batch_sizes, two.batch_sizes)

@@ -9,11 +9,9 @@ of it (each rank 1/W²).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
-
-from ddpcheck.checks.context import Context, EpochView, Item
-from ddpcheck.checks.wording import few, ranks_text
+from ddpcheck.checks.context import Context, EpochView
+from ddpcheck.checks.tally import Evidence
+from ddpcheck.checks.wording import ranks_text
 
 IGNORES_RANK = "the sampler ignores the rank (no DistributedSampler, or num_replicas/rank not passed)"
 SAME_STREAM = f"every rank sees the same stream: {IGNORES_RANK}"
@@ -47,6 +45,11 @@ GAPS = (
     "(check the sampler's num_replicas/rank arithmetic)"
 )
 
+PER_NODE = (
+    "the ranks fall into groups of {size} consecutive ranks ({first}) that each split one order, but the "
+    "orders differ between groups: an index built separately on each node (a shuffle or sample index "
+    "cached per node) differs between nodes"
+)
 SPLIT_DIFFERS = "the ranks' datasets differ: "
 REFERENCE_PART = "the single-process run saw "
 TOLD_REPLICAS = "the sampler splits the data among "
@@ -58,44 +61,14 @@ SPLIT_KINDS = {
 RANDOM_OVERLAP_SHARE = 0.1  # above this share of a rank's items also on another rank, the split looks random
 
 
-@dataclass(frozen=True)
-class OverlapEvidence:
-    """Two ranks that share items, and a few of the items they share."""
-
-    first: int
-    second: int
-    shared: tuple[object, ...]
-
-
-def _signature(items: Sequence[Hashable]) -> object:
-    tobytes = getattr(items, "tobytes", None)
-    return (type(items).__name__, tobytes()) if callable(tobytes) else tuple(items)
-
-
 def identical_streams(view: EpochView) -> list[int]:
     """The largest group (>= 2) of ranks with the same non-empty stream, else ``[]``."""
-    groups: dict[object, list[int]] = {}
-    for rank, items in enumerate(view.rank_items):
-        if len(items):
-            groups.setdefault(_signature(items), []).append(rank)
-    best = max(groups.values(), key=len, default=[])
-    return best if len(best) >= 2 else []
+    return view.identical_streams()
 
 
-def overlap_evidence(view: EpochView) -> OverlapEvidence | None:
+def overlap_evidence(view: EpochView) -> Evidence | None:
     """The lowest rank with an over-shared item, the lowest other rank sharing one, and examples."""
-    over = view.overlap_items
-    if not over:
-        return None
-    owners: dict[Item, list[int]] = {}
-    for rank, items in enumerate(view.rank_sets):
-        for item in items & over:
-            owners.setdefault(item, []).append(rank)
-    first = min(rs[0] for rs in owners.values())
-    mine = [x for x, rs in owners.items() if rs[0] == first]
-    second = min(r for x in mine for r in owners[x] if r != first)
-    shared = few(x for x in mine if second in owners[x])
-    return OverlapEvidence(first, second, shared)
+    return view.overlap_evidence()
 
 
 def length_by_rank(ctx: Context) -> tuple[str, tuple[int, ...]]:
@@ -204,15 +177,30 @@ def overlap_cause(ctx: Context, view: EpochView) -> tuple[str, tuple[int, ...]]:
     why, odd = length_by_rank(ctx)
     if why:
         return why, odd
-    n = len(view.ref_set)
-    if w > 1 and n and all(len(s) >= 0.9 * n and len(s & view.ref_set) >= 0.9 * n for s in view.rank_sets):
+    n = view.ref_distinct
+    if w > 1 and n and all(view.distinct(r) >= 0.9 * n and view.in_reference(r) >= 0.9 * n for r in range(w)):
         return WHOLE_EPOCH, tuple(range(w))
-    over = view.overlap_items
-    held = sum(len(s) for s in view.rank_sets)
-    shared = sum(len(s & over) for s in view.rank_sets)
+    size = node_groups(view)
+    if size:
+        return PER_NODE.format(size=size, first=f"ranks 0-{size - 1}, {size}-{2 * size - 1}, ..."), ()
+    held = sum(view.distinct(r) for r in range(w))
+    shared = view.shared_holdings
     if held and shared / held > RANDOM_OVERLAP_SHARE and view.missing_count:  # redrawn, not just repeated
         return RANK_SEED, ()
     return BAD_SPLIT, ()
+
+
+def node_groups(view: EpochView) -> int:
+    """The size of the groups of consecutive ranks that split one order each while the groups overlap one
+    another (0: no such grouping). The shape of an index that every node builds for itself: within a node
+    the ranks take disjoint shares of its order, across nodes the orders (and so the shares) disagree."""
+    w = len(view.rank_traces)
+    for size in (g for g in range(2, w // 2 + 1) if w % g == 0):
+        blocks = [list(range(b, b + size)) for b in range(0, w, size)]
+        split = all(view.union_size(block) == sum(view.distinct(r) for r in block) for block in blocks)
+        if split:
+            return size if view.cross_excess else 0
+    return 0
 
 
 def duplicate_cause(ctx: Context, view: EpochView) -> tuple[str, tuple[int, ...]]:

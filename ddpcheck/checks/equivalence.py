@@ -6,45 +6,42 @@ loader never yields, which is how a dataset that builds itself from the rank giv
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-
-from ddpcheck.checks.context import Context, EpochView, Item
+from ddpcheck.checks.context import Context, EpochView
 from ddpcheck.checks.coverage import drop_text, gap, missing_examples
 from ddpcheck.checks.diagnose import missing_cause, reference_share, split_cause
 from ddpcheck.checks.ids import SINGLE_PROCESS_EQUIVALENCE as CHECK
 from ddpcheck.checks.packed import packed_equivalence
+from ddpcheck.checks.tally import Strangers
 from ddpcheck.checks.verdict import Verdict, passed, skipped
-from ddpcheck.checks.wording import epochs_text, few, ids_text
+from ddpcheck.checks.wording import epochs_text, ids_text
 from ddpcheck.messages import count_text
 from ddpcheck.trace import RunTrace
 
 DEPENDS_ON_RANK = "the dataset depends on the rank: under DDP it yields samples a single process never does"
 
 
-def _could_be_index(ctx: Context, item: Hashable) -> bool:
+def _index_limit(ctx: Context) -> int | None:
+    """The dataset's length when an id in ``[0, length)`` could be one of its indices (else None)."""
     n = ctx.ref_facts.dataset_len
-    return (
-        ctx.reference.id_source == "index"
-        and n is not None
-        and not ctx.batch_level
-        and type(item) is int
-        and 0 <= item < n
-    )
+    if ctx.reference.id_source == "index" and n is not None and not ctx.batch_level:
+        return n
+    return None
 
 
-def _extras(ctx: Context, view: EpochView) -> set[Item]:
+def _extras(ctx: Context, view: EpochView) -> Strangers:
     """Items no rank should see; a resampling reference is judged against all its epochs together."""
     if not view.extras_count:  # counted without building the set: the passing path
-        return set()
-    extra = view.extras
-    if extra and not ctx.stable:
-        extra = {x for x in extra - ctx.ref_union if not _could_be_index(ctx, x)}
-    if extra and ctx.ref_facts.drop_last:
+        return Strangers(0, (), ())
+    also: list[EpochView] = []
+    indices = None
+    if not ctx.stable:
+        also, indices = ctx.views(), _index_limit(ctx)
+    if ctx.ref_facts.drop_last:
         # The single process dropped its own last partial batch: a dataset index it never reached is no
         # stranger (DistributedSampler's padding moves another index into a full batch). Ids outside the
         # dataset, or not indices at all, still are.
-        extra = {x for x in extra if not _could_be_index(ctx, x)}
-    return extra
+        indices = _index_limit(ctx)
+    return view.strangers(also, indices)
 
 
 def check_single_process_equivalence(
@@ -59,16 +56,16 @@ def check_single_process_equivalence(
     noun = ctx.noun
     views = ctx.views()
     strangers = [(v, _extras(ctx, v)) for v in views]
-    bad = [(v, x) for v, x in strangers if x]
+    bad = [(v, x) for v, x in strangers if x.count]
     if bad:
         view, extra = bad[0]
-        ranks = tuple(r for r in range(run.world_size) if not view.rank_set(r).isdisjoint(extra))
+        ranks = extra.ranks
         rank = ranks[0]
-        examples = few(view.rank_set(rank) & extra)
+        examples = extra.examples
         more = f" (also {epochs_text([v.epoch for v, _ in bad[1:]])})" if len(bad) > 1 else ""
         detail = (
             f"rank {rank} sees ids the single-process loader never yields: {ids_text(examples)} "
-            f"({count_text(len(extra), noun)} in epoch {view.epoch}{more})"
+            f"({count_text(extra.count, noun)} in epoch {view.epoch}{more})"
         )
         return Verdict(
             CHECK,
@@ -78,7 +75,7 @@ def check_single_process_equivalence(
             ranks[:8],
             tuple(v.epoch for v, _ in bad),
             examples,
-            {"extra": len(extra), "epochs_failing": len(bad)},
+            {"extra": extra.count, "epochs_failing": len(bad)},
         )
     gaps = [gap(ctx, v) for v in views]
     short = [g for g in gaps if not g.ok]

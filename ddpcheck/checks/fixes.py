@@ -26,7 +26,7 @@ from ddpcheck.checks.diagnose import (
 )
 from ddpcheck.checks.equivalence import DEPENDS_ON_RANK
 from ddpcheck.checks.mixture import MIXTURE_FIXES
-from ddpcheck.checks.reshuffle import FROZEN_SHARDS, NO_SET_EPOCH, NOT_FORWARDED
+from ddpcheck.checks.reshuffle import FROZEN_SHARDS, LOOP_REPLAYS, NO_SET_EPOCH, NOT_FORWARDED
 from ddpcheck.checks.reshuffle import REPEATS as ORDER_REPEATS
 from ddpcheck.checks.steps import UNEVEN, UNEVEN_BATCHES, UNEVEN_ITERABLE
 from ddpcheck.checks.verdict import Verdict
@@ -74,6 +74,7 @@ FIXES: tuple[tuple[str, str], ...] = (
     ),
     (NO_SET_EPOCH, "give the sampler set_epoch(epoch); draw each epoch's order from seed + epoch"),
     (FROZEN_SHARDS, "shuffle the whole epoch before splitting it (DistributedSampler(shuffle=True))"),
+    (LOOP_REPLAYS, "reshuffle at every pass of the loop: draw each pass's order from seed + pass number"),
     (NONDETERMINISTIC, "seed every generator the loader draws from (sampler seed, DataLoader generator)"),
     (WORKERS, "split the stream by torch.utils.data.get_worker_info() inside __iter__"),
     (UNEVEN, EVEN_STEPS),

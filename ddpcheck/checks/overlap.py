@@ -11,7 +11,7 @@ from ddpcheck.checks.context import Context, EpochView
 from ddpcheck.checks.diagnose import duplicate_cause, identical_streams, overlap_evidence
 from ddpcheck.checks.ids import NO_OVERLAP, PADDING_BOUND
 from ddpcheck.checks.verdict import Verdict, passed, skipped
-from ddpcheck.checks.wording import epochs_text, few, ids_text
+from ddpcheck.checks.wording import epochs_text, ids_text
 from ddpcheck.messages import count_text, singular
 from ddpcheck.trace import RunTrace
 
@@ -73,7 +73,7 @@ def check_no_overlap(
     why = "as padding" if allowed else "since the sampler does not pad"
     detail = (
         f"rank {evidence.first} and rank {evidence.second} both see {shown} "
-        f"in epoch {view.epoch}{more}; {count_text(len(view.overlap_items), noun)} reach more than one "
+        f"in epoch {view.epoch}{more}; {count_text(view.overlap_count, noun)} reach more than one "
         f"rank ({view.cross_excess} extra copies, at most {allowed} allowed {why})"
     )
     ranks = group[:MAX_RANKS] if group else (evidence.first, evidence.second)
@@ -88,7 +88,7 @@ def check_no_overlap(
         {
             "duplicates": view.cross_excess,
             "allowed": allowed,
-            "shared_items": len(view.overlap_items),
+            "shared_items": view.overlap_count,
             "epochs_failing": len(bad),
         },
     )
@@ -128,7 +128,6 @@ def check_padding_bound(
     more = f" (also {epochs_text([v.epoch for v, _ in bad[1:]])})" if len(bad) > 1 else ""
     detail = f"{count_text(extra, 'duplicated ' + ctx.noun)} in epoch {view.epoch}{more}, {limit}"
     cause, group = duplicate_cause(ctx, view)
-    dup = [x for x, c in view.ddp_counts.items() if c > view.allowed(x)]
     return Verdict(
         PADDING_BOUND,
         "fail",
@@ -136,6 +135,6 @@ def check_padding_bound(
         cause,
         group[:MAX_RANKS],
         tuple(v.epoch for v, _ in bad),
-        few(dup),
+        view.duplicated_examples(),
         {"duplicates": extra, "bound": bound, "epochs_failing": len(bad), **cost},
     )

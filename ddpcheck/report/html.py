@@ -26,10 +26,12 @@ from ddpcheck.report.view import (
     Row,
     as_view,
     divergence_cause,
+    failure_ranks,
     fmt_diff,
     fmt_number,
     resume_caption,
     resume_cells,
+    same_failures,
     trim_stack,
 )
 from ddpcheck.result import CheckResult
@@ -134,6 +136,7 @@ def render_html(result: CheckResult | ReportView) -> str:
     parts += _pictures(view)
     parts += _resume(view)  # restores that lose samples are as much a finding as the pictures above
     parts += _mixture(view)
+    parts += _step(view)
     parts += _details(view)
     parts += _divergence(view)
     parts += _reasons(view.skipped, "Skipped (could not be judged)")
@@ -223,17 +226,19 @@ def _details(view: ReportView) -> list[str]:
             evidence = f"<dl>{rows}</dl>" if rows else ""
             body.append(f'<div class="finding">{head}: {_e(finding.detail)}{evidence}</div>')
         items.append(f'<div class="item {cause.kind}" id="evidence-{cause.number}">{"".join(body)}</div>')
-    for entry in view.failures:
-        failure = entry.failure
+    for entries in same_failures(view.failures):
+        entry, failure = entries[0], entries[0].failure
         number = f"[{entry.cause}] " if entry.cause is not None else ""
         anchor = f' id="evidence-{entry.cause}"' if entry.cause is not None else ""
-        body = [f'<div class="head">{number}[{_e(entry.where)}] rank {failure.rank} {_e(failure.kind)}</div>']
+        count = f" (x{len(entries)})" if len(entries) > 1 else ""
+        body = [f'<div class="head">{number}{_e(failure_ranks(entries))} {_e(failure.kind)}{count}</div>']
         body.append(f"<div>{_e(failure.message)}</div>")
         if failure.progress:
             body.append(f'<div class="muted">progress: {_e(failure.progress)}</div>')
         if failure.stack.strip():
             stack = "\n".join(trim_stack(failure.stack, HTML_STACK_LINES))
-            summary = f"<summary>stack of rank {failure.rank}</summary>"
+            first = " (the first)" if len(entries) > 1 else ""
+            summary = f"<summary>stack of rank {failure.rank}{first}</summary>"
             body.append(f"<details>{summary}<pre>{_e(stack)}</pre></details>")
         if failure.output.strip():
             summary = f"<summary>last output lines of rank {failure.rank}</summary>"
@@ -331,6 +336,28 @@ def _resume(view: ReportView) -> list[str]:
             f'<p class="legend">{_e(RESUME_LEGEND)}</p></section>'
         )
     return ["<h2>Resume</h2>", *blocks] if blocks else []
+
+
+def _step(view: ReportView) -> list[str]:
+    """Per layout whose step was compared with one process's: each compared step's relative difference as
+    a bar against the tolerance, and the ranks' micro-batches, samples and supervised labels."""
+    blocks: list[str] = []
+    for table in view.step_tables:
+        head = "".join(f"<th>{_e(h)}</th>" for h in table.headers)
+        rows = []
+        for cells in table.cells():
+            rows.append("<tr>" + "".join(f'<td class="num">{_e(c)}</td>' for c in cells) + "</tr>")
+        css = {"n/a": "na"}.get(table.status, table.status)
+        word = _e(STATUS_WORD.get(table.status, table.status))
+        caption = f"The DDP step against one process's, {table.label}"
+        blocks.append(
+            f'<section class="step" id="{_e(table.anchor)}"><h3>{_e(table.label)} '
+            f'<span class="status {css}">{word}</span></h3>'
+            f'<p class="muted">tolerance {table.tolerance:g} for {_e(table.dtype)}</p>'
+            f'<table class="step"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+            f'<figure class="step">{table.svg()}<figcaption>{_e(caption)}</figcaption></figure></section>'
+        )
+    return ["<h2>Training step</h2>", *blocks] if blocks else []
 
 
 def _mixture(view: ReportView) -> list[str]:

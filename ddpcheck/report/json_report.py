@@ -41,7 +41,8 @@ Schema (``SCHEMA_VERSION = 3``); every key is always present::
                      "data": {...}}
         },
         "failures": [{"rank": int, "kind": str, "message": str, "stack": str, "progress": str,
-                      "output": str}],         # output: a script rank's last printed lines
+                      "output": str}],         # output: a script rank's last printed lines; a stack
+                                               # equal to an earlier rank's: "(the same stack as rank N)"
         "divergence": [{"metric": str, "reference": float, "naive": float, "corrected": float,
                         "naive_diff": float, "corrected_diff": float, "duplicated": int,
                         "dropped": int, "order_only": bool, "cause": str}],
@@ -78,6 +79,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from ddpcheck.checks.verdict import Verdict
@@ -185,7 +187,7 @@ def _run(row: Row, order: tuple[str, ...]) -> dict[str, Any]:
         "padding": row.padding,
         "idle": row.idle,
         "checks": checks,
-        "failures": [_failure(f) for f in run.failures],
+        "failures": _failures(run.failures),
         "divergence": [_metric(metric) for metric in run.divergence],
         "resume": [_resume(stop) for stop in run.resume],
     }
@@ -238,6 +240,22 @@ def _verdict(verdict: Verdict) -> dict[str, Any]:
         "examples": jsonable(list(verdict.examples)),
         "data": jsonable(dict(verdict.data)),
     }
+
+
+def _failures(failures: Sequence[RankFailure]) -> list[dict[str, Any]]:
+    """Every rank's failure; a stack the same as an earlier rank's is said once (4096 ranks failing one
+    way would repeat it 4096 times: megabytes of the same text)."""
+    first: dict[str, int] = {}
+    out = []
+    for failure in failures:
+        entry = _failure(failure)
+        if failure.stack.strip():
+            if failure.stack in first:
+                entry["stack"] = f"(the same stack as rank {first[failure.stack]})"
+            else:
+                first[failure.stack] = failure.rank
+        out.append(entry)
+    return out
 
 
 def _failure(failure: RankFailure) -> dict[str, Any]:

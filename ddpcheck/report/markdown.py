@@ -24,10 +24,12 @@ from ddpcheck.report.view import (
     Row,
     as_view,
     divergence_cause,
+    failure_ranks,
     fmt_diff,
     fmt_number,
     resume_caption,
     resume_cells,
+    same_failures,
     trim_stack,
 )
 from ddpcheck.result import CheckResult, WorldResult
@@ -81,7 +83,14 @@ def render_markdown(result: CheckResult | ReportView, *, figure_stem: str | None
     blocks.append(_grid(view) if view.rows else "_No world sizes were run._")
     blocks += [
         b
-        for b in (_padding(view), _idle(view), _mixture(view), _failed_checks(view), _rank_failures(view))
+        for b in (
+            _padding(view),
+            _idle(view),
+            _mixture(view),
+            _step(view),
+            _failed_checks(view),
+            _rank_failures(view),
+        )
         if b
     ]
     blocks += [
@@ -154,20 +163,22 @@ def _failed_checks(view: ReportView) -> str:
 
 def _rank_failures(view: ReportView) -> str:
     parts: list[str] = []
-    for entry in view.failures:
-        failure, where = entry.failure, entry.where
+    for entries in same_failures(view.failures):
+        entry, failure = entries[0], entries[0].failure
         number = f"**[{entry.cause}]** " if entry.cause is not None else ""
-        line = f"- {number}**{md_escape(where)}** rank {failure.rank} {md_escape(failure.kind)}: "
-        line += md_escape(failure.message)
+        count = f" (x{len(entries)})" if len(entries) > 1 else ""
+        line = f"- {number}**{md_escape(failure_ranks(entries))}** {md_escape(failure.kind)}: "
+        line += md_escape(failure.message) + count
         if failure.progress:
             line += f" (progress: {md_escape(failure.progress)})"
         parts.append(line)
         if failure.stack.strip():
-            summary = html.escape(f"stack of rank {failure.rank} at {where}")
+            first = " (the first)" if len(entries) > 1 else ""
+            summary = html.escape(f"stack of rank {failure.rank} at {entry.where}{first}")
             stack = _fence(trim_stack(failure.stack, MD_STACK_LINES))
             parts.append(f"\n<details><summary>{summary}</summary>\n\n{stack}\n\n</details>\n")
         if failure.output.strip():
-            summary = html.escape(f"last output lines of rank {failure.rank} at {where}")
+            summary = html.escape(f"last output lines of rank {failure.rank} at {entry.where}")
             output = _fence(failure.output.splitlines())
             parts.append(f"\n<details><summary>{summary}</summary>\n\n{output}\n\n</details>\n")
     return "\n".join(["### Rank failures", "", *parts]).rstrip() if parts else ""
@@ -258,6 +269,19 @@ def _divergence(view: ReportView) -> str:
 def _notes(result: CheckResult) -> str:
     items = [f"- {md_escape(note)}" for note in result.notes]
     return "\n".join(["### Notes", "", *items]) if items else ""
+
+
+def _step(view: ReportView) -> str:
+    """Per layout whose step was compared: each compared step's difference and the ranks' counts."""
+    parts = []
+    for table in view.step_tables:
+        head = (
+            f"**{md_escape(table.label)}** {table.status.upper()}, tolerance {table.tolerance:g} "
+            f"({md_escape(table.dtype)})"
+        )
+        cells = [[md_escape(c) for c in row] for row in table.cells()]
+        parts.append(f"{head}\n\n{_table(cells, [md_escape(h) for h in table.headers])}")
+    return "### Training step\n\n" + "\n\n".join(parts) if parts else ""
 
 
 def _mixture(view: ReportView) -> str:

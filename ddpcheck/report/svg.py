@@ -29,6 +29,7 @@ from ddpcheck.checks.ids import (
     WORK_BALANCE,
 )
 from ddpcheck.figures import NO_RANK, SEVERAL, EpochFigure, FigureData
+from ddpcheck.messages import spans
 from ddpcheck.report.view import ReportView, as_view, restore_outcome
 from ddpcheck.restores import ResumeRow
 from ddpcheck.result import CheckResult, WorldResult
@@ -107,6 +108,8 @@ def _pictures(data: FigureData, failed: frozenset[str]) -> tuple[Picture, ...]:
         Picture("samples", f"Which {noun} saw which sample ({_where(data)})", samples_svg(data, failed)),
         Picture("steps", f"Steps per {noun} ({_where(data)})", steps_svg(data, failed)),
     ]
+    if not any(f.samples for f in data.epochs):  # too large to picture sample by sample (the note says so)
+        out = out[1:]
     if len(data.ranks) > 1 and data.owners:
         out.append(
             Picture(
@@ -224,14 +227,20 @@ def samples_svg(data: FigureData, failed: frozenset[str] = frozenset()) -> str:
         body.append(_label(0, y, f"epoch {figure.epoch}", bold=True))
         body.append(_label(LEFT, y, _axis_note(figure.samples, figure.bins), color=MUTED))
         y += 10
-        for i, rank in enumerate(data.ranks[: data.shown_ranks]):
-            seen = figure.yielded[i] - figure.foreign[i]
-            tip = f"{data.rank_noun} {rank}: yields {figure.yielded[i]:,} samples in epoch {figure.epoch}"
-            if figure.foreign[i]:
-                tip += f" ({figure.foreign[i]:,} not in the single-process epoch)"
+        g = data.rank_group
+        for i, shares in enumerate(figure.rank_share):
+            members = data.strip_ranks(i)
+            rank = members[0]
+            yielded = sum(figure.yielded[i * g : i * g + len(members)])
+            foreign = sum(figure.foreign[i * g : i * g + len(members)])
+            seen = yielded - foreign
+            who = f"{data.rank_noun} {rank}" if g == 1 else f"{data.rank_noun}s {rank}-{members[-1]}"
+            tip = f"{who}: {'yields' if g == 1 else 'yield'} {yielded:,} samples in epoch {figure.epoch}"
+            if foreign:
+                tip += f" ({foreign:,} not in the single-process epoch)"
             extra = f' data-rank="{rank}" data-epoch="{figure.epoch}"'
-            body.append(_label(LEFT - 8, y + 11, f"{data.rank_noun} {rank}", anchor="end"))
-            body.append(_strip("strip", y, figure.rank_share[i], rank_color(rank), tip, extra))
+            body.append(_label(LEFT - 8, y + 11, who, anchor="end"))
+            body.append(_strip("strip", y, shares, rank_color(rank), tip, extra))
             body.append(_label(LEFT + PLOT + 8, y + 11, f"{seen:,} samples", color=MUTED))
             y += STRIP + GAP
         lost = bool(failed & {COVERAGE, SINGLE_PROCESS_EQUIVALENCE})
@@ -285,6 +294,11 @@ def steps_svg(data: FigureData, failed: frozenset[str] = frozenset()) -> str:
         body.append(_label(LEFT, y, "; ".join(facts), color=MUTED))
         y += 10
         rows = list(zip(data.ranks, figure.steps, figure.len_loader, strict=False))
+        alike: list[int] = []  # past MAX_STEP_ROWS ranks: the ranks that differ drawn, the rest one line
+        if len(rows) > MAX_STEP_ROWS:
+            differ = [r for r in rows if r[1] != common or (r[2] is not None and r[2] != r[1])]
+            alike = [r[0] for r in rows if r not in differ]
+            rows = differ
         for rank, steps, length in rows[:MAX_STEP_ROWS]:
             odd = EQUAL_STEPS in failed and (steps != common or (length is not None and length != steps))
             color = STEP_ODD if odd else STEP_OK
@@ -314,10 +328,16 @@ def steps_svg(data: FigureData, failed: frozenset[str] = frozenset()) -> str:
                 _label(
                     LEFT,
                     y,
-                    f"... {len(rest)} more ranks: {min(rest):,} to {max(rest):,} batches",
+                    f"... {len(rest)} more ranks that differ: {min(rest):,} to {max(rest):,} batches",
                     color=MUTED,
                 )
             )
+        if alike:
+            y += 12
+            noun = f"{data.rank_noun}s" if len(alike) > 1 else data.rank_noun
+            other = "other " if rows else ""
+            line = f"{len(alike):,} {other}{noun} ({spans(alike, 4)}): {common:,} batches each"
+            body.append(_label(LEFT, y, line, color=MUTED))
     return _svg("steps", y + 14, f"Steps per {data.rank_noun}, {_where(data)}", body)
 
 

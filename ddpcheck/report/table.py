@@ -22,16 +22,17 @@ from ddpcheck.report.view import (
     NOT_RUN,
     RESUME_HEADERS,
     STATUS_WORD,
-    FailureEntry,
     ReportView,
     Row,
     as_view,
     divergence_cause,
+    failure_ranks,
     fmt_diff,
     fmt_number,
     resume_cells,
     resume_notes,
     resume_summary,
+    same_failures,
     trim_stack,
 )
 from ddpcheck.result import CheckResult
@@ -242,10 +243,10 @@ def _details(view: ReportView, width: int) -> str:
             lines += _wrap(ids(head), width)
             for name, text in finding.evidence:
                 lines += _wrap(ids(f"{name}: {text}"), width, _INDENT, _INDENT * 2)
-    for entries in _same_failures(view.failures):
+    for entries in same_failures(view.failures):
         entry, failure = entries[0], entries[0].failure
         number = f"[{entry.cause}] " if entry.cause is not None else ""
-        ranks = _ranks_text(entries)
+        ranks = failure_ranks(entries)
         count = f" (x{len(entries)})" if len(entries) > 1 else ""
         lines += _wrap(f"{number}{ranks} {failure.kind}: {failure.message}{count}", width)
         if failure.progress:
@@ -269,46 +270,6 @@ def padded_only(view: ReportView) -> list[Row]:
     """The layouts whose repeats are padding alone: where ranks overlap, the samples seen twice are the
     overlap's (counted by no_overlap), and listing them as padding would count one thing two ways."""
     return [row for row in view.padded if row.cell(NO_OVERLAP).status in (None, "pass", "n/a")]
-
-
-def _same_failures(entries: Sequence[FailureEntry]) -> list[list[FailureEntry]]:
-    """Rank failures with the same kind, message and cause, together (in first-seen order): 24 ranks
-    failing one assert are one line with its count, not 24 copies."""
-    groups: dict[tuple[str, str, int | None], list[FailureEntry]] = {}
-    for entry in entries:
-        key = (entry.failure.kind, entry.failure.message, entry.cause)
-        groups.setdefault(key, []).append(entry)
-    return list(groups.values())
-
-
-def _ranks_text(entries: Sequence[FailureEntry]) -> str:
-    """``ws=2 rank 1``, ``ws=4 ranks 0-3``, ``ws=2, ws=3 rank 1``: where a failure was (layouts whose
-    failing ranks are the same share one mention)."""
-    by_where: dict[str, list[int]] = {}
-    for entry in entries:
-        by_where.setdefault(entry.where, []).append(entry.failure.rank)
-    by_ranks: dict[str, list[str]] = {}
-    for where, ranks in by_where.items():
-        noun = "rank" if len(set(ranks)) == 1 else "ranks"
-        by_ranks.setdefault(f"{noun} {_spans(ranks)}", []).append(where)
-    return "; ".join(f"{', '.join(wheres)} {ranks}" for ranks, wheres in by_ranks.items())
-
-
-def _spans(numbers: Sequence[int]) -> str:
-    """``0-23`` for a run of consecutive numbers, ``0, 2, 5-7`` otherwise."""
-    ordered = sorted(dict.fromkeys(numbers))
-    parts: list[str] = []
-    start = prev = ordered[0]
-    for n in [*ordered[1:], None]:
-        if n is not None and n == prev + 1:
-            prev = n
-            continue
-        parts.append(
-            str(start) if start == prev else f"{start}-{prev}" if prev > start + 1 else f"{start}, {prev}"
-        )
-        if n is not None:
-            start = prev = n
-    return ", ".join(parts)
 
 
 def _not_applicable(view: ReportView, width: int, where: str | None) -> str:

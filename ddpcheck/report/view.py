@@ -20,8 +20,9 @@ from dataclasses import dataclass, replace
 
 from ddpcheck.checks.ids import ALL_CHECKS, PADDING_BOUND, SHORT_LABELS, WORK_BALANCE
 from ddpcheck.checks.verdict import Verdict
-from ddpcheck.messages import count_text, short_id
+from ddpcheck.messages import count_text, short_id, spans
 from ddpcheck.report.mixture_view import MixtureTable, mixture_table
+from ddpcheck.report.step_view import StepTable, step_table
 from ddpcheck.restores import ResumeRow
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.trace import RankFailure
@@ -215,6 +216,11 @@ class ReportView:
     def mixtures(self) -> tuple[MixtureTable, ...]:
         """Per layout whose batches carry a source, each source's share per rank and worker (once)."""
         return tuple(t for t in (mixture_table(row) for row in self.rows) if t is not None)
+
+    @functools.cached_property
+    def step_tables(self) -> tuple[StepTable, ...]:
+        """Per layout whose training step was compared with one process's, each compared step (once)."""
+        return tuple(t for t in (step_table(row) for row in self.rows) if t is not None)
 
 
 def as_view(source: CheckResult | ReportView) -> ReportView:
@@ -450,8 +456,32 @@ def rank_summary(failures: Sequence[RankFailure]) -> str:
     for kind, ranks in by_kind.items():
         verb = FAILURE_VERB.get(kind, kind)
         noun = "rank" if len(ranks) == 1 else "ranks"
-        parts.append(f"{noun} {join_limited(ranks, str)} {verb}")
+        listed = spans(ranks) if len(ranks) > MAX_LISTED else join_limited(ranks, str)  # 4096: "0-4095"
+        parts.append(f"{noun} {listed} {verb}")
     return "; ".join(parts)
+
+
+def same_failures(entries: Sequence[FailureEntry]) -> list[list[FailureEntry]]:
+    """Rank failures with the same kind, message and cause, together (in first-seen order): 24 ranks
+    failing one assert are one entry with its count, not 24 copies; 4096 are one, not 4096."""
+    groups: dict[tuple[str, str, int | None], list[FailureEntry]] = {}
+    for entry in entries:
+        key = (entry.failure.kind, entry.failure.message, entry.cause)
+        groups.setdefault(key, []).append(entry)
+    return list(groups.values())
+
+
+def failure_ranks(entries: Sequence[FailureEntry]) -> str:
+    """``ws=2 rank 1``, ``ws=4 ranks 0-3``, ``ws=2, ws=3 rank 1``: where a failure was (layouts whose
+    failing ranks are the same share one mention)."""
+    by_where: dict[str, list[int]] = {}
+    for entry in entries:
+        by_where.setdefault(entry.where, []).append(entry.failure.rank)
+    by_ranks: dict[str, list[str]] = {}
+    for where, ranks in by_where.items():
+        noun = "rank" if len(set(ranks)) == 1 else "ranks"
+        by_ranks.setdefault(f"{noun} {spans(ranks)}", []).append(where)
+    return "; ".join(f"{', '.join(wheres)} {ranks}" for ranks, wheres in by_ranks.items())
 
 
 def join_limited(items: Iterable[object], fmt: Callable[[object], str], limit: int = MAX_LISTED) -> str:
@@ -675,11 +705,13 @@ def causes(result: CheckResult) -> list[Cause]:
     with_backend = show_backend(result)
     found: dict[tuple[str, str], list[tuple[WorldResult, str]]] = {}
     verdicts: dict[tuple[str, str], list[tuple[WorldResult, Verdict]]] = {}
+    listed_at: set[tuple[int, str, str, str]] = set()
     for kind in CAUSE_KINDS:
         for run in result.runs:
             for label, text, verdict in _cause_items(run, kind):
                 where = found.setdefault((kind, text), [])
-                if not any(seen is run and name == label for seen, name in where):
+                if (id(run), label, kind, text) not in listed_at:  # each (layout, what) once
+                    listed_at.add((id(run), label, kind, text))
                     where.append((run, label))
                 if verdict is not None:
                     verdicts.setdefault((kind, text), []).append((run, verdict))
@@ -746,11 +778,16 @@ def cause_number(found: Sequence[Cause], verdict: Verdict) -> int | None:
 def explains(cause: Cause, with_backend: bool) -> str:
     """``coverage, no_overlap at ws=2,3; padding_bound at ws=3``: names sharing layouts merged."""
     runs_of: dict[str, list[WorldResult]] = {}
+    ranks_of: dict[str, list[int]] = {}  # per layout label: the failed ranks, said as spans
     for run, name in cause.where:
+        if name.startswith("rank ") and name[5:].isdigit():
+            ranks_of.setdefault(worlds_label([run], with_backend), []).append(int(name[5:]))
+            continue
         runs_of.setdefault(name, []).append(run)
+    ranked = [f"{'rank' if len(r) == 1 else 'ranks'} {spans(r)} at {where}" for where, r in ranks_of.items()]
     order = {check: i for i, check in enumerate(ALL_CHECKS)}
     names = sorted(runs_of, key=lambda name: order.get(name, len(order)))
     merged: dict[str, list[str]] = {}
     for name in names:
         merged.setdefault(worlds_label(runs_of[name], with_backend), []).append(name)
-    return "; ".join(f"{', '.join(group)} at {where}" for where, group in merged.items())
+    return "; ".join([*(f"{', '.join(group)} at {where}" for where, group in merged.items()), *ranked])

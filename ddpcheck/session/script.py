@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import pickle
 import shutil
 import sys
 import tempfile
@@ -20,34 +19,37 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ddpcheck.checker.options import BadInput, CheckOptions, mesh_layouts, validate
 from ddpcheck.checker.script_env import GPUS_ENV, NEEDS_CUDA, ScriptTarget
 from ddpcheck.checks.batch_sources import judge_sources, nothing_iterated
 from ddpcheck.checks.ids import COVERAGE, DETERMINISM, RESHUFFLE, SINGLE_PROCESS_EQUIVALENCE
 from ddpcheck.checks.replicas import data_parallel_view
 from ddpcheck.checks.reshuffle import STALE_EPOCH, evaluation_order
 from ddpcheck.checks.scripts import alone, at_loader, in_script_words, launcher_note, told_cause
+from ddpcheck.checks.step_judge import IGNORE_INDEX, StepRecord, fed_loader, judge_step, merged
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.figures import figure_data
 from ddpcheck.launch.script import ScriptLaunch, launch_script, output_tail
 from ddpcheck.launch.workdir import WorkdirGuard, WorkdirUnavailable
 from ddpcheck.layout import Layout, LayoutError, check_ranks
 from ddpcheck.messages import count_text, one_line
+from ddpcheck.options import BadInput, CheckOptions, mesh_layouts, validate
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.session.run import Interrupted, allowed, jsonable_options, judge_world, layout_name, status_text
 from ddpcheck.trace import (
-    SCRIPT_TRACE_VERSION,
     EpochTrace,
     RankFailure,
     RankTrace,
     RunTrace,
     ScriptLoader,
     ScriptRankTrace,
+    UnionIds,
 )
+from ddpcheck.tracefile import TRACE_GLOB, BadTraceFile, read_rank, trace_path
 
 Progress = Callable[[str], None]
 DEFAULT_MODEL_STEPS = 2
-TRACE_GLOB = "rank*.trace"
+COMPARED_BATCHES = 4  # with whole epochs: the step windows that start in an epoch's first 4 batches...
+TAIL_BATCHES = 8  # ...and in its last 8 (each compared window saves the weights and its batches)
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,8 @@ class ScriptOptions:
     model_steps: int | None = DEFAULT_MODEL_STEPS  # None: the script's loop receives whole epochs
     hooks: str = ""  # a file with loader-file hooks (sample_ids, batch_work, token_ids)
     cwd: str = ""  # the script's working directory ("" = this process's)
+    step: bool = True  # watch the training step and judge it (--no-step: the loaders alone)
+    ignore_index: int = IGNORE_INDEX  # the label value that supervises nothing
     batches: str = ""  # a batch function to record (--batches NAME), in windows of check.steps calls
 
 
@@ -71,6 +75,7 @@ class _Recorded:
     seconds: float = 0.0
     environment: dict[str, str] = field(default_factory=dict)  # what ddpcheck set for the ranks
     outputs: dict[int, str] = field(default_factory=dict)  # the last lines each rank printed
+    out: str = ""  # the launch's trace directory (a replay reads its saved steps there)
 
 
 def check_script(
@@ -86,15 +91,17 @@ def check_script(
     cwd: str = "",
     hooks: str = "",
     progress: Progress | None = None,
+    step: bool = True,
     **options: Any,
 ) -> CheckResult:
     """Audit a training script as ``ddpcheck run`` does; returns the result (never raises on findings).
 
     ``path_or_module``: a ``.py`` file, or a module name run as ``python -m`` (``"pkg.train"``);
     ``args``: the script's own command line; ``model_steps``: batches per epoch its loop receives
-    (None: whole epochs). Other keywords are :class:`~ddpcheck.checker.options.CheckOptions` fields
-    (``steps``, ``max_idle``, ``data_dims``...). Raises BadInput for a missing script, bad options, or a
-    script that runs to its end at one process without iterating a DataLoader (nothing to check).
+    (None: whole epochs); ``step``: watch and judge the training step (``--no-step``: False). Other
+    keywords are :class:`~ddpcheck.options.CheckOptions` fields (``steps``, ``max_idle``,
+    ``data_dims``...). Raises BadInput for a missing script, bad options, or a script that runs to its
+    end at one process without iterating a DataLoader (nothing to check).
 
     Example::
 
@@ -115,7 +122,8 @@ def check_script(
         resume=False,
         **options,
     )
-    return audit_script(target, ScriptOptions(check, model_steps, hooks, cwd), progress=progress)
+    settings = ScriptOptions(check, model_steps, hooks, cwd, step=step)
+    return audit_script(target, settings, progress=progress)
 
 
 def audit_script(
@@ -262,7 +270,9 @@ class _ScriptSession:
             self.say(f"the single-process run failed: {problem}")
             return
         self.notes.extend(_trace_notes(reference))
-        self.runs.extend(self._judge(reference, reference, None, single))
+        self.runs.extend(
+            self._judge(reference, reference, None, single, self._step_record(reference, single))
+        )
         determinism = self.options.check.determinism
         for layout in layouts:
             window_reference = reference
@@ -271,25 +281,61 @@ class _ScriptSession:
                 self.say(f"{layout_name(layout)}: reference window of {steps} steps (1 process)")
                 window_reference = self._launch(Layout.plain(1), steps=steps)
             self.say(f"{layout_name(layout)}: running {count_text(layout.world_size, 'ranks')}")
-            run = self._launch(layout)
+            run = self._launch(layout, compare=layout.dp_world_size > 1)
             rerun = None
             if determinism and run.traces and not run.failures:
                 self.say(f"{layout_name(layout)}: determinism rerun")
                 rerun = self._launch(layout)
                 determinism = False  # one rerun: the first layout with several ranks
             self.notes.extend(_trace_notes(run))
-            results = self._judge(window_reference, run, rerun, layout)
+            results = self._judge(window_reference, run, rerun, layout, self._step_record(run, layout))
             self.runs.extend(results)
             for result in results:
                 self.say(
                     f"{result.loader} at {layout_name(layout)}: {status_text(result)} ({result.seconds:.2f}s)"
                 )
 
-    def _launch(self, layout: Layout, steps: int | None = None) -> _Recorded:
+    def _compared(self, compare: bool) -> list[str]:
+        """Which step windows a launch keeps for the replay: none (a launch nothing replays), the windows
+        the loop reaches in an epoch's first batches, and with whole epochs (``--model-steps all``) also
+        the epoch's last windows, where the ranks' shorter tails differ."""
+        if not compare:
+            return ["--compare-batches", "0"]
+        if self.options.model_steps is None:
+            return ["--compare-batches", str(COMPARED_BATCHES), "--tail-batches", str(TAIL_BATCHES)]
+        return ["--compare-batches", str(self.options.model_steps)]
+
+    def _step_record(self, run: _Recorded, layout: Layout) -> StepRecord | None:
+        """The run's step recordings and, where data-parallel ranks split the step, the one-process replay
+        of what they received (one more launch); None without ``--step``."""
+        if not self.options.step:
+            return None
+        record = step_record(run, self.options.ignore_index)
+        if layout.dp_world_size < 2 or not record.backward or _launch_problem(run):
+            return record
+        self.say(f"{layout_name(layout)}: replaying its first steps at 1 process")
+        replay = self._launch(Layout.plain(1), replay=run.out)
+        traces = [t.steps for t in replay.traces.values() if t.steps is not None]
+        if traces and not _launch_problem(replay):
+            return replace(record, replay=traces[0])
+        problem = _launch_problem(replay) or "it recorded no step"
+        return replace(record, no_replay=f"the one-process replay failed ({problem})")
+
+    def _launch(
+        self, layout: Layout, steps: int | None = None, replay: str = "", compare: bool = False
+    ) -> _Recorded:
+        """One launch of the script at ``layout``; ``compare``: keep the compared steps' gradients and save
+        their batches for a replay (the run that is replayed, and the replay)."""
         self.launches += 1
         out = os.path.join(self.workdir, f"l{self.launches}")
         check = replace(self.options.check, steps=steps) if steps is not None else self.options.check
         command = ["-m", "ddpcheck.record", "--out", out, "--epochs", str(check.epochs)]
+        if self.options.step:
+            command += ["--step", *self._compared(compare or bool(replay))]
+            if self.options.ignore_index != IGNORE_INDEX:
+                command += ["--ignore-index", str(self.options.ignore_index)]
+        if replay:
+            command += ["--replay", replay]
         command += [
             "--model-steps",
             "all" if self.options.model_steps is None else str(self.options.model_steps),
@@ -320,10 +366,15 @@ class _ScriptSession:
             workdir=self.guard,
             label=layout_name(layout),
         )
-        return replace(read_launch(launch, layout), environment=env)
+        return replace(read_launch(launch, layout), environment=env, out=out)
 
     def _judge(
-        self, reference: _Recorded, run: _Recorded, rerun: _Recorded | None, layout: Layout
+        self,
+        reference: _Recorded,
+        run: _Recorded,
+        rerun: _Recorded | None,
+        layout: Layout,
+        step: StepRecord | None = None,
     ) -> list[WorldResult]:
         problem = _launch_problem(run)
         gpus = run.environment.get(GPUS_ENV)
@@ -344,7 +395,7 @@ class _ScriptSession:
                     loader=self.target.shown,
                 )
             ]
-        return judge_launch(reference, run, rerun, layout, self.options.check, run.seconds)
+        return judge_launch(reference, run, rerun, layout, self.options.check, step=step)
 
 
 def rank_environment(world_size: int, gpus: int | None = None) -> dict[str, str]:
@@ -370,7 +421,7 @@ def read_launch(launch: ScriptLaunch, layout: Layout) -> _Recorded:
     traces: dict[int, ScriptRankTrace] = {}
     failures: list[RankFailure] = []
     for entry in launch.ranks:
-        trace = _read_trace(os.path.join(launch.out, f"rank{entry.rank}.trace"))
+        trace = _read_trace(trace_path(launch.out, entry.rank))
         if trace is not None:
             traces[entry.rank] = trace
         if entry.hung and _in_collective(entry.stacks):
@@ -454,43 +505,14 @@ def _last_line(output: str) -> str:
     return one_line(lines[-1], 300) if lines else "no output"
 
 
-_SAFE_BUILTINS = frozenset(
-    {"set", "frozenset", "tuple", "list", "dict", "int", "float", "complex", "str", "bytes", "bytearray",
-     "bool", "slice", "range"}
-)  # fmt: skip
-
-
-class _TraceUnpickler(pickle.Unpickler):
-    """Trace files are plain data: a file that names any other class (a hostile or foreign pickle,
-    which could run code as it loads) is refused, never imported."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (
-            module == "ddpcheck.trace"
-            or module == "array"
-            or (module == "builtins" and name in _SAFE_BUILTINS)
-            or (module, name) in _NUMPY_DATA  # ids a hook returned as numpy scalars
-        ):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name} is no part of a trace")
-
-
-_NUMPY_DATA = frozenset(
-    {(m, n) for m in ("numpy.core.multiarray", "numpy._core.multiarray") for n in ("scalar", "_reconstruct")}
-    | {("numpy", "dtype"), ("numpy", "ndarray")}
-)
-
-
 def _read_trace(path: str, *, untrusted: bool = False) -> ScriptRankTrace | None:
-    """A rank's trace file; ``untrusted`` (a directory given to ``ddpcheck judge``): plain data only."""
+    """A rank's trace file (its ids left on disk); ``untrusted`` (a directory given to ``ddpcheck judge``):
+    plain data only. None for a file that is no trace of this version or names ids files that do not
+    match it."""
     try:
-        with open(path, "rb") as handle:
-            trace = _TraceUnpickler(handle).load() if untrusted else pickle.load(handle)
-    except Exception:  # unreadable, truncated, foreign or hostile: no trace of this version
+        return read_rank(path, untrusted=untrusted)
+    except BadTraceFile:
         return None
-    if not isinstance(trace, ScriptRankTrace) or trace.version != SCRIPT_TRACE_VERSION:
-        return None
-    return trace
 
 
 def _launch_problem(recorded: _Recorded) -> str:
@@ -533,14 +555,54 @@ def judge_launch(
     rerun: _Recorded | None,
     layout: Layout,
     options: CheckOptions,
-    seconds: float = 0.0,
     *,
     standin: str = "",
+    step: StepRecord | None = None,
 ) -> list[WorldResult]:
     """Every loader of ``run`` judged against the same loader of ``reference``: one WorldResult each.
 
     ``standin`` (non-empty: why) means the reference is not a real single-process run; the checks
-    that need one are skipped with that reason."""
+    that need one are skipped with that reason. ``step``: the launch's step recordings, judged with the
+    loader whose batches reached backward (the first loader when none did)."""
+    results = _judge_loaders(reference, run, rerun, layout, options, standin)
+    if step is None or not results:
+        return results
+    fed = fed_loader(step.steps)
+    at = next((i for i, r in enumerate(results) if r.loader == fed), 0)
+    grouped = _grouped(run)
+    verdicts = [
+        in_script_words(at_loader(alone(v, *grouped), results[at].loader)) for v in judge_step(step, layout)
+    ]
+    joined = merged(results[at].verdicts, allowed(verdicts, options.allow))
+    results[at] = replace(results[at], verdicts=tuple(joined))
+    return results
+
+
+def step_record(run: _Recorded, ignore_index: int = IGNORE_INDEX) -> StepRecord:
+    """What the step checks read from one launch: each rank's steps, each loader's epochs per rank."""
+    ranks = range(run.layout.world_size)
+    steps = tuple(run.traces[r].steps if r in run.traces else None for r in ranks)
+    loading: dict[str, list[tuple[EpochTrace, ...]]] = {}
+    for name in _loader_names(run, run):
+        per_rank = [
+            next((lo.trace.epochs for lo in run.traces[r].loaders if lo.name == name), ())
+            if r in run.traces
+            else ()
+            for r in ranks
+        ]
+        loading[name] = per_rank
+    return StepRecord(steps, loading=loading, ignore_index=ignore_index)
+
+
+def _judge_loaders(
+    reference: _Recorded,
+    run: _Recorded,
+    rerun: _Recorded | None,
+    layout: Layout,
+    options: CheckOptions,
+    standin: str,
+) -> list[WorldResult]:
+    seconds = run.seconds
     results = []
     grouped = _grouped(run)
     for name in _loader_names(reference, run):
@@ -629,17 +691,35 @@ def _run_trace(recorded: _Recorded | None, name: str, world_size: int) -> RunTra
 
 def standin_reference(run: RunTrace) -> RunTrace:
     """What every rank saw together, as if one process had seen it: a reference for the checks that
-    only need the epoch's samples (the ones that need a real single-process run are skipped)."""
+    only need the epoch's samples (the ones that need a real single-process run are skipped). The ids
+    are a :class:`UnionIds` of the ranks': read a chunk at a time, or counted by the checks' tally with
+    the ranks themselves, never held whole."""
     epochs = []
     for e in range(run.num_epochs):
-        seen: dict[Any, None] = {}
-        for trace in run.epoch(e):
-            seen.update(dict.fromkeys(trace.ids))
-        ids = list(seen)
-        epochs.append(EpochTrace(epoch=e, ids=ids, batch_sizes=[len(ids)] if ids else [], len_loader=None))
+        ids = UnionIds(tuple(trace.ids for trace in run.epoch(e)))
+        epochs.append(EpochTrace(epoch=e, ids=ids, batch_sizes=WholeEpoch(ids), len_loader=None))
     facts = run.ranks[0].facts if run.ranks else None
     rank = RankTrace(rank=0, epochs=tuple(epochs)) if facts is None else RankTrace(0, tuple(epochs), facts)
     return RunTrace(world_size=1, backend=run.backend, ranks=(rank,), id_source=run.id_source)
+
+
+class WholeEpoch(Sequence[int]):
+    """The stand-in's batch sizes: one batch of the whole epoch (none when empty), sized only if asked."""
+
+    def __init__(self, ids: UnionIds) -> None:
+        self.ids = ids
+
+    def __len__(self) -> int:
+        return 1 if any(len(p) for p in self.ids.parts) else 0
+
+    def __getitem__(self, index: Any) -> Any:
+        sizes = [len(self.ids)] if len(self) else []
+        return sizes[index]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 NEEDS_REFERENCE = (COVERAGE, SINGLE_PROCESS_EQUIVALENCE)
@@ -669,7 +749,9 @@ def _framework_sampler(verdict: Verdict, reference: RunTrace, run: RunTrace) -> 
 
 def _script_cause(verdict: Verdict, run: RunTrace, name: str, standin: str, single: bool) -> Verdict:
     """Causes said of the script; checks a stand-in reference cannot decide, skipped with the reason."""
-    if standin and verdict.check in NEEDS_REFERENCE:
+    if (
+        standin and verdict.check in NEEDS_REFERENCE and not verdict.data.get("overflow")
+    ):  # the dataset decides
         return Verdict(verdict.check, "skip", f"not judged without a single-process run: {standin}")
     if verdict.check == DETERMINISM and verdict.status == "skip" and not single:
         return verdict
@@ -752,10 +834,14 @@ def judge_directory(
     reference: str | Path | None = None,
     options: CheckOptions | None = None,
     layout: Layout | None = None,
+    replay: str | Path | None = None,
 ) -> CheckResult:
-    """Judge one recorded launch; ``reference``: the same script recorded at one process."""
+    """Judge one recorded launch; ``reference``: the same script recorded at one process; ``replay``: the
+    launch's one-process replay (``python -m ddpcheck.record --replay DIR``), for ``step_equivalence``.
+    The step checks are judged where the launch was recorded with ``--step``."""
     options = options or CheckOptions()
     run = read_trace_dir(directory, layout)
+    step = _recorded_step(run, replay)
     notes = _trace_notes(run)
     runs: list[WorldResult] = []
     if reference is not None:
@@ -780,7 +866,7 @@ def judge_directory(
         )
     else:
         names_from = ref if reference is not None else run
-        results = judge_launch(names_from, run, None, run.layout, options, standin=standin)
+        results = judge_launch(names_from, run, None, run.layout, options, standin=standin, step=step)
         runs.extend(replace(r, verdicts=tuple(_no_rerun(v) for v in r.verdicts)) for r in results)
     return CheckResult(
         loader=str(directory),
@@ -789,6 +875,24 @@ def judge_directory(
         options={**jsonable_options(options), "judged": str(directory)},
         notes=tuple(dict.fromkeys(notes)),
     )
+
+
+def _recorded_step(run: _Recorded, replay: str | Path | None) -> StepRecord | None:
+    """The step recordings of a launch recorded with ``--step`` (None: recorded without), with its replay's
+    step when one is given."""
+    if not any(t.steps is not None for t in run.traces.values()):
+        if replay is not None:
+            raise BadInput("--replay: the launch was recorded without --step: nothing to compare")
+        return None
+    record = step_record(run)
+    if replay is None:
+        why = "no --replay given (record the launch's replay: python -m ddpcheck.record --replay DIR)"
+        return replace(record, no_replay=why)
+    replayed = read_trace_dir(replay)
+    steps = [t.steps for t in replayed.traces.values() if t.steps is not None and t.steps.replay]
+    if replayed.layout.world_size != 1 or not steps:
+        raise BadInput(f"--replay {replay} holds no one-process replay (record it with --replay DIR)")
+    return replace(record, replay=steps[0])
 
 
 def _no_rerun(verdict: Verdict) -> Verdict:
