@@ -3,9 +3,9 @@
 Each fixture script (fixtures/scripts/, fixtures/scripts/frameworks/) reproduces one pattern; its truth
 was measured without ddpcheck under a real ``torchrun`` at 1 and 2 processes (4 for the mesh) and is
 stored in ``truth_results.jsonl`` (see the folders' NOTES.md). The verdict, its one cause and its fix are
-held to that truth. The shapes whose recording comes in a later task (a peek before ``set_epoch``; batches
-from a ``get_batch`` function, a generator or a ``next_batch`` method, named with ``--batches``) are
-strict xfails that state the verdict the truth demands.
+held to that truth: a peek before ``set_epoch`` beside a loop that leaves every epoch early, and batches
+from a ``get_batch`` function, a generator or a ``next_batch`` method (exit 2 naming them, and judged with
+``--batches``) included.
 """
 
 from __future__ import annotations
@@ -299,3 +299,13 @@ def test_a_script_that_iterates_no_dataloader_says_how_to_name_its_batches(
     ), line
     assert line.endswith(f"; pass --batches {name} to record the batches it returns"), line
     assert "Traceback" not in proc.stdout + proc.stderr and not (tmp_path / "ddpcheck.json").exists()
+
+
+def test_a_batches_name_the_script_never_calls_is_exit_2_naming_what_fed_the_model(tmp_path: Path) -> None:
+    proc = ddpcheck_run(*FAST, "--quiet", "--batches", "get_btch", "--report-dir", str(tmp_path), "--",
+                        "nanogpt_get_batch.py")  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == (
+        "ddpcheck: error: --batches get_btch: the script never called a function of that name defined in its "
+        "own files with gradients on; the model's first inputs came from get_batch (nothing was checked)"
+    )

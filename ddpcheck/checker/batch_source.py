@@ -146,8 +146,19 @@ class BatchSources:
         return source
 
     def record(self, source: _Source, value: Any) -> None:
+        """The call's rows; a value the recorder cannot read makes the source "mixed" (not judged), and
+        never fails the script."""
+        try:
+            self._record(source, value)
+        except RecorderError:
+            raise
+        except Exception:
+            source.kind = "mixed"
+
+    def _record(self, source: _Source, value: Any) -> None:
         inputs, targets = _inputs(value)
-        if inputs is None:
+        if inputs is None or inputs.dim() == 0:
+            inputs = None
             kind, rows = "rows", [_digest(value)]
             self._add_digests(source, rows)
         elif _is_tokens(inputs):
@@ -173,9 +184,10 @@ class BatchSources:
                 f"--batches {self.spec}: more than {MAX_TOKENS:,} tokens a rank in {self.epochs} windows of "
                 f"{self.window} calls; record fewer calls per window (--steps)"
             )
+        data = rows.contiguous().numpy().tobytes()  # everything read before anything is kept
         source.calls.append(rows.shape[0])
         source.lengths.extend([rows.shape[1]] * rows.shape[0])
-        source.tokens.frombytes(rows.contiguous().numpy().tobytes())
+        source.tokens.frombytes(data)
         source.follows.extend(int(f) for f in follows)
 
     @staticmethod

@@ -302,6 +302,8 @@ def _coverage(
 ) -> Verdict:
     import numpy as np
 
+    if single is None:
+        return skipped(COVERAGE, f"not judged without a single-process run that called {name}")
     if mode == SAMPLING:
         return not_applicable(
             COVERAGE,
@@ -314,8 +316,6 @@ def _coverage(
             f"{name}'s batches carry no targets shifted by one token (y = x[1:]): whether it reads a stream "
             "in order or samples it is not known; overlap is judged",
         )
-    if single is None:
-        return skipped(COVERAGE, f"the single-process run did not call {name}")
     if ws == 1:
         return passed(COVERAGE, f"{name} reads its stream in order: the single-process run is the reference")
     stream = np.concatenate(units_of(single, 0, size).calls or [np.empty(0, np.int64)])

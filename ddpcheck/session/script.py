@@ -640,8 +640,8 @@ def _judge_loaders(
         results.append(
             replace(judged, verdicts=tuple(allowed(verdicts, options.allow)), seconds=seconds, loader=name)
         )
-    rerun_traces = rerun.traces if rerun is not None else None
-    for source in judge_sources(reference.traces, run.traces, rerun_traces, layout, seconds):  # --batches
+    single, twice = ({} if standin else reference.traces), (rerun.traces if rerun is not None else None)
+    for source in judge_sources(single, run.traces, twice, layout, seconds):  # --batches functions
         results.append(replace(source, verdicts=tuple(allowed(list(source.verdicts), options.allow))))
     return results
 
