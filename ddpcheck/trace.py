@@ -506,12 +506,16 @@ class RankFailure:
 @dataclass(frozen=True)
 class SimulatedShortcuts:
     """What ``--simulate`` computed directly in one run: torch's ``DistributedSampler`` shares for
-    ``direct`` rank-epochs, ``verified`` of them also run through the real sampler (identical); or, with
-    ``redone``, the direct computation that differed from the real one (every rank was run again)."""
+    ``direct`` rank-epochs, ``verified`` of them also run through the real sampler (identical); ``arrays``
+    rank-epochs read as one array each (at scale), their arithmetic checked against the real sampler on
+    ``probes`` small datasets of the same kind; or, with ``redone``, the direct computation that differed
+    from the real one (every rank was run again)."""
 
     direct: int = 0
     verified: int = 0
     redone: str = ""
+    arrays: int = 0
+    probes: int = 0
 
 
 @dataclass(frozen=True)

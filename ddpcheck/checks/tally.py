@@ -31,7 +31,7 @@ CHUNK = 1 << 22  # ids read at a time: 32 MB as int64
 BLOCK = 1 << 24  # bitmap bytes scanned at a time
 EXAMPLES = 5
 SLACK = 1 << 23  # a bitmap over this many ids (1 MB) is always fine, however few the ids
-BYTE_SPAN = 1 << 26  # up to this many ids, a byte per id (64 MB a bitmap); a bit per id beyond
+BYTE_SPAN = 1 << 27  # up to this many ids, a byte per id (128 MB a bitmap); a bit per id beyond
 PER_ID = 16  # else a bitmap spans at most this many ids per id held (2 bytes per id per bitmap)
 _ONE = np.uint8(1)
 
@@ -135,8 +135,15 @@ class Bits:
             return
         if not self.packed:
             self.words[k] = True
+            return
+        units, bits = k >> 3, np.left_shift(_ONE, (k & 7).astype(np.uint8))
+        step = units[1:] != units[:-1]
+        if len(k) > 1 and bool((units[1:] >= units[:-1]).all()):  # sorted (the counting pass): an OR a byte
+            starts = np.flatnonzero(step) + 1
+            starts = np.concatenate((np.zeros(1, starts.dtype), starts))
+            self.words[units[starts]] |= np.bitwise_or.reduceat(bits, starts)
         else:
-            np.bitwise_or.at(self.words, k >> 3, np.left_shift(_ONE, (k & 7).astype(np.uint8)))
+            np.bitwise_or.at(self.words, units, bits)
 
     def _ones(self, w: Any) -> int:
         return int(np.bitwise_count(w).sum(dtype=np.int64)) if self.packed else int(np.count_nonzero(w))
