@@ -30,6 +30,9 @@ def compact_ids(ids: Iterable[Hashable]) -> Sequence[Hashable]:
     return tuple(items)
 
 
+_NPY_STARTS: dict[tuple[str, int, str], int] = {}  # (.npy file, length, type) -> where its data starts
+
+
 class IdArray(Sequence[int]):
     """Integer ids held as one numpy array: in memory, or in a ``.npy`` file opened only while read.
 
@@ -65,12 +68,17 @@ class IdArray(Sequence[int]):
 
         if not self.size:
             return np.zeros(0, np.dtype(self.dtype))
-        values = np.load(self.path, mmap_mode="r")
-        if len(values) != self.size or values.dtype.str != self.dtype:
-            raise ValueError(
-                f"{self.path} holds {len(values)} {values.dtype} ids, not {self.size} {self.dtype}"
-            )
-        return values
+        key = (self.path, self.size, self.dtype)  # a header is the same for the same length and type
+        start = _NPY_STARTS.get(key)
+        if start is None:  # the header read once: a judge maps each of 4096 files several times
+            values = np.load(self.path, mmap_mode="r")
+            if len(values) != self.size or values.dtype.str != self.dtype:
+                raise ValueError(
+                    f"{self.path} holds {len(values)} {values.dtype} ids, not {self.size} {self.dtype}"
+                )
+            _NPY_STARTS[key] = int(values.offset)
+            return values
+        return np.memmap(self.path, dtype=np.dtype(self.dtype), mode="r", offset=start, shape=(self.size,))
 
     def __len__(self) -> int:
         return self.size
