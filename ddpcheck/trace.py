@@ -261,6 +261,13 @@ class IdSink(Protocol):
 ID_SINKS: list[Callable[[], IdSink]] = []  # empty: ids stay in memory; else the factory of every epoch's sink
 
 
+def spill_every(count: int) -> None:
+    """Ids go to the installed sink past ``count`` held (``ddpcheck.record --fingerprint``: a rank holds
+    a few hundred kB of ids, not 8 MB)."""
+    global SPILL_IDS
+    SPILL_IDS = count
+
+
 class IdBuffer:
     """One epoch's ids as they arrive, kept compact: an ``array('q')`` while batches come as arrays.
 

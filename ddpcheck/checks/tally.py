@@ -93,7 +93,7 @@ def first_difference(a: Any, b: Any) -> int:
     return n
 
 
-def _mix(x: Any) -> Any:
+def mix(x: Any) -> Any:
     """splitmix64's finaliser on uint64 values: every input bit reaches every output bit."""
     z = x + np.uint64(0x9E3779B97F4A7C15)
     z ^= z >> np.uint64(30)
@@ -110,7 +110,7 @@ def stream_hash(ids: Any) -> int:
     with np.errstate(over="ignore"):
         for start, part in chunks(ids):
             at = np.arange(start, start + len(part), dtype=np.uint64) * np.uint64(0xD1342543DE82EF95)
-            total += _mix(_mix(part.view(np.uint64)) ^ at).sum(dtype=np.uint64)
+            total += mix(mix(part.view(np.uint64)) ^ at).sum(dtype=np.uint64)
     return int(total)
 
 
