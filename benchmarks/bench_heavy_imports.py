@@ -33,8 +33,8 @@ VARIANTS = ("torch-only", "lightning-import", "lightning-preloaded", "lightning-
 
 def run_variant(variant: str, world_sizes: tuple[int, ...], epochs: int) -> dict[str, Any]:
     """One measurement, in this (fresh) interpreter."""
-    from ddpcheck.checker.options import CheckOptions
     from ddpcheck.launch.preload import preload_imports
+    from ddpcheck.options import CheckOptions
     from ddpcheck.session import check_loader
 
     options = CheckOptions(world_sizes=world_sizes, epochs=epochs, preload=variant != "lightning-plain")

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from tabulate import tabulate
 
-from ddpcheck.launch import run_ranks
+from ddpcheck.launch import GroupCall, run_ranks
 from ddpcheck.reference.sync import sync_dicts_ddp
 
 DIM = 256
@@ -90,10 +90,12 @@ def main() -> None:
     table = []
     for ragged in (False, True):
         result = run_ranks(
-            _body,
-            world_size=args.world,
-            kwargs={"mb": args.mb, "repeats": args.repeats, "ragged": ragged},
-            timeout=600,
+            GroupCall(
+                _body,
+                world_size=args.world,
+                kwargs={"mb": args.mb, "repeats": args.repeats, "ragged": ragged},
+                timeout=600,
+            )
         )
         result.raise_for_failures()
         times = pickle.loads(result.values[0])

@@ -36,8 +36,8 @@ _EXPORTS = {
     "check_loader": "ddpcheck.session",
     "check_script": "ddpcheck.session.script",
     "judge_directory": "ddpcheck.session.script",
-    "CheckOptions": "ddpcheck.checker.options",
-    "BadInput": "ddpcheck.checker.options",
+    "CheckOptions": "ddpcheck.options",
+    "BadInput": "ddpcheck.options",
     "CheckResult": "ddpcheck.result",
     "WorldResult": "ddpcheck.result",
     "Verdict": "ddpcheck.checks.verdict",
@@ -47,8 +47,8 @@ _EXPORTS = {
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
-    from ddpcheck.checker.options import BadInput, CheckOptions
     from ddpcheck.checks.verdict import Verdict
+    from ddpcheck.options import BadInput, CheckOptions
     from ddpcheck.pytest_plugin import assert_ddp_safe
     from ddpcheck.reference.dist import (
         connect,

@@ -13,146 +13,30 @@ neither torch nor the checker at import time, so the signal handlers are in plac
 from __future__ import annotations
 
 import argparse
-import ast
 import errno
-import keyword
 import os
 import signal
 import sys
 import tempfile
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from ddpcheck import cli_values as values
 from ddpcheck import hygiene
-from ddpcheck.layout import MAX_REAL_RANKS, MAX_SIMULATED_RANKS, Layout
+from ddpcheck.layout import MAX_REAL_RANKS, MAX_SIMULATED_RANKS
 from ddpcheck.messages import one_line
 from ddpcheck.report.formats import PRINTED as PRINTED_FORMATS
 
 if TYPE_CHECKING:
-    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.options import CheckOptions
     from ddpcheck.result import CheckResult
 
 __all__ = ["MAX_REAL_RANKS", "MAX_SIMULATED_RANKS", "build_parser", "main", "parse"]
 EXIT_BAD_INPUT = 2  # == ddpcheck.result.EXIT_BAD_INPUT (not imported: it pulls in the checks package)
 EXIT_INTERRUPTED = 130
-MAX_JOINED_WORLD_SIZE = 1 << 20  # joining a launch: ranks live on many machines
 OWN_REPORT_SUFFIXES = (".json", ".md", ".html", ".txt")
-
-
-def _world_sizes(text: str) -> tuple[int, ...]:
-    """``--world-sizes 1,2,4``: the syntax here; the rules on the sizes are CheckOptions' (validate)."""
-    try:
-        sizes = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"world sizes must be comma-separated integers, got {text!r}"
-        ) from None
-    if not sizes:
-        raise argparse.ArgumentTypeError(f"world sizes must be comma-separated integers, got {text!r}")
-    return sizes
-
-
-def _mesh(text: str) -> Layout:
-    """``--mesh dp=2,tp=2`` through the one mesh parser (:func:`ddpcheck.layout.parse_mesh`); which
-    dimensions split the data is settled with ``--data-dims`` once both are known (validate)."""
-    from ddpcheck.layout import LayoutError, parse_mesh
-
-    try:
-        return parse_mesh(text, need_data=False)
-    except LayoutError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _fraction(text: str) -> float:
-    """``--max-idle 0.2``: the syntax here; the rule (at least 0, below 1) is CheckOptions' (validate)."""
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.2, got {text!r}") from None
-
-
-def _worker_counts(text: str) -> tuple[int, ...]:
-    """``--resume-workers 0,2``: the syntax here; the bounds are CheckOptions' (validate)."""
-    try:
-        counts = tuple(dict.fromkeys(int(part) for part in text.split(",") if part.strip()))
-    except ValueError:
-        counts = ()
-    if not counts:
-        raise argparse.ArgumentTypeError(f"expected numbers of workers such as 0,2, got {text!r}")
-    return counts
-
-
-def _check_ids(text: str) -> list[str]:
-    """``--allow reshuffle,determinism``: a comma list (the option repeats too); the ids are validated
-    with the other options (:func:`ddpcheck.checker.options.validate`)."""
-    ids = [part.strip() for part in text.split(",") if part.strip()]
-    if not ids:
-        raise argparse.ArgumentTypeError(f"expected check ids such as reshuffle,determinism, got {text!r}")
-    return ids
-
-
-def _names(text: str) -> tuple[str, ...]:
-    names = tuple(part.strip() for part in text.split(",") if part.strip())
-    if not names or not all(name.isidentifier() for name in names):
-        raise argparse.ArgumentTypeError(
-            f"expected mesh dimension names such as dp or dp_replicate,dp_shard, got {text!r}"
-        )
-    return names
-
-
-def _number(
-    convert: Callable[[str], Any],
-    expected: str,
-    ok: Callable[[Any], bool],
-    bound: str,
-    *,
-    echo_text: bool = False,
-) -> Callable[[str], Any]:
-    """An argparse ``type``: convert, then check a bound; both failures are one-line usage errors."""
-
-    def parse(text: str) -> Any:
-        try:
-            value = convert(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-        if not ok(value):
-            shown = repr(text) if echo_text else value
-            raise argparse.ArgumentTypeError(f"{bound}, got {shown}")
-        return value
-
-    return parse
-
-
-def _int_in(low: int, high: int) -> Callable[[str], Any]:
-    return _number(int, "an integer", lambda v: low <= v <= high, f"must be from {low} to {high}")
-
-
-# the run's numbers: syntax here, their bounds once in ddpcheck.checker.options.validate
-_integer = _number(int, "an integer", lambda v: True, "")
-_seconds = _number(float, "a number of seconds", lambda v: True, "")
-_float = _number(float, "a number", lambda v: True, "")
-_rank = _int_in(0, MAX_JOINED_WORLD_SIZE - 1)
-_joined_world_size = _int_in(1, MAX_JOINED_WORLD_SIZE)
-_port = _int_in(1, 65535)
-
-
-def _factory_arg(text: str) -> tuple[str, Any]:
-    """``KEY=VALUE`` -> (key, Python literal, or the text itself when it is not one)."""
-    key, sep, raw = text.partition("=")
-    key = key.strip()
-    if not sep or not key.isidentifier() or keyword.iskeyword(key):
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE with KEY a Python name, got {text!r}")
-    if key in ("rank", "world_size", "batch_size", "dp_rank", "dp_world_size", "mesh"):
-        raise argparse.ArgumentTypeError(
-            f"ddpcheck passes {key} itself" + (" (use --batch-size)" if key == "batch_size" else "")
-        )
-    try:
-        value = ast.literal_eval(raw.strip())
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        value = raw
-    return key, value
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -196,7 +80,7 @@ class _VersionAction(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ddpcheck.checker import options as limits  # plain values, no torch: the bounds the help names
+    from ddpcheck import options as limits  # plain values, no torch: the bounds the help names
 
     parser = _Parser(
         prog="ddpcheck",
@@ -214,9 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     layout = parser.add_argument_group("layout", "the world sizes and device meshes checked, and their ranks")
     layout.add_argument(
         "--world-sizes",
-        type=_world_sizes,
-        default=(1, 2, 3, 4),
-        metavar="1,2,3,4",
+        type=values.world_sizes,
+        default=limits.WORLD_SIZES,
+        metavar=",".join(map(str, limits.WORLD_SIZES)),
         help=f"world sizes to check (real ranks: at most {MAX_REAL_RANKS}; "
         f"with --simulate at most {MAX_SIMULATED_RANKS})",
     )
@@ -224,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--mesh",
         "--meshes",
         dest="meshes",
-        type=_mesh,
+        type=values.mesh,
         action="append",
         default=[],
         metavar="dp=2,tp=2",
@@ -234,14 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     layout.add_argument(
         "--data-dims",
-        type=_names,
+        type=values.names,
         default=(),
         metavar="NAME[,NAME]",
         help="the mesh dimensions that split the data (default: the names that start with dp)",
     )
     layout.add_argument(
         "--sequence-dims",
-        type=_names,
+        type=values.names,
         default=None,
         metavar="NAME[,NAME]",
         help="mesh dimensions whose ranks get the same samples, each its own slice of every sequence "
@@ -256,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     layout.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="process group backend")
     layout.add_argument(
         "--timeout",
-        type=_seconds,
+        type=values.seconds,
         default=120.0,
         metavar="S",
         help=f"seconds per process group (at most {limits.MAX_TIMEOUT:.0f}, one week)",
@@ -267,19 +151,25 @@ def build_parser() -> argparse.ArgumentParser:
     loader.add_argument(
         "--factory-arg",
         dest="factory_args",
-        type=_factory_arg,
+        type=values.factory_arg,
         action="append",
         default=[],
         metavar="KEY=VALUE",
         help="keyword passed to the factory (repeatable; VALUE is a Python literal, else a string)",
     )
     loader.add_argument(
-        "--batch-size", type=_integer, default=None, metavar="N", help="passed to factories that take it"
+        "--batch-size",
+        type=values.integer,
+        default=None,
+        metavar="N",
+        help="passed to factories that take it",
     )
-    loader.add_argument("--epochs", type=_integer, default=2, metavar="N", help="epochs recorded per run")
+    loader.add_argument(
+        "--epochs", type=values.integer, default=2, metavar="N", help="epochs recorded per run"
+    )
     loader.add_argument(
         "--steps",
-        type=_integer,
+        type=values.integer,
         default=None,
         metavar="N",
         help="run N steps per rank per epoch window (for infinite or iteration-based samplers)",
@@ -315,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     resume.add_argument(
         "--resume-workers",
-        type=_worker_counts,
+        type=values.worker_counts,
         default=(),
         metavar="N[,N]",
         help="also restore states into loaders rebuilt with these numbers of DataLoader workers (the "
@@ -335,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     work.add_argument(
         "--max-idle",
-        type=_fraction,
+        type=values.fraction,
         default=None,
         metavar="FRACTION",
         help="fail work_balance when ranks would wait more than this share of their steps (e.g. 0.2)",
@@ -363,14 +253,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     hooks.add_argument(
         "--metric-tolerance",
-        type=_float,
+        type=values.real,
         default=None,
         metavar="REL",
         help="relative tolerance for metric_equivalence (default: exact for integers, 1e-6 for floats)",
     )
     hooks.add_argument(
         "--train-steps",
-        type=_integer,
+        type=values.integer,
         default=3,
         metavar="K",
         help="SGD steps compared by training_equivalence (0 turns it off)",
@@ -379,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     out = parser.add_argument_group("reports", "what is written to files, and printed")
     out.add_argument(
         "--allow",
-        type=_check_ids,
+        type=values.check_ids,
         action="extend",
         default=[],
         metavar="CHECK[,CHECK]",
@@ -414,11 +304,13 @@ def build_parser() -> argparse.ArgumentParser:
         "under torchrun or srun ddpcheck joins that launch (one process per rank) instead of spawning; "
         "these flags join one explicitly",
     )
-    join.add_argument("--rank", type=_rank, default=None, help="this process's rank (0 .. world size - 1)")
-    join.add_argument("--world-size", type=_joined_world_size, default=None, help="ranks in the launch")
+    join.add_argument(
+        "--rank", type=values.rank, default=None, help="this process's rank (0 .. world size - 1)"
+    )
+    join.add_argument("--world-size", type=values.joined_world_size, default=None, help="ranks in the launch")
     join.add_argument("--master-addr", default=None, metavar="HOST", help="rendezvous host of rank 0")
     join.add_argument(
-        "--master-port", type=_port, default=None, metavar="PORT", help="rendezvous TCP port (1-65535)"
+        "--master-port", type=values.port, default=None, metavar="PORT", help="rendezvous TCP port (1-65535)"
     )
     return parser
 
@@ -458,16 +350,16 @@ def _given_on_command_line(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def check_combination(args: argparse.Namespace) -> None:
     """Checks that need several options at once (argparse checks each alone): the run's options are
-    validated here, once (:func:`ddpcheck.checker.options.validate`), and kept as ``args.check_options``
-    with every mesh a Layout."""
-    from ddpcheck.checker.options import BadInput, mesh_layouts, validate
+    checked here, once (:class:`~ddpcheck.options.CheckOptions` checks them when made), and kept as
+    ``args.check_options`` with every mesh a Layout."""
     from ddpcheck.layout import LayoutError, check_ranks
+    from ddpcheck.options import BadInput
 
     joined = args.rank is not None or args.world_size is not None or args.master_addr is not None
     if args.meshes and args.option_sources.get("world_sizes") == "default":
         args.world_sizes = ()  # --mesh alone checks the meshes (and the single-process reference)
     try:
-        options = validate(_options(args))
+        options = _options(args)
     except BadInput as exc:
         raise UsageError(_where(args, exc.option) + str(exc)) from None
     args.check_options = options
@@ -475,7 +367,7 @@ def check_combination(args: argparse.Namespace) -> None:
         try:
             for ws in options.world_sizes:
                 check_ranks(ws, mesh=False)
-            for mesh in mesh_layouts(options):  # parsed by validate: they pass straight through
+            for mesh in options.layouts:  # parsed when the options were made
                 check_ranks(mesh.world_size, mesh=True)
         except LayoutError as exc:
             raise UsageError(str(exc)) from None
@@ -647,7 +539,7 @@ def _options(args: argparse.Namespace) -> CheckOptions:
     """The run's ``CheckOptions``: every option named like its field, the ``--no-X`` ones negated."""
     from dataclasses import fields
 
-    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.options import CheckOptions
 
     values: dict[str, Any] = {}
     for field in fields(CheckOptions):
@@ -675,12 +567,12 @@ def _run(args: argparse.Namespace) -> int | tuple[CheckResult, bool]:
     except BadLoaderFile as exc:
         return _error(str(exc), exc, args.verbose)
     with hygiene.gc_paused(freeze=_own_process):
-        from ddpcheck.checker.options import BadInput
+        from ddpcheck.options import BadInput
         from ddpcheck.progress import make_display
         from ddpcheck.session import Interrupted, check_loader
         from ddpcheck.session.joined import JoinTarget, check_joined
 
-    options = args.check_options  # validated once, by check_combination
+    options = args.check_options  # checked once, by check_combination
     target = JoinTarget(args.rank, args.world_size, args.master_addr, args.master_port)
     # progress on stderr: live lines on a terminal, plain ones elsewhere, nothing with --quiet
     color = use_color(args.color, sys.stderr)

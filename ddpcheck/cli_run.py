@@ -14,16 +14,17 @@ import argparse
 import copy
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ddpcheck import hygiene
-from ddpcheck.record import model_steps, split_command
+from ddpcheck.record import batch_function, model_steps, split_command
 
 if TYPE_CHECKING:
     from ddpcheck.result import CheckResult
 
+BATCH_WINDOW = 8  # calls of a --batches function per window, without --steps
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 MESH_OPTIONS = ("--mesh", "--data-dims", "--sequence-dims")
@@ -81,6 +82,29 @@ def build_run_parser(command: LoaderCommand) -> argparse.ArgumentParser:
         metavar="FILE",
         help="a file with loader-file hooks (sample_ids, batch_work, ...)",
     )
+    parser.add_argument(
+        "--no-step",
+        dest="step",
+        action="store_false",
+        help="do not watch the training step (step_equivalence, equal_microsteps; supervision and "
+        "rng_independence then judge the loaders' batches alone); saves one replay launch per layout",
+    )
+    parser.add_argument(
+        "--ignore-index",
+        type=int,
+        default=-100,
+        metavar="N",
+        help="the label value that supervises nothing, for supervision and the step's token counts (-100)",
+    )
+    parser.add_argument(
+        "--batches",
+        type=batch_function,
+        default="",
+        metavar="NAME",
+        help="a script without a DataLoader: record what this function returns (get_batch, Cls.method, "
+        "a generator; module:name for a module's) as its batches, in windows of --steps calls "
+        f"(default {BATCH_WINDOW})",
+    )
     return parser
 
 
@@ -92,6 +116,13 @@ def build_judge_parser(command: LoaderCommand) -> argparse.ArgumentParser:
     parser.add_argument("directory", help="the launch's trace directory")
     parser.add_argument(
         "--reference", default=None, metavar="DIR1", help="the same script recorded at one process"
+    )
+    parser.add_argument(
+        "--replay",
+        default=None,
+        metavar="DIR1",
+        help="the launch's one-process replay (python -m ddpcheck.record --replay DIR --out DIR1), for "
+        "step_equivalence",
     )
     _copy_options(parser, JUDGE_SHARED, command)
     return parser
@@ -137,7 +168,7 @@ def main_judge(argv: Sequence[str], command: LoaderCommand) -> int:
 
 
 def _checked(args: argparse.Namespace, work: Any, command: LoaderCommand) -> int:
-    from ddpcheck.checker.options import BadInput
+    from ddpcheck.options import BadInput
 
     try:
         outcome = work(args)
@@ -162,7 +193,7 @@ def _checked(args: argparse.Namespace, work: Any, command: LoaderCommand) -> int
 
 
 def _check_options(args: argparse.Namespace, **overrides: Any) -> Any:
-    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.options import CheckOptions
 
     values: dict[str, Any] = {
         "world_sizes": tuple(getattr(args, "world_sizes", (1, 2, 4))),
@@ -189,7 +220,17 @@ def _run_script(args: argparse.Namespace) -> tuple[CheckResult, bool]:
     from ddpcheck.session.script import ScriptOptions, audit_script
 
     path, module, script_args = args.target
-    options = ScriptOptions(check=_check_options(args), model_steps=args.model_steps, hooks=args.hooks)
+    check = _check_options(args)
+    if args.batches and check.steps is None:  # a batch function's windows: the checks' epochs
+        check = replace(check, steps=BATCH_WINDOW)
+    options = ScriptOptions(
+        check=check,
+        model_steps=args.model_steps,
+        hooks=args.hooks,
+        step=args.step,
+        ignore_index=args.ignore_index,
+        batches=args.batches,
+    )
     quiet = getattr(args, "quiet", False)
 
     def progress(message: str) -> None:
@@ -205,14 +246,15 @@ def _run_script(args: argparse.Namespace) -> tuple[CheckResult, bool]:
 
 
 def _judge(args: argparse.Namespace) -> tuple[CheckResult, bool]:
-    from ddpcheck.checker.options import BadInput, mesh_layouts
+    from ddpcheck.options import BadInput, mesh_layouts
     from ddpcheck.session.script import judge_directory
 
     options = _check_options(args, world_sizes=(1,))
     meshes = mesh_layouts(options)
     if len(meshes) > 1:
         raise BadInput("a recorded launch is one layout: give at most one --mesh")
-    result = judge_directory(args.directory, args.reference, options, meshes[0] if meshes else None)
+    layout = meshes[0] if meshes else None
+    result = judge_directory(args.directory, args.reference, options, layout, replay=args.replay)
     return result, False
 
 

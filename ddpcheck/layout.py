@@ -15,7 +15,7 @@ import hashlib
 import math
 import operator
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -159,7 +159,7 @@ class Layout:
         return [group[0] for group in self.replica_groups()]
 
 
-def shaped_like(meshes: list[Layout], world_size: int) -> Layout:
+def shaped_like(meshes: Sequence[Layout], world_size: int) -> Layout:
     """A plain world size shaped like ``meshes``: their dimension names, the first data dimension of
     size ``world_size`` and every other one of size 1, so a factory that indexes its mesh by name
     (``mesh["tp"]``) runs at plain world sizes and in the single-process reference too."""

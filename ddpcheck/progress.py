@@ -1,7 +1,7 @@
 """The live progress display on stderr: where every rank of the running group is, elapsed time, an ETA.
 
 The launch layer calls :meth:`Display.update` with every rank's published position (see
-``ddpcheck.launch.run_ranks(on_progress=...)``); the command's own progress messages go through
+``ddpcheck.launch.GroupCall(on_progress=...)``); the command's own progress messages go through
 :meth:`Display.message`, so they never tear the live lines. Three renderers, picked by
 :func:`make_display`:
 

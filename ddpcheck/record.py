@@ -69,6 +69,18 @@ def model_steps(text: str) -> int | None:
     return value
 
 
+def batch_function(text: str) -> str:
+    """``--batches NAME``: a function's name in the script (``get_batch``, ``Cls.method``) or a module's
+    (``module:name``), checked for its form here, found as the script runs."""
+    from ddpcheck.checker.batch_source import parse_name
+
+    try:
+        parse_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def batches_or_all(text: str) -> int | None:
     """``all`` or a number of batches, 0 included (``--compare-batches 0``: compare no window)."""
     if text.strip().lower() == "all":
@@ -119,6 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--digest", action="store_true", help="digest batch contents (mesh replicas)")
     parser.add_argument("--no-work", action="store_true", help="do not measure token work")
     parser.add_argument("--work-cost", choices=("tokens", "attention"), default="tokens")
+    parser.add_argument(
+        "--batches",
+        type=batch_function,
+        default="",
+        metavar="NAME",
+        help="record the calls of this function of the script (get_batch, Cls.method, module:name) as "
+        "batches, in windows of --steps calls (default 8)",
+    )
     parser.add_argument(
         "--fingerprint",
         action="store_true",
@@ -210,6 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         digest=args.digest,
         work=not args.no_work,
         work_cost=args.work_cost,
+        batches=args.batches,
     )
     target = ScriptTarget(path=path, module=module, args=tuple(script_args))
     if args.fingerprint:
@@ -225,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if trace.status != "ok":
         print(f"ddpcheck.record: rank {trace.rank}: {trace.message}", file=sys.stderr)
         return EXIT_SCRIPT_FAILED
-    if not trace.loaders:
+    if not trace.loaders and not trace.sources:
         print(f"ddpcheck.record: rank {trace.rank}: the script iterated no DataLoader", file=sys.stderr)
         return EXIT_SCRIPT_FAILED
     return 0

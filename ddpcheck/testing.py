@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import BatchSampler, DataLoader
 
-from ddpcheck.checker.recording import loop_set_epoch, read_facts, record_indices
+from ddpcheck.checker.epochs import loop_set_epoch
+from ddpcheck.checker.facts import read_facts
+from ddpcheck.checker.running import record_indices
 from ddpcheck.checks import run_checks
 from ddpcheck.trace import RankTrace, RunTrace
 

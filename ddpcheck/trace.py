@@ -582,6 +582,30 @@ class ScriptLoader:
     handed: int = 0
 
 
+@dataclass(frozen=True)
+class SourceTrace:
+    """What one rank received from a batch function named with ``--batches`` (no DataLoader: nanoGPT's
+    ``get_batch``, a generator, a ``next_batch`` method; :mod:`ddpcheck.checker.batch_source`): the rows
+    of each call's inputs, calls made with gradients on only (an evaluation's are counted apart).
+
+    ``kind`` "tokens": integer rows kept as tokens (``lengths`` per row, ``tokens`` concatenated), judged
+    by content in units aligned across world sizes; "rows": any other rows, by a digest of each
+    (``digests``); "mixed": calls of both kinds (not judged). ``follows`` per row: the token after it where
+    the batch carries targets shifted by one (``y = x[1:]``), -1 where unknown: a single process whose rows
+    follow one another reads a stream in order."""
+
+    name: str  # "get_batch", "DataLoaderLite.next_batch", "distributed_data_generator#2"
+    kind: str
+    calls: Sequence[int]  # rows per call, in call order
+    lengths: Sequence[int] = ()
+    tokens: Sequence[int] = ()
+    follows: Sequence[int] = ()
+    digests: Sequence[int] = ()
+    untrained: int = 0  # calls made with gradients off (evaluation): not recorded
+    shape: str = ""  # the first call's inputs: "int64 4 x 32"
+    window: int = 0  # calls per window (the checks' epochs)
+
+
 # --- what the training step did with the data (issue 35): recorded by the rank side's step watcher,
 # judged by the step checks. Plain data, like everything above.
 
@@ -699,4 +723,9 @@ class ScriptRankTrace:
     fallback: str = ""
     steps: StepTrace | None = None  # what the training step did (None: not recorded)
     frameworks: tuple[str, ...] = ()  # training frameworks the script imported: "lightning", "accelerate"...
+    # no DataLoader iterated before the model's first call: that call's line, and the script's function
+    # its inputs came from as --batches takes it ("" unknown); see ddpcheck.checker.batch_hint
+    first_model_call: str = ""
+    inputs_from: str = ""
+    sources: tuple[SourceTrace, ...] = ()  # batch functions named with --batches
     version: int = SCRIPT_TRACE_VERSION

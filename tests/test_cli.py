@@ -213,7 +213,7 @@ def test_the_recorder_announces_no_batch_beyond_the_loaders_length() -> None:
     """``batch 17/16`` came from announcing the fetch that ends the epoch: the total goes once past it."""
     import inspect
 
-    from ddpcheck.checker.recording import Stream
+    from ddpcheck.checker.running import Stream
 
     source = inspect.getsource(Stream.record)
     (line,) = [line for line in source.splitlines() if "report_progress(" in line]

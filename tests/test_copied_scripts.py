@@ -73,7 +73,11 @@ def test_a_per_rank_random_split_is_one_cause_and_the_evaluation_order_no_failur
     assert proc.returncode == 1, proc.stdout + proc.stderr
     data = report(tmp_path)
     (cause,) = data["causes"]
-    assert "a Subset/random_split drawn differently on each rank" in cause["cause"], cause
+    split = line_of(SCRIPTS / "bug_random_split_eval.py", "= random_split(")
+    assert cause["cause"].startswith(
+        "the ranks' datasets differ: the random_split(data, [train_len, len(data) - train_len]) at "
+        f"bug_random_split_eval.py:{split}, drawn differently on each rank"
+    ), cause
     assert "generator=torch.Generator().manual_seed(0)" in cause["fix"]
     line = line_of(SCRIPTS / "bug_random_split_eval.py", "return DataLoader(")
     found = failing(data)
@@ -169,15 +173,27 @@ def test_a_loop_that_breaks_early_on_purpose_counts_every_epoch(tmp_path: Path) 
     )
 
 
-@pytest.mark.xfail(
-    strict=True, reason="the recorder counts the peek as an epoch: issue 36 item 1, later task"
-)
 def test_the_tutorials_peek_before_set_epoch_is_no_epoch(tmp_path: Path) -> None:
+    """Issue 36 item 1: the one-batch peek before set_epoch is left out of the epochs and said in a note;
+    the loop's epochs cover the data once and change order (truth), so nothing fails."""
     truth = TRUTH[("tutorial_peek", 2)]
     assert truth["ids_per_rank_epoch"]["peek"] == [8] and not truth["facts"]["train"]["repeats"]
     proc = ddpcheck_run(*FAST, "--report-dir", str(tmp_path), "--", "tutorial_peek.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert any("peek" in note for note in report(tmp_path)["notes"])
+    data = report(tmp_path)
+    script = SCRIPTS / "tutorial_peek.py"
+    loader = f"tutorial_peek.py:{line_of(script, 'loader = DataLoader(')}"
+    peek, loop = line_of(script, "next(iter(self.train_data))"), line_of(script, "in self.train_data:")
+    assert (
+        f"loader {loader}: a one-batch peek at tutorial_peek.py:{peek} is not counted as an epoch (the "
+        f"iterator is left there while the loop at tutorial_peek.py:{loop} iterates the loader)"
+    ) in data["notes"]
+    runs = [run for run in data["runs"] if run["loader"] == loader]
+    assert sorted(run["world_size"] for run in runs) == [1, 2]
+    for run in runs:
+        assert run["checks"]["coverage"]["status"] == "pass"
+        assert run["checks"]["reshuffle"]["status"] == "pass" and "order changes" in run["checks"][
+            "reshuffle"]["detail"]  # fmt: skip
 
 
 # (script args, --batches name, the exit the truth demands, its truth case)
@@ -190,17 +206,51 @@ BATCH_CASES = [
     (["dataloader_lite.py"], "DataLoaderLite.next_batch", 0, "dataloader_lite"),
     (["dataloader_lite.py", "--bug"], "DataLoaderLite.next_batch", 1, "dataloader_lite_bug"),
 ]
+# what each case's truth (truth_results.jsonl "spans") demands at world size 2: the checks that fail, and
+# the one cause's first words
+BATCH_VERDICTS = {
+    "nanogpt_get_batch": (set(), ""),
+    "nanogpt_get_batch_same_seed": (
+        {"no_overlap"},
+        "every rank draws the same batches: the random generator",
+    ),
+    "stream_generator": (set(), ""),
+    "stream_generator_same": ({"coverage", "no_overlap"}, "every rank reads the same slice of the stream"),
+    "stream_generator_stride": ({"coverage", "no_overlap"}, "the ranks' slices of the stream overlap"),
+    "dataloader_lite": (set(), ""),
+    "dataloader_lite_bug": ({"coverage", "no_overlap"}, "the ranks' slices of the stream overlap"),
+}
 
 
-@pytest.mark.xfail(strict=True, reason="--batches NAME records a batch function: issue 36 item 4, later task")
 @pytest.mark.parametrize(
     ("script", "name", "exit_code", "case"), BATCH_CASES, ids=[c[3] for c in BATCH_CASES]
 )
 def test_batches_from_no_dataloader_are_judged(
     script: list[str], name: str, exit_code: int, case: str, tmp_path: Path
 ) -> None:
-    proc = ddpcheck_run(*FAST, "--batches", name, "--report-dir", str(tmp_path), "--", *script)
+    """Issue 36 item 4: --batches NAME records the calls of a batch function and judges them as the truth
+    says: sampling has no coverage to prove but ranks must draw apart; a stream's slices must tile it.
+    Three windows of 8 calls a rank cover the scripts' 24 steps, so DataLoaderLite's shard change (rank 1
+    skips shard 0's last round: 64 tokens, the measured truth) is inside what is judged."""
+    truth = TRUTH[(case, 2)]["spans"]["train"]
+    fails, cause = BATCH_VERDICTS[case]
+    args = [*FAST, "--epochs", "3", "--batches", name, "--report-dir", str(tmp_path)]
+    proc = ddpcheck_run(*args, "--", *script)
     assert proc.returncode == exit_code, proc.stdout + proc.stderr
+    data = report(tmp_path)
+    assert failing(data) == {(name, 1): set(), (name, 2): fails}
+    assert [c["cause"].startswith(cause) for c in data["causes"]] == ([True] if cause else [])
+    checks = next(run["checks"] for run in data["runs"] if run["world_size"] == 2)
+    if case.startswith("nanogpt"):  # sampling with replacement: truth never reads rows in order
+        assert truth["contiguous_steps"] == 0 and checks["coverage"]["status"] == "n/a"
+        assert "samples with replacement" in checks["coverage"]["detail"]
+        assert (truth["identical_steps"] > 0) == ("no_overlap" in fails)
+    else:  # a stream read in order: what truth misses and shares is what the verdict says
+        assert truth["contiguous_steps"] == truth["steps"][0]
+        assert (truth["shared"] > 0) == ("no_overlap" in fails)
+    if case == "dataloader_lite":
+        assert truth["missed"] == 64 and "4 units of 16 tokens missed in a window at most" in checks[
+            "coverage"]["detail"]  # fmt: skip
 
 
 def test_the_token_stream_truth_tells_sampling_from_slicing_and_the_bugs_apart() -> None:
@@ -221,10 +271,27 @@ def test_the_token_stream_truth_tells_sampling_from_slicing_and_the_bugs_apart()
     assert TRUTH[("stream_generator", 2)]["spans"]["train"]["equivalent_steps"] == 24
 
 
-@pytest.mark.xfail(
-    strict=True, reason="a clean run without a DataLoader is exit 2 in one line: issue 36 item 4"
-)
-def test_a_script_that_iterates_no_dataloader_says_how_to_name_its_batches(tmp_path: Path) -> None:
-    proc = ddpcheck_run(*FAST, "--report-dir", str(tmp_path), "--", "nanogpt_get_batch.py")
+# (script, what the model's first call shows, the line of that call)
+NO_LOADER_CASES = [
+    ("nanogpt_get_batch.py", "get_batch", "losses = [model(*get_batch(split))"),
+    ("stream_generator.py", "distributed_data_generator", "loss = (model(inputs)"),
+    ("dataloader_lite.py", "DataLoaderLite.next_batch", "loss = (model(x)"),
+]
+
+
+@pytest.mark.parametrize(("script", "name", "call"), NO_LOADER_CASES, ids=[c[0] for c in NO_LOADER_CASES])
+def test_a_script_that_iterates_no_dataloader_says_how_to_name_its_batches(
+    script: str, name: str, call: str, tmp_path: Path
+) -> None:
+    """Issue 36 item 4 without --batches: exit 2 (bad input: nothing was checked) in one line that names
+    the function the model's first inputs came from, at the line that called the model."""
+    proc = ddpcheck_run(*FAST, "--quiet", "--report-dir", str(tmp_path), "--", script)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and "--batches" in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    at = f"{script}:{line_of(SCRIPTS / script, call)}"
+    assert line.startswith(
+        f"ddpcheck: error: no DataLoader was iterated (nothing was checked): the model's first inputs came "
+        f"from {name}, at {at} ("
+    ), line
+    assert line.endswith(f"; pass --batches {name} to record the batches it returns"), line
+    assert "Traceback" not in proc.stdout + proc.stderr and not (tmp_path / "ddpcheck.json").exists()

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from ddpcheck.checker.loaderfile import defined_names
-from ddpcheck.checker.options import CheckOptions
 from ddpcheck.checks.ids import METRIC_EQUIVALENCE
 from ddpcheck.checks.verdict import Verdict
+from ddpcheck.options import CheckOptions
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.scenarios.divergence import (
     Evaluation,

@@ -17,10 +17,10 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ddpcheck.checker.face import OpenedLoader, open_loader
 from ddpcheck.checker.hooks import LoaderHooks
-from ddpcheck.checker.loaderfile import BadLoaderFile, LoaderSpec
-from ddpcheck.checker.options import CheckOptions
-from ddpcheck.checker.recipe import LoaderRecipe, RecordOptions
+from ddpcheck.checker.loaderfile import BadLoaderFile, FactoryCall, LoaderSpec
+from ddpcheck.checker.recipe import LoaderRecipe, RecordOptions, record_options
 from ddpcheck.layout import Layout, parse_mesh
+from ddpcheck.options import CheckOptions
 from tests.conftest import FIXTURES
 
 N = 24
@@ -54,11 +54,16 @@ def test_a_recipe_from_the_options_carries_every_loader_option() -> None:
     assert recipe.spec == spec and recipe.factory == "build"
     assert recipe.factory_args == (("split", "contiguous"),)
     assert recipe.patch and recipe.batch_size == 3 and not recipe.set_epoch and recipe.layout == mesh
-    # every field the recipe shares with the record options comes from them, by name
-    record = options.record_options(mesh)
-    shared = {f.name for f in fields(LoaderRecipe)} & {f.name for f in fields(RecordOptions)}
-    assert shared == {"factory_args", "patch", "set_epoch", "batch_size", "layout", "ids_from_data"}
-    assert all(getattr(recipe, name) == getattr(record, name) for name in shared)
+    # every field the recipe shares with the run's options comes from them, by name
+    shared = {f.name for f in fields(LoaderRecipe)} & {f.name for f in fields(CheckOptions)}
+    assert shared == {"factory_args", "patch", "set_epoch", "batch_size", "ids_from_data"}
+    assert all(getattr(recipe, name) == getattr(options, name) for name in shared)
+    # a data run's record options hold that recipe, and take their other fields by name too
+    record = record_options(spec, options, mesh, digest=True)
+    assert record.recipe == recipe and record.digest
+    own = {f.name for f in fields(RecordOptions)} - {"recipe", "digest"}
+    assert own and all(getattr(record, name) == getattr(options, name) for name in own)
+    assert record_options(spec, CheckOptions(epochs=5, work=False)).epochs == 5
 
 
 def test_the_metric_and_training_checks_open_the_data_runs_recipe_factory_args_included() -> None:
@@ -128,18 +133,19 @@ def test_open_loader_passes_factory_args_and_workers_and_refuses_without_them(lo
         open_loader(LoaderRecipe(LoaderSpec(str(loader_file))), 0, 2)
 
 
-def test_restart_runs_the_file_again_with_fresh_global_rng(loader_file: Path) -> None:
+def test_a_restarted_open_runs_the_file_again_with_fresh_global_rng(loader_file: Path) -> None:
     recipe = LoaderRecipe(LoaderSpec(str(loader_file)), factory_args=(("split", "strided"),), num_workers=2)
     opened = open_loader(recipe, 1, 2)
     first = [ids for _, ids, _ in opened.batches(0)]
     torch.rand(5)  # the parent's RNG moved on: a restart must not see that
-    again = opened.restart()
+    again = open_loader(recipe, 1, 2, restarted=True)
     assert again.module is not opened.module and again.recipe == recipe
-    assert (again.rank, again.world_size) == (1, 2)
     assert [ids for _, ids, _ in again.batches(0)] == first
     assert again.module is not None and opened.module is not None
     # reseeded from entropy, as a started process is: the file's code draws anew at each restart
-    assert again.module.STARTED != again.restart().module.STARTED  # type: ignore[union-attr]
+    third = open_loader(recipe, 1, 2, restarted=True)
+    assert again.module.STARTED != third.module.STARTED  # type: ignore[union-attr]
+    assert open_loader(recipe, 1, 2).module is third.module  # not restarted: the module is reused
 
 
 def test_the_sample_ids_hook_names_the_samples(loader_file: Path) -> None:
@@ -191,14 +197,13 @@ def test_set_epoch_follows_the_policy_and_is_never_called_twice_for_one_epoch() 
     assert quiet.first_set_epoch() == ""
 
 
-def test_a_wrapped_loader_takes_hooks_and_cannot_restart() -> None:
+def test_a_wrapped_loader_takes_hooks() -> None:
     hooks = LoaderHooks(sample_ids=lambda batch: [f"s{int(i)}" for i in batch[0]])
     opened = OpenedLoader.wrap(_two_worker_loader(shuffle=False), hooks, position=(1, 2))
     batches = opened.batches(0)
     assert next(ids for _, ids, _ in batches) == ["s1", "s3", "s5", "s7"]
     assert batches.source == "hook" and opened.recipe is None and opened.module is None
-    with pytest.raises(ValueError, match="no recipe"):
-        opened.restart()
+    assert opened.call.took == frozenset() and opened.workers == 2  # no factory: the loader's own count
 
 
 def test_ids_from_data_identifies_samples_by_their_batches() -> None:
@@ -208,11 +213,96 @@ def test_ids_from_data_identifies_samples_by_their_batches() -> None:
     assert batches.source != "index"
 
 
-def test_a_recipe_can_take_its_hooks_from_another_file(loader_file: Path, tmp_path: Path) -> None:
-    hooks = tmp_path / "other_hooks.py"
-    hooks.write_text("def sample_ids(batch):\n    return [f'h{int(x)}' for x in batch[0]]\n")
-    spec = LoaderSpec(str(loader_file))
-    recipe = LoaderRecipe(spec, factory_args=(("split", "strided"),), hooks=str(hooks))
-    opened = open_loader(recipe, 0, 1)
-    assert opened.module is not None and opened.module.__file__ == str(loader_file)
-    assert sorted(str(i) for _, ids, _ in opened.batches(0) for i in ids)[:2] == ["h0", "h1"]
+# --------------------------------------------------------------------------- what resume asks of the face
+
+FACTORIES = """
+class Own:
+    def __iter__(self):
+        return iter([[1, 2], [3, 4]])
+
+
+def make_own(rank, num_workers=3):
+    return Own()
+
+
+def make_closed(num_workers=1, /, rank=0):
+    return Own()
+"""
+
+
+def test_the_opened_loader_knows_how_its_factory_was_called(loader_file: Path, tmp_path: Path) -> None:
+    recipe = LoaderRecipe(LoaderSpec(str(loader_file)), factory_args=(("split", "strided"),), batch_size=3)
+    opened = open_loader(recipe, 0, 2)
+    assert opened.call.took == {"rank", "world_size", "split", "batch_size"}  # dp_rank: not taken
+    assert opened.call.takes("num_workers") and not opened.call.takes("seed")
+    assert opened.workers == 0 and opened.facts.batch_size == 3
+    assert opened.place() == {"rank": 0, "world_size": 2, "dp_rank": 0, "dp_world_size": 2}
+    path = tmp_path / "factories.py"
+    path.write_text(FACTORIES)
+    own = open_loader(LoaderRecipe(LoaderSpec(str(path), "make_own")), 1, 2)
+    assert own.workers == 3 and own.call.took == {"rank"}  # no DataLoader: the factory's default count
+
+    def open_ended(rank: int, **kwargs: object) -> None: ...
+
+    call = FactoryCall.of(open_ended, {"rank": 0, "batch_size": 4})
+    assert call.took == {"rank", "batch_size"} and call.takes("num_workers")  # **kwargs takes any keyword
+    closed = open_loader(LoaderRecipe(LoaderSpec(str(path), "make_closed")), 0, 1)
+    assert not closed.call.takes("num_workers") and closed.workers == 1  # positional-only: never by name
+
+
+def test_a_restored_pass_is_read_through_the_subset_to_its_samples() -> None:
+    """A restored StatefulDataLoader over a Subset: the ids settled after the pass are the samples the
+    Subset names, as the uninterrupted pass reads them (positions would be another stream)."""
+    from torch.utils.data import Subset, TensorDataset
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def build() -> StatefulDataLoader:
+        data = Subset(TensorDataset(torch.arange(200)), list(range(100, 200)))
+        sampler = DistributedSampler(data, num_replicas=2, rank=1, shuffle=True, seed=0)
+        return StatefulDataLoader(data, batch_size=4, sampler=sampler)
+
+    first = OpenedLoader.wrap(build(), position=(1, 2))
+    whole = [ids for _, ids, _ in first.batches(0)]
+    assert all(100 <= int(i) < 200 for ids in whole for i in ids)  # type: ignore[call-overload]
+    stopped = OpenedLoader.wrap(build(), position=(1, 2))
+    state = stopped.state("loader")
+    saved: list[object] = []
+    stopped.set_epoch(0)
+    stopped.settled(on_batch=lambda count: saved.append(state.save()) if count == 5 else None)
+    restored = OpenedLoader.wrap(build(), position=(1, 2))
+    assert restored.state("loader").load((None, saved[0])) == ""  # rank 1 loads old rank 1's state
+    restored.set_epoch(0)
+    rest = restored.settled()
+    assert [list(ids) for ids in rest] == [list(ids) for ids in whole[5:]]
+
+
+SAVING_HOOKS = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+SEEN = []
+
+
+def make_loader(rank, world_size):
+    return DataLoader(TensorDataset(torch.arange(8)), batch_size=2)
+
+
+def save_state(loader, rank, dp_world_size):
+    return {"rank": rank, "of": dp_world_size}
+
+
+def load_state(loader, states, rank):
+    SEEN.append((rank, states))
+"""
+
+
+def test_the_state_is_saved_and_loaded_through_the_files_hooks(tmp_path: Path) -> None:
+    path = tmp_path / "hooks_loader.py"
+    path.write_text(SAVING_HOOKS)
+    opened = open_loader(LoaderRecipe(LoaderSpec(str(path))), 1, 2)
+    assert opened.resume_mechanism() == "hooks"
+    state = opened.state("hooks")
+    saved = state.save()
+    assert isinstance(saved, bytes)
+    assert state.load((None, saved)) == ""
+    assert opened.module is not None and opened.module.SEEN == [(1, [None, {"rank": 1, "of": 2}])]

@@ -24,7 +24,7 @@ from ddpcheck.checker.identity import sampler_item_id
 from ddpcheck.checker.loaderfile import BadLoaderFile
 from ddpcheck.checker.work import WorkMeter
 from ddpcheck.figures import FigureData
-from ddpcheck.launch import run_ranks
+from ddpcheck.launch import GroupCall, run_ranks
 from ddpcheck.launch.group import FRESH_NOTE
 from ddpcheck.launch.procs import SOCKET_PATH_MAX, SOCKET_ROOM, short_tempdir
 from ddpcheck.report.svg import work_svg
@@ -110,7 +110,7 @@ def test_a_len_raising_attribute_error_means_no_length(tmp_path: Path) -> None:
 
 
 def test_read_facts_takes_a_raising_len_for_no_length() -> None:
-    from ddpcheck.checker.recording import read_facts
+    from ddpcheck.checker.facts import read_facts
 
     sys.path.insert(0, str(RANK_FIXTURES))
     try:
@@ -257,7 +257,9 @@ def test_a_rank_runs_its_own_exit_handlers_and_never_the_parents(
     monkeypatch.setenv(_MARK, str(tmp_path))
     atexit.register(_parent_handler)  # registered before the fork: inherited by every forked rank
     try:
-        result = run_ranks(_registers_its_own_handler, 2, kwargs={"marks": str(tmp_path)}, timeout=60)
+        result = run_ranks(
+            GroupCall(_registers_its_own_handler, 2, kwargs={"marks": str(tmp_path)}, timeout=60)
+        )
     finally:
         atexit.unregister(_parent_handler)
     result.raise_for_failures()
@@ -314,17 +316,17 @@ def _sum_of_numbers() -> int:
 
 def test_ranks_that_hash_strings_run_again_as_fresh_interpreters(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
-    result = run_ranks(_hash_of_a_name, 2, timeout=120)
+    result = run_ranks(GroupCall(_hash_of_a_name, 2, timeout=120))
     result.raise_for_failures()
     assert result.fresh_interpreters == FRESH_NOTE
     assert result.values[0] != result.values[1], "fresh ranks hash with their own seeds"
-    plain = run_ranks(_sum_of_numbers, 2, timeout=60)
+    plain = run_ranks(GroupCall(_sum_of_numbers, 2, timeout=60))
     plain.raise_for_failures()
     assert plain.fresh_interpreters == "", "no string hashed: the forked ranks stand"
 
 
 def test_a_fixed_hash_seed_keeps_forked_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONHASHSEED", "0")
-    result = run_ranks(_hash_of_a_name, 2, timeout=60)
+    result = run_ranks(GroupCall(_hash_of_a_name, 2, timeout=60))
     result.raise_for_failures()
     assert result.fresh_interpreters == "" and result.values[0] == result.values[1]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 
-from ddpcheck.checker.options import CheckOptions
 from ddpcheck.checks.equivalence import DEPENDS_ON_RANK
 from ddpcheck.checks.ids import (
     COVERAGE,
@@ -23,6 +22,7 @@ from ddpcheck.checks.packed import TOKENS_EXTRA
 from ddpcheck.checks.replicas import GLOBAL_RANK, SHARDED_TWICE_MESH
 from ddpcheck.checks.resume_common import RANK0_SAVED, RANK0_STATE, WORKER_OFFSETS
 from ddpcheck.figures import PACKED_NOTE
+from ddpcheck.options import CheckOptions
 from ddpcheck.report.html import render_html
 from ddpcheck.report.markdown import render_markdown
 from ddpcheck.report.table import render_table

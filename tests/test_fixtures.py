@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from ddpcheck.checker.options import BadInput, CheckOptions
 from ddpcheck.checks.ids import (
     BATCH_INTEGRITY,
     COVERAGE,
@@ -33,6 +32,7 @@ from ddpcheck.checks.ids import (
     SINGLE_PROCESS_EQUIVALENCE,
     WORKER_SHARDING,
 )
+from ddpcheck.options import BadInput, CheckOptions
 from ddpcheck.result import CheckResult
 from ddpcheck.session import check_loader
 from tests.conftest import FIXTURES, ROOT

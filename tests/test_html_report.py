@@ -21,11 +21,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddpcheck.checker.options import CheckOptions
 from ddpcheck.checks.ids import ALL_CHECKS
 from ddpcheck.checks.verdict import Verdict, allow, not_applicable
 from ddpcheck.figures import NO_RANK, SEVERAL, FigureData, figure_data
 from ddpcheck.layout import parse_mesh
+from ddpcheck.options import CheckOptions
 from ddpcheck.report import render_html, render_markdown, write_reports
 from ddpcheck.report.svg import picture_files
 from ddpcheck.report.view import build_view, count

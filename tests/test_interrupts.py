@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
 import signal
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -56,20 +58,57 @@ def test_interrupting_ddpcheck_stops_every_process_and_keeps_the_report(tmp_path
     assert "ddpcheck interrupted" in (tmp_path / "ddpcheck.md").read_text()
 
 
+Moment = Callable[[subprocess.Popen[bytes], bytes], bool]  # (the process, what it said on stderr) -> reached
+
+
+def _torch_loading(proc: subprocess.Popen[bytes], said: bytes) -> bool:
+    """torch's native library is mapped into the ddpcheck process: its import is under way, long after
+    ddpcheck's signal handlers were installed (the first thing it does) and before any rank starts."""
+    try:
+        return b"libtorch" in Path(f"/proc/{proc.pid}/maps").read_bytes()
+    except OSError:
+        return False
+
+
+def _reference_running(proc: subprocess.Popen[bytes], said: bytes) -> bool:
+    """ddpcheck said on stderr that the single-process reference run started: no layout has finished."""
+    return b"ddpcheck: reference run" in said
+
+
+def _wait_for(proc: subprocess.Popen[bytes], moment: Moment, timeout: float = 90) -> None:
+    """Read the process's stderr until ``moment`` has come; fails at the deadline, or if it exits first."""
+    said = b""
+    deadline = time.monotonic() + timeout
+    assert proc.stderr is not None
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stderr, selectors.EVENT_READ)
+        while not moment(proc, said):
+            left = deadline - time.monotonic()
+            assert left > 0 and proc.poll() is None, f"{moment.__name__} never came: {said[-2000:]!r}"
+            if selector.select(min(left, 0.05)):
+                said += os.read(proc.stderr.fileno(), 1 << 16)
+
+
+@pytest.mark.parametrize("moment", [_torch_loading, _reference_running])
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupt_during_start_up_still_writes_reports_that_say_nothing_was_checked(
-    tmp_path: Path, signum: int
+    tmp_path: Path, signum: int, moment: Moment
 ) -> None:
-    """Half a second in, torch is still being imported (or the reference runs): the reports exist and
-    say interrupted, never passed."""
+    """While torch is being imported, or while the reference runs: the reports exist and say
+    interrupted, never passed (the signal is sent when the process shows it reached that moment)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "ddpcheck", str(SLOW), "--world-sizes", "1,2", "--load-data",
          "--report-dir", str(tmp_path), "--format", "json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
-    time.sleep(0.5)
-    proc.send_signal(signum)
-    _, stderr = proc.communicate(timeout=60)
+    try:
+        _wait_for(proc, moment)
+        proc.send_signal(signum)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
     assert proc.returncode == 130, stderr
     report = json.loads((tmp_path / "ddpcheck.json").read_text())
     assert report["interrupted"] is True and report["runs"] == [] and report["exit_code"] == 130

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpcheck.launch import TargetRef, report_progress, run_ranks
+from ddpcheck.launch import GroupCall, TargetRef, report_progress, run_ranks
 from tests.proc_utils import children_of, listening_addresses, socket_inodes
 
 
@@ -23,7 +23,7 @@ def _sum_of_ranks(offset: int) -> list[int]:
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_every_rank_runs_in_one_group_and_returns_plain_values(world_size: int) -> None:
-    result = run_ranks(_sum_of_ranks, world_size, kwargs={"offset": 1}, timeout=60)
+    result = run_ranks(GroupCall(_sum_of_ranks, world_size, kwargs={"offset": 1}, timeout=60))
     result.raise_for_failures()
     total = sum(r + 1 for r in range(world_size))
     assert result.values == [[r, world_size, total] for r in range(world_size)]
@@ -40,7 +40,7 @@ def _raise_on_rank_one() -> int:
 
 
 def test_a_crashing_rank_is_primary_and_its_peers_secondary() -> None:
-    result = run_ranks(_raise_on_rank_one, 3, timeout=60)
+    result = run_ranks(GroupCall(_raise_on_rank_one, 3, timeout=60))
     kinds = {o.rank: o.kind for o in result.outcomes}
     assert kinds == {0: "secondary", 1: "error", 2: "secondary"}
     crashed = result.outcomes[1]
@@ -64,7 +64,7 @@ def _rank_zero_waits_alone() -> int:
 
 
 def test_a_hang_ends_at_the_deadline_with_stacks_and_who_waits_for_whom() -> None:
-    result = run_ranks(_rank_zero_waits_alone, 2, timeout=3)
+    result = run_ranks(GroupCall(_rank_zero_waits_alone, 2, timeout=3))
     hung, waiting = result.outcomes
     assert hung.kind == "hang"
     assert hung.progress == "epoch 0, batch 4"
@@ -84,7 +84,7 @@ def _rank_one_is_killed() -> int:
 
 
 def test_a_killed_rank_is_reported_as_killed_not_as_a_hang() -> None:
-    result = run_ranks(_rank_one_is_killed, 2, timeout=60)
+    result = run_ranks(GroupCall(_rank_one_is_killed, 2, timeout=60))
     assert result.outcomes[1].kind == "killed"
     assert "SIGKILL" in result.outcomes[1].message
     assert result.outcomes[0].kind == "secondary"
@@ -99,7 +99,7 @@ def _exit_without_result() -> None:
 
 
 def test_a_rank_that_exits_early_is_reported_with_its_exit_code() -> None:
-    result = run_ranks(_exit_without_result, 2, timeout=60)
+    result = run_ranks(GroupCall(_exit_without_result, 2, timeout=60))
     assert result.outcomes[0].kind == "exited"
     assert "exited with code 3" in result.outcomes[0].message
     # its peer finished (ok) or was still joining (secondary); either way it is stopped after the
@@ -114,7 +114,7 @@ def _print_and_fail() -> None:
 
 
 def test_rank_output_is_captured_per_rank() -> None:
-    result = run_ranks(_print_and_fail, 1, timeout=60)
+    result = run_ranks(GroupCall(_print_and_fail, 1, timeout=60))
     assert "hello from the rank" in result.outcomes[0].output
     assert "hello from the rank" in result.describe_failures()
 
@@ -127,7 +127,7 @@ def _group_listening_sockets() -> list[tuple[str, int]]:
 
 
 def test_store_and_gloo_listen_on_loopback_only() -> None:
-    result = run_ranks(_group_listening_sockets, 2, timeout=60)
+    result = run_ranks(GroupCall(_group_listening_sockets, 2, timeout=60))
     result.raise_for_failures()
     listening = result.values[0]
     assert listening, "expected the store and gloo to be listening during the run"
@@ -136,7 +136,7 @@ def test_store_and_gloo_listen_on_loopback_only() -> None:
 
 def test_targets_are_found_by_name_under_spawn() -> None:
     result = run_ranks(
-        TargetRef.of(_sum_of_ranks), 2, kwargs={"offset": 0}, start_method="spawn", timeout=120
+        GroupCall(TargetRef.of(_sum_of_ranks), 2, kwargs={"offset": 0}, start_method="spawn", timeout=120)
     )
     result.raise_for_failures()
     assert [v[2] for v in result.values] == [1, 1]
@@ -152,7 +152,7 @@ def test_local_functions_are_refused_with_a_clear_error() -> None:
 
 def test_world_size_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive integer"):
-        run_ranks(_sum_of_ranks, 0)
+        run_ranks(GroupCall(_sum_of_ranks, 0))
 
 
 def _large_op_and_tensor() -> tuple[float, object]:
@@ -165,13 +165,13 @@ def test_forked_ranks_survive_a_parent_that_used_the_openmp_pool() -> None:
     import torch
 
     (torch.arange(2_000_000, dtype=torch.float64) + 1).sum()  # starts the parent's intra-op pool
-    result = run_ranks(_large_op_and_tensor, 2, timeout=30)
+    result = run_ranks(GroupCall(_large_op_and_tensor, 2, timeout=30))
     result.raise_for_failures()
     assert [v[0] for v in result.values] == [2_000_001_000_000.0] * 2
 
 
 def test_returned_tensors_travel_by_value_not_as_shared_memory_handles() -> None:
-    result = run_ranks(_large_op_and_tensor, 2, timeout=30)
+    result = run_ranks(GroupCall(_large_op_and_tensor, 2, timeout=30))
     result.raise_for_failures()
     tensor = result.values[1][1]
     assert tensor.tolist() == [1.0, 1.0, 1.0]
@@ -187,7 +187,7 @@ def _both_fail_one_mentions_a_timeout() -> None:
 
 
 def test_a_ranks_own_error_that_mentions_timeout_is_not_secondary() -> None:
-    result = run_ranks(_both_fail_one_mentions_a_timeout, 2, timeout=60)
+    result = run_ranks(GroupCall(_both_fail_one_mentions_a_timeout, 2, timeout=60))
     assert [o.kind for o in result.outcomes] == ["error", "error"]
 
 

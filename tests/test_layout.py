@@ -1,5 +1,5 @@
 """The package's layout holds: no import cycles, each layer imports only downwards and only what its
-role allows, and no private name or private module crosses a package.
+role allows, no private name or private module crosses a package, and no room outgrows its size limits.
 
 Read from the source (``ast``), so a lazy import inside a function counts as much as a top-level one.
 """
@@ -23,19 +23,23 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports() -> dict[str, set[str]]:
-    """Every ddpcheck module -> the ddpcheck modules it imports anywhere in its source (not the ones
-    only named for type checking)."""
+def _imports(*, typing: bool = False) -> dict[str, set[str]]:
+    """Every ddpcheck module -> the ddpcheck modules it imports anywhere in its source; the ones only
+    named for type checking (under ``if TYPE_CHECKING:``) too when ``typing``."""
     modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         tree = ast.parse(path.read_bytes())
-        typing_only = {
-            id(n)
-            for node in ast.walk(tree)
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-            for n in ast.walk(node)
-        }
+        typing_only = (
+            set()
+            if typing
+            else {
+                id(n)
+                for node in ast.walk(tree)
+                if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                for n in ast.walk(node)
+            }
+        )
         found: set[str] = set()
         for node in ast.walk(tree):
             if id(node) in typing_only:
@@ -82,6 +86,26 @@ def test_there_are_no_import_cycles() -> None:
     assert _cycle(graph) == []
 
 
+def test_there_are_no_import_cycles_through_type_checking_imports_either() -> None:
+    """A circle only type checkers walk is still a circle of meaning: a module that needs the types
+    of one that needs its own (the run's options once manufactured the rank's, which hold a recipe
+    made from the options)."""
+    graph = _imports(typing=True)
+    assert any(graph[m] - _imports()[m] for m in graph)  # the walk really saw TYPE_CHECKING imports
+    for module, imported in TYPING_CIRCLES_LEFT:  # each still there: drop it from the list once it goes
+        assert imported in graph[module], f"{module} no longer names {imported}: drop it from the list"
+        graph[module] = graph[module] - {imported}
+    assert _cycle(graph) == []
+
+
+# Issue 38: report/ is being changed elsewhere now; mixture_view and step_view name view's Row for types
+# while view imports them. The circles through TYPE_CHECKING imports left (Row belongs below them).
+TYPING_CIRCLES_LEFT = (
+    ("ddpcheck.report.mixture_view", "ddpcheck.report.view"),
+    ("ddpcheck.report.step_view", "ddpcheck.report.view"),
+)
+
+
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
@@ -114,8 +138,8 @@ def test_each_layer_imports_only_what_its_role_allows(layer: str, forbidden: tup
 # Top to bottom; a module imports only from its own package or from a lower level.
 LEVELS = (
     (
-        "ddpcheck.cli", "ddpcheck.cli_run", "ddpcheck.record", "ddpcheck.__main__", "ddpcheck.pytest_plugin",
-        "ddpcheck.testing",
+        "ddpcheck.cli", "ddpcheck.cli_values", "ddpcheck.cli_run", "ddpcheck.record", "ddpcheck.__main__",
+        "ddpcheck.pytest_plugin", "ddpcheck.testing",
         "ddpcheck.strategies", "ddpcheck.hygiene", "ddpcheck.progress", "ddpcheck.config",
     ),
     ("ddpcheck.session",),
@@ -123,7 +147,7 @@ LEVELS = (
     ("ddpcheck.checker",),
     ("ddpcheck.launch", "ddpcheck.checks", "ddpcheck.reference", "ddpcheck.report"),
     ("ddpcheck.trace", "ddpcheck.tracefile", "ddpcheck.result", "ddpcheck.restores", "ddpcheck.figures",
-     "ddpcheck.layout", "ddpcheck.messages", *CHECK_DATA, "ddpcheck"),
+     "ddpcheck.layout", "ddpcheck.messages", "ddpcheck.options", *CHECK_DATA, "ddpcheck"),
 )  # fmt: skip
 
 
@@ -226,3 +250,64 @@ def test_the_pytest_surface_imports_neither_torch_nor_the_checker() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+# --- sizes: no file over 800 lines, at most two functions over 80 lines, none over 8 parameters ---
+
+MAX_FILE_LINES = 800
+MAX_FUNCTION_LINES = 80
+MAX_LONG_FUNCTIONS = 2
+MAX_PARAMETERS = 8  # self and cls not counted; *args and **kwargs count one each
+# Issue 38: these files are being changed elsewhere now; each is over a limit until that work lands.
+# Every entry must still be over its limit (drop it once it is not).
+OVER_LIMITS = {
+    "file": {"ddpcheck/session/script.py"},
+    "parameters": {"ddpcheck/session/script.py:check_script"},
+}
+
+
+def _sizes() -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    """Every module's lines, every function's lines and parameters, by ``path`` and ``path:name``."""
+    files: dict[str, int] = {}
+    lengths: dict[str, int] = {}
+    parameters: dict[str, int] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        name = path.relative_to(PACKAGE.parent).as_posix()
+        files[name] = len(text.splitlines())
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                where = f"{name}:{node.name}"
+                lengths[where] = max(
+                    lengths.get(where, 0), (node.end_lineno or node.lineno) - node.lineno + 1
+                )
+                a = node.args
+                count = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs)
+                count += (a.vararg is not None) + (a.kwarg is not None)
+                if a.args and a.args[0].arg in ("self", "cls"):
+                    count -= 1
+                parameters[where] = max(parameters.get(where, 0), count)
+    return files, lengths, parameters
+
+
+def test_no_file_is_over_800_lines() -> None:
+    files = _sizes()[0]
+    assert len(files) > 60  # the walk really saw the package
+    over = {name for name, lines in files.items() if lines > MAX_FILE_LINES}
+    assert over == OVER_LIMITS["file"]
+
+
+def test_at_most_two_functions_are_over_80_lines() -> None:
+    lengths = _sizes()[1]
+    long = {name: lines for name, lines in lengths.items() if lines > MAX_FUNCTION_LINES}
+    assert "ddpcheck/cli.py:build_parser" in long  # the one everybody knows; the walk measures
+    assert len(long) <= MAX_LONG_FUNCTIONS, long
+
+
+def test_no_function_takes_more_than_8_parameters() -> None:
+    parameters = _sizes()[2]
+    assert (
+        parameters["ddpcheck/launch/group.py:run_ranks"] == 1
+    )  # one GroupCall, as torchrun takes one config
+    over = {name for name, count in parameters.items() if count > MAX_PARAMETERS}
+    assert over == OVER_LIMITS["parameters"]

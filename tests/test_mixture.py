@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from ddpcheck.checker.mixture import SourceReader, declared_weights
-from ddpcheck.checker.options import CheckOptions
 from ddpcheck.checks.ids import MIXTURE
 from ddpcheck.checks.mixture import (
     ALPHA,
@@ -30,6 +29,7 @@ from ddpcheck.checks.mixture import (
     goodness_of_fit,
     homogeneity,
 )
+from ddpcheck.options import CheckOptions
 from ddpcheck.result import CheckResult
 from ddpcheck.session import check_loader
 from ddpcheck.trace import EpochTrace, LoaderFacts, RankTrace, RunTrace, SourceCodes

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from ddpcheck.checker.options import CheckOptions
 from ddpcheck.launch import GroupCall, run_groups, run_ranks
+from ddpcheck.options import CheckOptions
 from ddpcheck.session import check_loader
 from tests.conftest import FIXTURES
 from tests.proc_utils import children_of
@@ -131,7 +131,7 @@ def test_a_killed_rank_leaves_no_named_segment_behind() -> None:
     proc.join(30)
     assert (SHM / f"{name}-plain").exists()
     shared_memory.SharedMemory(name=name + "-plain").unlink()
-    group = run_ranks(_create_and_die, 2, kwargs={"name": name}, timeout=30)
+    group = run_ranks(GroupCall(_create_and_die, 2, kwargs={"name": name}, timeout=30))
     assert not group.ok and group.named_memory
     assert not (SHM / name).exists()
 

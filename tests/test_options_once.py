@@ -7,15 +7,15 @@ import ast
 import re
 import subprocess
 import sys
-import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from ddpcheck.checker.options import BadInput, CheckOptions, mesh_layouts, validate
 from ddpcheck.cli import check_combination, main, parse
 from ddpcheck.config import ConfigError
 from ddpcheck.layout import MAX_REAL_RANKS, Layout, LayoutError, file_safe, parse_mesh, parse_meshes
+from ddpcheck.options import TEST_WORLD_SIZES, WORLD_SIZES, BadInput, CheckOptions
 from ddpcheck.pytest_plugin.check import check_options
 from ddpcheck.pytest_plugin.marker import MarkerError, MeshSpec, Overrides, mesh_id, spec_from_marker
 from tests.conftest import ROOT
@@ -78,10 +78,8 @@ def test_a_single_table_is_one_mesh_everywhere(tmp_path: Path) -> None:
     one = parse_mesh("dp_replicate=2,dp_shard=2")
     assert args.check_options.meshes == (one,)
     assert args.check_options.world_sizes == ()  # meshes alone, as --mesh alone
-    assert mesh_layouts(check_options(None, 2, None, {"meshes": {"dp_replicate": 2, "dp_shard": 2}})) == [one]
-    assert mesh_layouts(check_options(None, 2, None, {"meshes": [{"dp_replicate": 2, "dp_shard": 2}]})) == [
-        one
-    ]
+    assert check_options(None, 2, None, {"meshes": {"dp_replicate": 2, "dp_shard": 2}}).layouts == (one,)
+    assert check_options(None, 2, None, {"meshes": [{"dp_replicate": 2, "dp_shard": 2}]}).layouts == (one,)
 
 
 def test_a_list_of_tables_or_specs_is_several_meshes(tmp_path: Path) -> None:
@@ -113,27 +111,72 @@ def test_layouts_travel_from_the_command_line() -> None:
     check_combination(args)
     (mesh,) = args.check_options.meshes
     assert isinstance(mesh, Layout) and mesh.data_dims == ("pp",)
-    assert mesh_layouts(args.check_options)[0] is mesh  # parsed once: passed straight through
+    assert args.check_options.layouts[0] is mesh  # parsed once: passed straight through
 
 
-def test_validate_returns_layouts_for_every_form_of_mesh() -> None:
+def test_options_hold_layouts_for_every_form_of_mesh_from_when_they_are_made() -> None:
     layout = parse_mesh("dp=2,tp=2")
     for given in ("dp=2,tp=2", {"dp": 2, "tp": 2}, layout):
-        options = validate(CheckOptions(world_sizes=(), meshes=(given,)))
-        assert options.meshes == (layout,)
+        options = CheckOptions(world_sizes=(), meshes=(given,))
+        assert options.meshes == (layout,) and options.layouts == (layout,)
     with pytest.raises(BadInput, match="has no data-parallel dimension") as caught:
-        validate(CheckOptions(world_sizes=(), meshes=("tp=2",)))
+        CheckOptions(world_sizes=(), meshes=("tp=2",))
     assert caught.value.option == "meshes"
+    # remade (dataclasses.replace) with other data dimensions: the layouts follow them
+    again = replace(CheckOptions(world_sizes=(), meshes=("dp=2,tp=2",)), data_dims=("tp",))
+    assert again.layouts[0].data_dims == ("tp",)
+    with pytest.raises(BadInput, match="max idle must be a fraction") as idle:
+        replace(again, max_idle=5.0)  # every rule holds for options remade too
+    assert idle.value.option == "max_idle"
 
 
-def test_a_ten_thousand_dimension_spec_is_parsed_in_linear_time() -> None:
+def test_every_front_end_takes_its_default_world_sizes_from_the_options() -> None:
+    """The command's default is CheckOptions'; a check from a test suite (the pytest plugin's
+    ``ddpcheck.check``) runs the quick one; each is one constant in ``ddpcheck.options``."""
+    assert CheckOptions().world_sizes == WORLD_SIZES == (1, 2, 3, 4)
+    assert parse([str(PLAIN_DP)]).world_sizes == WORLD_SIZES
+    assert check_options(None, 2, None, {}).world_sizes == TEST_WORLD_SIZES == (1, 2)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--allow", "typo", "unknown check id for --allow: typo; choose from coverage"),
+        ("--max-idle", "5", "max idle must be a fraction at least 0 and below 1 (e.g. 0.2), got 5.0"),
+    ],
+)
+def test_judge_refuses_bad_options_as_the_loader_command_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str, message: str
+) -> None:
+    """``ddpcheck judge`` checks its options by the same rules, with the same one line and exit 2, before
+    it reads the directory (which here holds no launch: that would be another message)."""
+    line = _cli_error(capsys, option, value)
+    assert message in line
+    judged = subprocess.run(
+        [sys.executable, "-m", "ddpcheck", "judge", str(tmp_path), option, value],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert judged.returncode == 2 and "Traceback" not in judged.stderr, judged.stderr
+    assert judged.stderr.strip().splitlines() == [line]  # the loader command's own line
+
+
+def test_a_ten_thousand_dimension_spec_is_parsed_once_when_the_options_are_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ddpcheck.layout as layouts
+
     spec = ",".join(f"dp{i}=1" for i in range(10_000))
-    started = time.perf_counter()
-    layout = parse_mesh(spec)
-    options = validate(CheckOptions(world_sizes=(), meshes=(spec,)))
+    parsed: list[object] = []
+    real = layouts.parse_mesh
+    monkeypatch.setattr(layouts, "parse_mesh", lambda *a, **k: parsed.append(a[0]) or real(*a, **k))
+    options = CheckOptions(world_sizes=(), meshes=(spec,))
+    assert parsed == [spec]
     for _ in range(5):  # plan, metric, training, resume and the CLI each ask for the meshes
-        mesh_layouts(options)
-    assert time.perf_counter() - started < 2.0  # 12 s with the quadratic duplicate check run five times
+        assert len(options.layouts[0].dims) == 10_000
+    assert parsed == [spec]  # read, never parsed again
+    layout = real(spec)
     assert len(layout.dims) == 10_000
     duplicated = spec + ",dp9999=1"
     with pytest.raises(LayoutError, match="dimension dp9999 is named twice"):
@@ -204,7 +247,9 @@ def _messages(path: Path) -> set[str]:
 
 def test_the_command_line_does_not_repeat_the_options_rules() -> None:
     package = ROOT / "ddpcheck"
-    shared = _messages(package / "cli.py") & _messages(package / "checker" / "options.py")
+    command_line = _messages(package / "cli.py") | _messages(package / "cli_values.py")
+    assert any("got" in message for message in _messages(package / "cli_values.py"))  # the values' syntax
+    shared = command_line & _messages(package / "options.py")
     assert shared == set()
 
 

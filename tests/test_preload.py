@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from ddpcheck.checker.options import BadInput, CheckOptions
-from ddpcheck.launch import run_ranks
+from ddpcheck.launch import GroupCall, run_ranks
 from ddpcheck.launch.preload import preload_imports, refresh_rank_state
+from ddpcheck.options import BadInput, CheckOptions
 from ddpcheck.session import check_loader
 from tests.conftest import DATA
 
@@ -249,7 +249,7 @@ def test_rank_state_read_at_import_is_refreshed_in_each_rank(
     report = preload_imports(loader, deadline_s=30)
     assert report.rank_env == {"ddpc_rankzero": ("RANK",)}
     assert any("ddpc_rankzero reads RANK" in line for line in report.notes())
-    result = run_ranks(_rank_zero_value, 3, kwargs={"refresh": refresh}, timeout=60)
+    result = run_ranks(GroupCall(_rank_zero_value, 3, kwargs={"refresh": refresh}, timeout=60))
     result.raise_for_failures()
     # the launch refreshes rank state in every rank itself; an explicit second refresh changes nothing
     assert result.values == [0, 1, 2]
@@ -294,7 +294,7 @@ def test_a_bad_file_gives_an_empty_report(tmp_path: Path) -> None:
 
 LIGHTNING_SCRIPT = """
 import json, os, sys, time
-from ddpcheck.launch import run_ranks
+from ddpcheck.launch import GroupCall, run_ranks
 from ddpcheck.launch.preload import preload_imports, refresh_rank_state
 
 def rank_view():
@@ -304,7 +304,7 @@ def rank_view():
     return [before, rank_zero_only.rank, "lightning" in sys.modules]
 
 report = preload_imports(sys.argv[1], deadline_s=120)
-result = run_ranks(rank_view, 2, timeout=60)
+result = run_ranks(GroupCall(rank_view, 2, timeout=60))
 result.raise_for_failures()
 print(json.dumps({"imported": sorted(report.imported), "rank_env": report.rank_env,
                   "fork_safe": report.fork_safe, "notes": report.notes(), "ranks": result.values,

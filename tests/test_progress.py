@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 
 from ddpcheck.checker.loaderfile import LoaderSpec
-from ddpcheck.checker.recording import RecordOptions, record_rank
-from ddpcheck.launch import TargetRef, report_progress, run_ranks
+from ddpcheck.checker.recipe import LoaderRecipe, RecordOptions
+from ddpcheck.checker.recording import record_rank
+from ddpcheck.launch import GroupCall, TargetRef, report_progress, run_ranks
 from ddpcheck.progress import Display, LiveDisplay, PlainDisplay, make_display, parse_position
 from tests.conftest import DATA
 
@@ -67,11 +68,13 @@ def test_callback_hears_every_rank_of_a_real_group() -> None:
     spec = LoaderSpec(path=str(DATA / "slow_loader.py"), factory="make_loader")
     with pytest.raises(_Seen):
         run_ranks(
-            TargetRef.of(record_rank),
-            2,
-            timeout=120,
-            kwargs={"spec": spec, "options": RecordOptions(epochs=1, load_data=True)},
-            on_progress=on_progress,
+            GroupCall(
+                TargetRef.of(record_rank),
+                2,
+                timeout=120,
+                kwargs={"options": RecordOptions(LoaderRecipe(spec), epochs=1, load_data=True)},
+                on_progress=on_progress,
+            )
         )
     assert all(len(positions) == 2 for positions, _, _ in calls)
     assert not any(finished for _, _, finished in calls)
@@ -91,7 +94,9 @@ def _two_steps() -> str:
 
 def test_callback_hears_the_end_once() -> None:
     calls: list[tuple[list[str], float, bool]] = []
-    result = run_ranks(_two_steps, 2, timeout=60, on_progress=lambda p, e, f: calls.append((p, e, f)))
+    result = run_ranks(
+        GroupCall(_two_steps, 2, timeout=60, on_progress=lambda p, e, f: calls.append((p, e, f)))
+    )
     assert result.ok and result.values == ["done", "done"]
     finished = [c for c in calls if c[2]]
     assert finished == [calls[-1]]

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddpcheck.launch import run_ranks
+from ddpcheck.launch import GroupCall, run_ranks
 from ddpcheck.reference.dist import (
     LaunchEnv,
     connect,
@@ -211,7 +211,9 @@ def _connect_from_env_body(rdv: str) -> dict[str, Any]:
 def test_connect_reads_a_torchrun_environment(world: int, tmp_path: Any) -> None:
     # run_ranks without its own group leaves RANK/WORLD_SIZE/LOCAL_RANK set, as torchrun does.
     result = run_ranks(
-        _connect_from_env_body, world_size=world, init_group=False, kwargs={"rdv": str(tmp_path / "rdv")}
+        GroupCall(
+            _connect_from_env_body, world_size=world, init_group=False, kwargs={"rdv": str(tmp_path / "rdv")}
+        )
     )
     result.raise_for_failures()
     for rank, got in enumerate(result.values):
@@ -237,7 +239,12 @@ def _connect_store_body(path: str, world: int) -> tuple[Any, ...]:
 
 def test_connect_with_an_explicit_store(tmp_path: Any) -> None:
     result = run_ranks(
-        _connect_store_body, world_size=2, init_group=False, kwargs={"path": str(tmp_path / "fs"), "world": 2}
+        GroupCall(
+            _connect_store_body,
+            world_size=2,
+            init_group=False,
+            kwargs={"path": str(tmp_path / "fs"), "world": 2},
+        )
     )
     result.raise_for_failures()
     assert result.values == [("store", None, None, 0, 1.0), ("store", None, None, 1, 1.0)]
@@ -252,7 +259,7 @@ def _connect_alone_body() -> tuple[Any, ...]:
 
 
 def test_a_world_of_one_needs_no_rendezvous() -> None:
-    result = run_ranks(_connect_alone_body, world_size=1, init_group=False)
+    result = run_ranks(GroupCall(_connect_alone_body, world_size=1, init_group=False))
     result.raise_for_failures()
     assert result.values == [("explicit", 1, True, 1)]
 
@@ -266,7 +273,7 @@ def _connect_twice_body() -> str:
 
 
 def test_connect_refuses_a_second_group() -> None:
-    result = run_ranks(_connect_twice_body, world_size=2)
+    result = run_ranks(GroupCall(_connect_twice_body, world_size=2))
     result.raise_for_failures()
     assert result.values == ["a default process group already exists; call disconnect() first"] * 2
 

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
-from ddpcheck.launch import run_ranks
+from ddpcheck.launch import GroupCall, run_ranks
 from ddpcheck.reference.model import move_to_device, no_sync, unwrap_model, wrap_model
 
 GPUS = torch.cuda.device_count()
@@ -188,7 +188,7 @@ def _no_sync_body() -> dict[str, Any]:
 
 
 def test_no_sync_accumulation_equals_one_large_batch_across_ranks() -> None:
-    result = run_ranks(_no_sync_body, world_size=2, timeout=60)
+    result = run_ranks(GroupCall(_no_sync_body, world_size=2, timeout=60))
     result.raise_for_failures()
     for got in result.values:
         assert got["diverged"] == [True]  # inside no_sync nothing was all-reduced
@@ -222,7 +222,7 @@ def _wrap_body() -> dict[str, Any]:
 
 
 def test_wrap_model_defaults_and_errors_under_a_group() -> None:
-    result = run_ranks(_wrap_body, world_size=2, timeout=60)
+    result = run_ranks(GroupCall(_wrap_body, world_size=2, timeout=60))
     result.raise_for_failures()
     for got in result.values:
         assert got["type"] == DistributedDataParallel.__name__

@@ -29,7 +29,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from ddpcheck.launch import run_ranks
+from ddpcheck.launch import GroupCall, run_ranks
 from ddpcheck.reference.iterable import ShardedIterableDataset
 from ddpcheck.reference.patch import (
     ShardedBatchSampler,
@@ -480,7 +480,7 @@ def _map_loader_in_group(n: int, with_generator: bool) -> dict[str, Any]:
 def test_patched_loader_with_real_workers_partitions(world: int, with_generator: bool) -> None:
     n = 25
     result = run_ranks(
-        _map_loader_in_group, world_size=world, kwargs={"n": n, "with_generator": with_generator}
+        GroupCall(_map_loader_in_group, world_size=world, kwargs={"n": n, "with_generator": with_generator})
     )
     result.raise_for_failures()
     values = result.values
@@ -507,7 +507,7 @@ def _batch_sampler_in_group(n: int) -> list[list[int]]:
 @pytest.mark.parametrize("world", [2, 3])
 def test_custom_batch_sampler_batches_stay_whole_across_ranks(world: int) -> None:
     n = 31
-    result = run_ranks(_batch_sampler_in_group, world_size=world, kwargs={"n": n})
+    result = run_ranks(GroupCall(_batch_sampler_in_group, world_size=world, kwargs={"n": n}))
     result.raise_for_failures()
     whole = [tuple(b) for b in UnevenBatches(n).batches()]
     seen = Counter(tuple(b) for batches in result.values for b in batches)
@@ -532,7 +532,7 @@ def _iterable_in_group(n: int, sized: bool) -> dict[str, Any]:
 @pytest.mark.parametrize("sized", [True, False])
 def test_iterable_dataset_sharded_over_2_ranks_by_2_workers(sized: bool) -> None:
     n = 23
-    result = run_ranks(_iterable_in_group, world_size=2, kwargs={"n": n, "sized": sized})
+    result = run_ranks(GroupCall(_iterable_in_group, world_size=2, kwargs={"n": n, "sized": sized}))
     result.raise_for_failures()
     per_rank = [v["ids"] for v in result.values]
     assert all(v["workers"] == [0, 1] for v in result.values), "both real workers produced samples"

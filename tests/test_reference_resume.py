@@ -28,7 +28,7 @@ try:
 except ImportError:  # torchdata comes with the 'integrations' extra; the plain-DataLoader cases still run
     StatefulDataLoader = None
 
-from ddpcheck.launch import run_ranks
+from ddpcheck.launch import GroupCall, run_ranks
 from ddpcheck.reference.patch import ShardedBatchSampler, patch_dataloader_to_ddp
 from ddpcheck.reference.sampler import DDPSamplerWrapper, per_rank_count
 from tests.test_reference_sampler import KINDS, as_key, make_inner
@@ -545,7 +545,7 @@ def _resume_in_group(n: int, k: int) -> dict[str, Any]:
 
 
 def test_resume_under_a_real_group_streams_without_a_broadcast() -> None:
-    result = run_ranks(_resume_in_group, world_size=2, kwargs={"n": 41, "k": 9}, timeout=60)
+    result = run_ranks(GroupCall(_resume_in_group, world_size=2, kwargs={"n": 41, "k": 9}, timeout=60))
     result.raise_for_failures()
     assert result.values == [{"resumed": True, "following": True, "warnings": []}] * 2
 

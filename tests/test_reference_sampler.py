@@ -16,7 +16,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, Sampler, SequentialSampler
 
-from ddpcheck.launch import run_ranks
+from ddpcheck.launch import GroupCall, run_ranks
 from ddpcheck.reference.sampler import FINGERPRINT_WINDOW, DDPSamplerWrapper
 
 # --------------------------------------------------------------------------- inner samplers
@@ -387,7 +387,9 @@ def _assert_partition(values: list[dict[str, Any]], n: int, world: int, epochs: 
 @pytest.mark.parametrize("kind", ["torch-global", "numpy-global"])
 def test_per_rank_random_state_still_partitions_and_warns_once(world: int, kind: str) -> None:
     n = 50
-    result = run_ranks(_per_rank_state, world_size=world, kwargs={"kind": kind, "n": n, "sync_order": "auto"})
+    result = run_ranks(
+        GroupCall(_per_rank_state, world_size=world, kwargs={"kind": kind, "n": n, "sync_order": "auto"})
+    )
     result.raise_for_failures()
     _assert_partition(result.values, n, world, epochs=3)
     for value in result.values:
@@ -396,7 +398,9 @@ def test_per_rank_random_state_still_partitions_and_warns_once(world: int, kind:
 
 def test_sync_order_always_partitions_without_a_warning() -> None:
     result = run_ranks(
-        _per_rank_state, world_size=3, kwargs={"kind": "numpy-global", "n": 31, "sync_order": "always"}
+        GroupCall(
+            _per_rank_state, world_size=3, kwargs={"kind": "numpy-global", "n": 31, "sync_order": "always"}
+        )
     )
     result.raise_for_failures()
     _assert_partition(result.values, 31, 3, epochs=3)
@@ -421,7 +425,7 @@ def _shared_state(n: int) -> dict[str, Any]:
 @pytest.mark.parametrize("world", [2, 3])
 def test_agreeing_ranks_stream_without_broadcast(world: int) -> None:
     n = 5000
-    result = run_ranks(_shared_state, world_size=world, kwargs={"n": n})
+    result = run_ranks(GroupCall(_shared_state, world_size=world, kwargs={"n": n}))
     result.raise_for_failures()
     _assert_partition(result.values, n, world, epochs=2)
     for value in result.values:
@@ -442,7 +446,7 @@ def _mismatched_epochs() -> str:
 
 
 def test_ranks_at_different_epochs_fail_together() -> None:
-    result = run_ranks(_mismatched_epochs, world_size=2)
+    result = run_ranks(GroupCall(_mismatched_epochs, world_size=2))
     result.raise_for_failures()
     assert all("different epochs [0, 1]" in v for v in result.values)
 
@@ -458,7 +462,9 @@ def _explicit_world_never_communicates(n: int) -> list[list[int]]:
 
 
 def test_explicit_world_inside_a_group_runs_no_collective() -> None:
-    result = run_ranks(_explicit_world_never_communicates, world_size=2, kwargs={"n": 12}, timeout=30)
+    result = run_ranks(
+        GroupCall(_explicit_world_never_communicates, world_size=2, kwargs={"n": 12}, timeout=30)
+    )
     result.raise_for_failures()
     assert result.values == [[[0, 2, 4], [1, 3, 5]], []]
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from ddpcheck.launch import run_ranks
+from ddpcheck.launch import GroupCall, run_ranks
 from ddpcheck.reference.sync import (
     WarningDDP,
     merge_list_of_dicts,
@@ -33,7 +33,9 @@ def _by_value(body: Any, kwargs: dict[str, Any]) -> bytes:
 
 
 def _values(body: Any, world: int, **kwargs: Any) -> list[Any]:
-    result = run_ranks(_by_value, world_size=world, kwargs={"body": body, "kwargs": kwargs}, timeout=60)
+    result = run_ranks(
+        GroupCall(_by_value, world_size=world, kwargs={"body": body, "kwargs": kwargs}, timeout=60)
+    )
     result.raise_for_failures()
     return [pickle.loads(v) for v in result.values]
 

@@ -13,7 +13,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddpcheck.checker.options import CheckOptions
 from ddpcheck.checks.ids import (
     DATA_CHECKS,
     METRIC_EQUIVALENCE,
@@ -27,6 +26,7 @@ from ddpcheck.checks.ids import (
     WORK_BALANCE,
 )
 from ddpcheck.checks.verdict import Verdict, allow, not_applicable, passed, skipped
+from ddpcheck.options import CheckOptions
 from ddpcheck.report import (
     SCHEMA_VERSION,
     ReportWriteError,

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from ddpcheck.checker.options import CheckOptions
 from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
 from ddpcheck.checks.resume import judge_resume, stop_points
 from ddpcheck.checks.resume_common import BOUNDARY_EMPTY, BOUNDARY_REPLAY, GLOBAL_RANK_STATE, RANK0_STATE
 from ddpcheck.checks.resume_elastic import judge_elastic
+from ddpcheck.options import CheckOptions
 from ddpcheck.restores import RankResume, Stop, StopResult
 from ddpcheck.result import CheckResult
 from ddpcheck.scenarios.resume_rank import failure_text

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from ddpcheck.checker.options import CheckOptions
 from ddpcheck.checks.ids import BATCH_INTEGRITY, ELASTIC_RESUME, RESUME
+from ddpcheck.options import CheckOptions
 from ddpcheck.result import CheckResult
 from ddpcheck.session import check_loader
 from tests.conftest import RESUME_FIXTURES

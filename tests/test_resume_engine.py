@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from ddpcheck.checker.loaderfile import LoaderSpec, other_factories
-from ddpcheck.checker.options import CheckOptions
 from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
 from ddpcheck.checks.resume import (
     batches_off,
@@ -25,6 +24,7 @@ from ddpcheck.checks.resume_chains import (
     judge_chains,
 )
 from ddpcheck.checks.resume_common import shift_of
+from ddpcheck.options import CheckOptions
 from ddpcheck.restores import ChainResult, RankResume, Stop, StopResult
 from ddpcheck.result import CheckResult
 from ddpcheck.scenarios.resume_rank import answerable, chain_lengths

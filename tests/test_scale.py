@@ -24,12 +24,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, TensorDataset
 
-from ddpcheck.checker.options import CheckOptions
-from ddpcheck.checker.recording import _sampler_batches, record_indices
+from ddpcheck.checker.batches import SamplerBatches
+from ddpcheck.checker.running import record_indices
 from ddpcheck.checks import run_checks
 from ddpcheck.checks.arrays import epoch_counts, same_id_set
 from ddpcheck.checks.context import Context
 from ddpcheck.hygiene import gc_paused
+from ddpcheck.options import CheckOptions
 from ddpcheck.session import check_loader
 from ddpcheck.trace import EpochTrace, IdBuffer, RankTrace, RunTrace, compact_ids
 from tests.trace_builders import reference, run
@@ -182,7 +183,7 @@ def test_sampler_batches_are_compact_and_equal_the_itemwise_path(make: str) -> N
     else:
         loader = DataLoader(data, batch_sampler=Mine(RandomSampler(data), 5, False))
     loader.sampler.set_epoch(1) if hasattr(loader.sampler, "set_epoch") else None
-    got = [b for b, _ in _sampler_batches(loader)]
+    got = [b for b, _ in SamplerBatches(loader)]
     if make != "custom":
         assert all(type(b) is array for b in got)
     trace = record_indices(loader, 0)
@@ -274,7 +275,7 @@ def make_loader(rank, world_size):
 def test_a_sampled_simulated_rerun_judges_determinism_and_says_it_sampled(
     tmp_path: Path, seeded: bool
 ) -> None:
-    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.options import CheckOptions
     from ddpcheck.session import check_loader
     from ddpcheck.session.record import rerun_sample
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from ddpcheck.checker.options import CheckOptions
 from ddpcheck.checks.diagnose import PER_NODE, RANK_SEED
 from ddpcheck.checks.ids import COVERAGE, NO_OVERLAP, RESHUFFLE
 from ddpcheck.checks.ranges import OVERFLOW
 from ddpcheck.checks.reshuffle import LOOP_REPLAYS
+from ddpcheck.options import CheckOptions
 from ddpcheck.session import check_loader
 from tests.conftest import FIXTURES
 

@@ -202,9 +202,16 @@ def test_a_script_that_raises_before_any_loader_is_exit_3_with_its_own_line(tmp_
 
 
 def test_a_script_that_iterates_no_loader_says_so(tmp_path: Path) -> None:
-    proc = ddpcheck_run(*FAST, "--report-dir", str(tmp_path), "--", "faults/no_loader.py")
-    assert proc.returncode == 3
-    assert "the script iterated no DataLoader" in proc.stdout
+    """It ran to its end cleanly and nothing was checked: bad input (exit 2), one line, no report; its
+    last printed line is in it, as nothing called a model."""
+    proc = ddpcheck_run(*FAST, "--quiet", "--report-dir", str(tmp_path), "--", "faults/no_loader.py")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == (
+        "ddpcheck: error: no DataLoader was iterated (nothing was checked) and no model was called; rank "
+        "0's last line: nothing to train; pass --batches NAME to record the function that returns its "
+        "batches (a name in the script, or module:qualname)"
+    )
+    assert not (tmp_path / "ddpcheck.json").exists()
 
 
 def test_a_script_that_spawns_its_own_ranks_is_refused_at_once_naming_the_call(tmp_path: Path) -> None:

@@ -128,7 +128,7 @@ def test_a_simulated_run_with_a_wrong_shortcut_is_redone_and_says_so(
 ) -> None:
     """Forked simulated children inherit the broken shortcut; the runner must notice and redo the run."""
     import ddpcheck.launch.shared_work as shared_work
-    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.options import CheckOptions
     from ddpcheck.session import check_loader
 
     monkeypatch.setattr(shared_work, "_direct_share", lambda sampler: [0] * sampler.num_samples)
@@ -149,7 +149,7 @@ def test_a_simulated_run_with_a_wrong_shortcut_is_redone_and_says_so(
 
 
 def test_a_simulated_run_says_which_sampler_it_computed_directly(tmp_path: Path) -> None:
-    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.options import CheckOptions
     from ddpcheck.session import check_loader
 
     options = CheckOptions(world_sizes=(8, 64), simulate=True, resume=False, train_steps=0, metrics=False)

@@ -512,10 +512,10 @@ def test_the_step_checks_are_known_everywhere_a_check_id_is() -> None:
 def test_allow_accepts_the_step_checks() -> None:
     """``--allow`` and ``[tool.ddpcheck]`` are validated by one function against ALL_CHECKS: the step
     checks are accepted, a misspelt one is refused naming them."""
-    from ddpcheck.checker.options import BadInput, CheckOptions, validate
     from ddpcheck.checks.verdict import Verdict, allow
+    from ddpcheck.options import BadInput, CheckOptions
 
-    assert validate(CheckOptions(allow=STEP_CHECKS)).allow == STEP_CHECKS
+    assert CheckOptions(allow=STEP_CHECKS).allow == STEP_CHECKS
     with pytest.raises(BadInput, match=r"choose from .*step_equivalence, equal_microsteps"):
-        validate(CheckOptions(allow=("step_equivalenc",)))
+        CheckOptions(allow=("step_equivalenc",))
     assert allow(Verdict("step_equivalence", "fail", "d", "c")).status == "allowed"

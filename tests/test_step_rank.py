@@ -89,6 +89,21 @@ def test_union_refuses_padding_it_cannot_know() -> None:
         rp.union([rp.to_plain(other), rp.to_plain(longer)])
 
 
+def test_union_without_a_mask_pads_where_the_labels_say() -> None:
+    a = {"inputs": torch.tensor([[5, 6, 0], [7, 8, 9]]), "labels": torch.tensor([[6, 3, -100], [8, 9, 4]])}
+    b = {"inputs": torch.tensor([[1, 2, 3, 4]]), "labels": torch.tensor([[2, 3, 4, 5]])}
+    merged = rp.from_plain(rp.union([rp.to_plain(a), rp.to_plain(b)]), a)
+    assert merged["inputs"].tolist() == [[5, 6, 0, 0], [7, 8, 9, 0], [1, 2, 3, 4]]  # the collate's own 0
+    assert merged["labels"].tolist() == [[6, 3, -100, -100], [8, 9, 4, -100], [2, 3, 4, 5]]
+    # a real token under an ignored label (an end-of-sequence 2) beside the padding 0: not known, n/a
+    eos = {
+        "inputs": torch.tensor([[5, 2, 0], [7, 8, 2]]),
+        "labels": torch.tensor([[6, -100, -100], [8, 9, -100]]),
+    }
+    with pytest.raises(NotReplayable, match="padding value is not known"):
+        rp.union([rp.to_plain(eos), rp.to_plain(b)])
+
+
 def test_union_of_tuples_lists_and_batch_encodings() -> None:
     from transformers import BatchEncoding
 
@@ -369,3 +384,19 @@ def test_batchnorm_normalises_over_the_rank(watch: Any) -> None:
     model(batch).sum().backward()
     optimizer.step()
     assert watcher.finish().per_rank_norm == ("1",)
+
+
+def test_a_window_fetched_ahead_gives_each_backward_its_own_batch() -> None:
+    from ddpcheck.checker.step import one_batch_each
+    from ddpcheck.trace import MicroStep
+
+    fetched = [MicroStep("train", 0, (0, 1), 8, 30), MicroStep("train", 0, (), -1, None)]
+    parts = [[(("train", 0, 0), 4, 7), (("train", 0, 1), 4, 23)], []]  # HF Trainer: both before backward
+    split = one_batch_each(fetched, parts)
+    assert [(m.batches, m.samples, m.supervised) for m in split] == [((0,), 4, 7), ((1,), 4, 23)]
+    plain = [MicroStep("train", 0, (0,), 4, 7), MicroStep("train", 0, (1,), 4, 23)]
+    assert one_batch_each(plain, [[parts[0][0]], [parts[0][1]]]) == tuple(plain)
+    behind = [MicroStep(), MicroStep("train", 0, (0, 1), 8, 30)]  # a padding pass before any batch: as is
+    assert one_batch_each(behind, [[], parts[0]]) == tuple(behind)
+    more = [MicroStep("train", 0, (0, 1, 2), 12, 40), MicroStep()]  # three batches for two backward passes
+    assert one_batch_each(more, [[*parts[0], (("train", 0, 2), 4, 10)], []]) == tuple(more)

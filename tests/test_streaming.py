@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from ddpcheck.checker.options import CheckOptions
 from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
 from ddpcheck.checks.resume_common import BOUNDARY_REPLAY, NOT_ELASTIC_STATE, RANK0_STATE, WORKER_OFFSETS
+from ddpcheck.options import CheckOptions
 from ddpcheck.restores import ResumeRow
 from ddpcheck.result import CheckResult
 from ddpcheck.session import check_loader

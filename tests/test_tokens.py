@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 import torch
 
-from ddpcheck.checker.options import CheckOptions
 from ddpcheck.checker.work import measure_batch, pack_facts, pad_token_of
 from ddpcheck.checks.ids import (
     COVERAGE,
@@ -37,6 +36,7 @@ from ddpcheck.checks.work import (
     idle_fraction,
     with_max_idle,
 )
+from ddpcheck.options import CheckOptions
 from ddpcheck.result import CheckResult
 from ddpcheck.scenarios.training import LOCAL_NORMALISATION
 from ddpcheck.session import check_loader

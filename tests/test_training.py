@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddpcheck.checker.options import BadInput, CheckOptions
 from ddpcheck.checks.ids import TRAINING_EQUIVALENCE
 from ddpcheck.checks.verdict import Verdict
+from ddpcheck.options import BadInput, CheckOptions
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.scenarios.training import RankTraining, ReferenceTraining, judge_training, relative_difference
 from ddpcheck.session import check_loader

@@ -126,7 +126,8 @@ def test_every_run_trains_from_the_directory_as_the_user_left_it(tmp_path: Path,
     report = json.loads((tmp_path / "reports" / "ddpcheck.json").read_text())
     assert failed_checks(report) == set() and all(not run["failures"] for run in report["runs"])
     epochs = list(range(TRUTH["resumes_snapshot"]["train"]["epochs"]))
-    assert epochs_trained(truth) == {0: [epochs, epochs], 1: [epochs]}  # world size 1, then 2
+    # world size 1, then 2, then the step's replay at 1 (it too starts from the directory as it was)
+    assert epochs_trained(truth) == {0: [epochs, epochs, epochs], 1: [epochs]}
     assert tree(folder) == before
     wrote = [note for note in report["notes"] if "snapshot.pt" in note]
     assert len(wrote) == 1 and "at world sizes 1 and 2" in wrote[0] and "unchanged" in wrote[0], wrote
@@ -149,7 +150,7 @@ def test_a_snapshot_the_user_had_is_what_every_run_resumes_from(tmp_path: Path, 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((tmp_path / "reports" / "ddpcheck.json").read_text())
     assert failed_checks(report) == set()
-    assert epochs_trained(truth) == {0: [[1], [1]], 1: [[1]]}
+    assert epochs_trained(truth) == {0: [[1], [1], [1]], 1: [[1]]}  # ws 1, ws 2, the step's replay
     assert tree(folder) == before
 
 

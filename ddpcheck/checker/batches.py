@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import copy
 from array import array
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from itertools import islice
 from typing import Any, cast
 
 from ddpcheck.checker.facts import as_indices, restored_rng
 from ddpcheck.checker.identity import OBJECT_ITEMS, batch_digest, make_id_extractor, sampler_item_id
-from ddpcheck.checker.index_log import index_items, log_of
+from ddpcheck.checker.index_log import IndexLog, index_items, log_of
 from ddpcheck.checker.loaderfile import is_torch_loader, unwrap_loader
 from ddpcheck.checker.subsets import base_indices, to_base
 from ddpcheck.trace import LoaderFacts
@@ -122,18 +122,40 @@ class IdBatches:
             yield batch, batch_ids, worker
 
 
-def batches_with_ids(
-    outer: Any,
+def settled_ids(
+    iterable: Iterable[Any],
     hook: Callable[[Any], Any] | None,
     facts: LoaderFacts,
-    info: None = None,
-    loader: Any = None,
+    loader: Any,
+    log: IndexLog,
     *,
     by_index: bool = True,
-) -> IdBatches:
-    """:class:`IdBatches` of ``outer`` (``info`` is no longer used: the result's ``source`` says it)."""
-    del info
-    return IdBatches(outer, hook, facts, loader, by_index=by_index)
+    on_batch: Callable[[int], None] | None = None,
+) -> list[list[Hashable]]:
+    """Every batch's ids of one pass of ``iterable``, what a restored loop iterates (the loader, or what
+    a resume hook returned), through the same step as :class:`IdBatches` (:class:`BatchIds`). Index
+    identity is settled when the pass ends: a restored iterator fast-forwards, and a hook's iterable may
+    skip (``islice``), batches its DataLoader delivered and ``log`` logged, so the yielded ones are the
+    log's last entries. ``on_batch(count)`` runs after each batch, the iterator alive (a state saved
+    there is saved as training saves it)."""
+    log.clear()
+    by_index = by_index and facts.dataset_kind == "map" and hook is None
+    base = base_indices(getattr(loader, "dataset", None)) if by_index else None
+    step = BatchIds(hook, is_collated(iterable), base)
+    out: list[list[Hashable]] = []
+    count = 0
+    for batch in iterable:
+        count += 1
+        if not by_index:
+            out.append(step.ids_of(batch, None))
+        if on_batch is not None:
+            on_batch(count)
+    if not by_index:
+        return out
+    entries = list(log.ready)[-count:] if count else []
+    if len(entries) < count or any(ids is None for ids, _ in entries):
+        raise RuntimeError("cannot tell which indices the resumed loader yielded; define sample_ids(batch)")
+    return [step.ids_of(None, ids or []) for ids, _ in entries]
 
 
 class SamplerBatches:
@@ -203,10 +225,6 @@ class SamplerBatches:
         elif rest:
             sizes.append(rest)
         return ids, sizes
-
-
-def sampler_batches(loader: Any) -> SamplerBatches:
-    return SamplerBatches(loader)
 
 
 def head_digests(loader: Any, steps: int = CONTENT_STEPS) -> list[int]:

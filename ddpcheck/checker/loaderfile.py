@@ -157,6 +157,45 @@ def factory_kwargs(factory: Callable[..., Any], available: dict[str, Any]) -> di
     return chosen
 
 
+@dataclass(frozen=True)
+class FactoryCall:
+    """How a factory was called, read once when its loader is built: ``took``, the keywords it was given
+    (of those ddpcheck offered); and what its signature says of keywords not offered: ``keywords``, the
+    parameters it takes by name, ``any_keyword``, whether it takes ``**kwargs``, ``defaults``, each
+    parameter's default. Empty for a loader no factory built (or a signature that cannot be read)."""
+
+    took: frozenset[str] = frozenset()
+    keywords: frozenset[str] = frozenset()
+    positional: frozenset[str] = frozenset()  # positional-only: never passed by name
+    any_keyword: bool = False
+    defaults: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, factory: Callable[..., Any], available: dict[str, Any]) -> FactoryCall:
+        took = frozenset(factory_kwargs(factory, available))
+        try:
+            params = inspect.signature(factory).parameters
+        except (TypeError, ValueError):
+            return cls(took)
+        kind = inspect.Parameter
+        named = (kind.POSITIONAL_OR_KEYWORD, kind.KEYWORD_ONLY)
+        return cls(
+            took,
+            frozenset(k for k, p in params.items() if p.kind in named),
+            frozenset(k for k, p in params.items() if p.kind is kind.POSITIONAL_ONLY),
+            any(p.kind is kind.VAR_KEYWORD for p in params.values()),
+            tuple((k, p.default) for k, p in params.items() if p.default is not kind.empty),
+        )
+
+    def takes(self, name: str) -> bool:
+        """The factory takes ``name`` by keyword (a rebuild can pass it: ``num_workers``)."""
+        return name in self.keywords or (self.any_keyword and name not in self.positional)
+
+    def default(self, name: str) -> Any:
+        """The factory's default for parameter ``name`` (None when it has none)."""
+        return dict(self.defaults).get(name)
+
+
 def call_by_name(hook: Callable[..., Any], available: dict[str, Any]) -> Any:
     """Call a loader file's hook with the keywords it names among ``available`` (all of them when it
     takes ``**kwargs``, or when its signature cannot be read)."""

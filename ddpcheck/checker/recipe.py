@@ -2,18 +2,20 @@
 
 Every rank-side run (recording, the metric and training scenarios, resume) opens its loader from a
 recipe (:func:`ddpcheck.checker.face.open_loader`), so none rebuilds the options field by field and
-none can drop one (``--factory-arg`` once never reached the scenarios' factories that way).
+none can drop one (``--factory-arg`` once never reached the scenarios' factories that way). A data
+run's :class:`RecordOptions` hold the recipe beside how its epochs are recorded.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ddpcheck.checker.index_log import adopt, catch_all
 from ddpcheck.checker.loaderfile import (
     BadLoaderFile,
+    FactoryCall,
     LoaderSpec,
     call_factory,
     factory_kwargs,
@@ -24,28 +26,9 @@ from ddpcheck.checker.loaderfile import (
 from ddpcheck.layout import Layout
 
 if TYPE_CHECKING:
-    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.options import CheckOptions
 
 FactoryArgs = tuple[tuple[str, Any], ...]
-
-
-@dataclass(frozen=True)
-class RecordOptions:
-    """How a rank runs the loader. Plain data: it travels to ranks."""
-
-    epochs: int = 2
-    load_data: bool = False
-    set_epoch: bool = True
-    patch: bool = False
-    batch_size: int | None = None  # passed to factories that take ``batch_size``
-    steps: int | None = None  # per rank per window: one continuing iterator, cut into ``epochs`` windows
-    ids_from_data: bool = False  # map-style too: ids from the batches (a field), not dataset indices
-    factory_args: FactoryArgs = ()  # --factory-arg KEY=VALUE, passed by name
-    layout: Layout | None = None  # the ranks' layout (a device mesh); None: a plain world size
-    digest: bool = False  # digest every batch's content (replicas of a mesh must receive identical batches)
-    work: bool = True  # measure each batch's work when batches carry tokens (ddpcheck.checker.work)
-    work_cost: str = "tokens"  # "tokens" | "attention" (each document's length squared)
-    mixture: bool = True  # read each sample's source when batches carry one (ddpcheck.checker.mixture)
 
 
 @dataclass(frozen=True)
@@ -56,12 +39,11 @@ class LoaderRecipe:
     ``patch``: shard a plain loader with the reference patcher; ``set_epoch``: call ``set_epoch`` before
     every epoch (the file's hook, else the loader's or its parts'); ``batch_size``: offered to factories
     that take one; ``layout``: the ranks' layout (None: a plain world size); ``num_workers``: offered to
-    the factory as ``num_workers`` (a resume rebuilt with other workers); ``hooks``: a file whose hooks
-    are used in place of the loader file's ("" for the loader file's own); ``ids_from_data``: identify
+    the factory as ``num_workers`` (a resume rebuilt with other workers); ``ids_from_data``: identify
     samples by their data even where dataset indices exist.
 
-    Make it with :meth:`from_options` (a run's options) or :meth:`of` (a rank's record options), and
-    change it with :meth:`evolve`; never field by field.
+    Make it with :meth:`from_options` (a run's options) and change it with :meth:`evolve`; never field by
+    field.
     """
 
     spec: LoaderSpec
@@ -71,7 +53,6 @@ class LoaderRecipe:
     batch_size: int | None = None
     layout: Layout | None = None
     num_workers: int | None = None
-    hooks: str = ""
     ids_from_data: bool = False
 
     @property
@@ -79,24 +60,15 @@ class LoaderRecipe:
         return self.spec.factory
 
     @classmethod
-    def of(cls, spec: LoaderSpec, options: RecordOptions) -> LoaderRecipe:
-        """The recipe a rank's record options describe (the one place their building fields are read)."""
-        return cls(
-            spec=spec,
-            factory_args=tuple(options.factory_args),
-            patch=options.patch,
-            set_epoch=options.set_epoch,
-            batch_size=options.batch_size,
-            layout=options.layout,
-            ids_from_data=options.ids_from_data,
-        )
-
-    @classmethod
     def from_options(
         cls, spec: LoaderSpec, options: CheckOptions, layout: Layout | None = None
     ) -> LoaderRecipe:
-        """The recipe of a run's options (through ``CheckOptions.record_options``), in ``layout``."""
-        return cls.of(spec, options.record_options(layout))
+        """The recipe of a run's options in ``layout``: every field the options share with it, by name
+        (the one place a run's options become how a loader is built)."""
+        names = [f.name for f in fields(cls) if f.name not in ("spec", "layout") and hasattr(options, f.name)]
+        shared = {name: getattr(options, name) for name in names}  # num_workers: no option of a run
+        shared["factory_args"] = tuple(options.factory_args)
+        return cls(spec=spec, layout=layout, **shared)
 
     def evolve(self, **changes: Any) -> LoaderRecipe:
         """This recipe with ``changes`` (``layout=``, ``batch_size=``, ...); everything else kept."""
@@ -108,6 +80,31 @@ class LoaderRecipe:
         if self.num_workers is None:
             return self.factory_args
         return (*self.factory_args, ("num_workers", self.num_workers))
+
+
+@dataclass(frozen=True)
+class RecordOptions:
+    """How a rank records its loader: ``recipe``, how the loader is built, and how its epochs are run and
+    measured. Plain data: it travels to ranks. Made by :func:`record_options`."""
+
+    recipe: LoaderRecipe
+    epochs: int = 2
+    load_data: bool = False
+    steps: int | None = None  # per rank per window: one continuing iterator, cut into ``epochs`` windows
+    digest: bool = False  # digest every batch's content (replicas of a mesh must receive identical batches)
+    work: bool = True  # measure each batch's work when batches carry tokens (ddpcheck.checker.work)
+    work_cost: str = "tokens"  # "tokens" | "attention" (each document's length squared)
+    mixture: bool = True  # read each sample's source when batches carry one (ddpcheck.checker.mixture)
+
+
+def record_options(
+    spec: LoaderSpec, options: CheckOptions, layout: Layout | None = None, *, digest: bool = False
+) -> RecordOptions:
+    """What a data run's ranks need of a run's options, in ``layout``: the recipe and every field the
+    record options share with the run's, by name."""
+    own = ("recipe", "digest")
+    shared = {f.name: getattr(options, f.name) for f in fields(RecordOptions) if f.name not in own}
+    return RecordOptions(LoaderRecipe.from_options(spec, options, layout), digest=digest, **shared)
 
 
 MESH_DEVICE = {"nccl": "cuda"}  # the device type init_device_mesh takes for a backend (else cpu)
@@ -146,17 +143,22 @@ def group_position() -> tuple[int, int]:
     return 0, 1
 
 
+def rank_offer(layout: Layout, rank: int) -> dict[str, int]:
+    """Where this rank stands, by the names a factory and the loader file's hooks may take: its rank and
+    the world size, its data-parallel rank and the data-parallel world size."""
+    return {
+        "rank": rank,
+        "world_size": layout.world_size,
+        "dp_rank": layout.dp_rank(rank),
+        "dp_world_size": layout.dp_world_size,
+    }
+
+
 def factory_offer(recipe: LoaderRecipe, factory: Any, rank: int, world_size: int) -> dict[str, Any]:
     """The keywords offered to the factory: ranks and layout, ``batch_size``, the recipe's arguments
     (each one the factory must take), and a real ``mesh`` only when it takes one."""
     layout = layout_of(recipe.layout, world_size)
-    available: dict[str, Any] = {
-        "rank": rank,
-        "world_size": world_size,
-        "dp_rank": layout.dp_rank(rank),
-        "dp_world_size": layout.dp_world_size,
-        "mesh": _MeshWanted(),
-    }
+    available: dict[str, Any] = {**rank_offer(layout, rank), "mesh": _MeshWanted()}
     if recipe.batch_size is not None:
         available["batch_size"] = recipe.batch_size
     arguments = recipe.arguments()
@@ -174,8 +176,17 @@ def factory_offer(recipe: LoaderRecipe, factory: Any, rank: int, world_size: int
     return available
 
 
-def build(recipe: LoaderRecipe, rank: int, world_size: int, *, fresh: bool = False) -> tuple[Any, ModuleType]:
-    """Import the file, call the factory (patching when asked); returns (what it returned, module).
+class Built(NamedTuple):
+    """What :func:`build` made: what the factory returned (patched when asked), the file's module, and
+    how the factory was called."""
+
+    outer: Any
+    module: ModuleType
+    call: FactoryCall
+
+
+def build(recipe: LoaderRecipe, rank: int, world_size: int, *, fresh: bool = False) -> Built:
+    """Import the file, call the factory (patching when asked).
 
     What the factory returns may be a framework wrapper around a DataLoader (Accelerate's
     ``DataLoaderShard``, Lightning Fabric's loader): that object is what a training loop iterates.
@@ -184,6 +195,7 @@ def build(recipe: LoaderRecipe, rank: int, world_size: int, *, fresh: bool = Fal
     module = load_module(recipe.spec, fresh=fresh)
     factory = get_factory(module, recipe.spec)
     available = factory_offer(recipe, factory, rank, world_size)
+    call = FactoryCall.of(factory, available)
     with catch_all() as early:  # iterators the factory itself starts (one kept for every epoch)
         loader = call_factory(factory, available)
     adopt(unwrap_loader(loader), early)
@@ -193,11 +205,4 @@ def build(recipe: LoaderRecipe, rank: int, world_size: int, *, fresh: bool = Fal
         layout = layout_of(recipe.layout, world_size)
         replicas, replica = layout.dp_world_size, layout.dp_rank(rank)
         loader = patch_dataloader_to_ddp(unwrap_loader(loader), num_replicas=replicas, rank=replica)
-    return loader, module
-
-
-def build_loader(
-    spec: LoaderSpec, options: RecordOptions, rank: int, world_size: int, *, fresh: bool = False
-) -> tuple[Any, ModuleType]:
-    """:func:`build` of the recipe ``options`` describe (kept for callers that hold record options)."""
-    return build(LoaderRecipe.of(spec, options), rank, world_size, fresh=fresh)
+    return Built(loader, module, call)

@@ -5,71 +5,24 @@ is what decides who sees what and costs microseconds per batch. ``load_data`` it
 loader, workers and all; iterable datasets always do. The result is a :class:`RankRecording`: plain
 data, no user objects.
 
-This module assembles the trace; each job lives in a module of its own, and the names other
-packages import are re-exported here: :mod:`~ddpcheck.checker.recipe` (how a loader is built),
-:mod:`~ddpcheck.checker.face` (an opened loader), :mod:`~ddpcheck.checker.batches` (ids),
-:mod:`~ddpcheck.checker.epochs` (set_epoch), :mod:`~ddpcheck.checker.facts`,
-:mod:`~ddpcheck.checker.hooks` (hooks and resumable state), :mod:`~ddpcheck.checker.running` (epochs).
+This module assembles the trace; each job lives in a module of its own: :mod:`~ddpcheck.checker.recipe`
+(how a loader is built), :mod:`~ddpcheck.checker.face` (an opened loader),
+:mod:`~ddpcheck.checker.batches` (ids), :mod:`~ddpcheck.checker.running` (epochs and windows).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ddpcheck.checker.batches import (
-    CONTENT_STEPS,
-    MIXED_IDS,
-    IdBatches,
-    SamplerBatches,
-    batches_with_ids,
-    head_digests,
-    is_collated,
-    sampler_batches,
-)
-from ddpcheck.checker.epochs import first_set_epoch, loop_set_epoch
 from ddpcheck.checker.face import OpenedLoader, open_loader
-from ddpcheck.checker.facts import plain_batching, read_facts, sampler_only_is_exact
-from ddpcheck.checker.hooks import (
-    LOAD_HOOK,
-    RESUME_HOOK,
-    SAVE_HOOK,
-    SET_EPOCH_HOOK,
-    LoaderHooks,
-    has_state,
-    resume_mechanism,
-)
+from ddpcheck.checker.facts import sampler_only_is_exact
 from ddpcheck.checker.index_log import log_of
-from ddpcheck.checker.loaderfile import LoaderSpec
 from ddpcheck.checker.mixture import SourceReader, source_reader
-from ddpcheck.checker.recipe import (
-    LoaderRecipe,
-    RecordOptions,
-    build,
-    build_loader,
-    device_mesh,
-    group_position,
-)
-from ddpcheck.checker.running import (
-    EndlessGuard,
-    Stream,
-    peek,
-    record_indices,
-    work_meter,
-)
+from ddpcheck.checker.recipe import RecordOptions
+from ddpcheck.checker.running import Stream, peek, work_meter
 from ddpcheck.checker.work import WorkMeter
 from ddpcheck.launch.rank import report_progress
 from ddpcheck.trace import LoaderFacts, RankTrace
-
-__all__ = [
-    "CONTENT_STEPS", "LOAD_HOOK", "MIXED_IDS", "RESUME_HOOK", "SAVE_HOOK",
-    "SET_EPOCH_HOOK", "EndlessGuard", "IdBatches", "LoaderHooks", "LoaderRecipe", "OpenedLoader",
-    "RankRecording", "RecordOptions", "SamplerBatches", "Stream", "batches_with_ids", "build",
-    "build_loader", "device_mesh", "first_set_epoch", "group_position", "has_state", "head_digests",
-    "is_collated", "loop_set_epoch", "open_loader", "plain_batching", "read_facts", "record_indices",
-    "record_rank", "resume_mechanism", "sampler_batches", "sampler_only_is_exact",
-]  # fmt: skip
-
-_sampler_batches = sampler_batches  # the name tests/test_scale.py imports
 
 
 @dataclass(frozen=True)
@@ -78,10 +31,10 @@ class RankRecording:
     id_source: str
 
 
-def record_rank(spec: LoaderSpec, options: RecordOptions) -> RankRecording:
+def record_rank(options: RecordOptions) -> RankRecording:
     """Entry point inside a rank: rank and world size come from the initialised group."""
     report_progress("building the loader")
-    opened = open_loader(LoaderRecipe.of(spec, options))
+    opened = open_loader(options.recipe)
     unreached = opened.first_set_epoch()
     facts = opened.facts
     meter = work_meter(opened, options)
@@ -114,7 +67,7 @@ def records_by_sampler(
         and meter is None
         and reader is None
         and not options.load_data
-        and not options.ids_from_data
+        and not options.recipe.ids_from_data
         and not (options.digest and options.steps is not None)
         and sampler_only_is_exact(opened.outer, opened.loader)
     )

@@ -218,12 +218,13 @@ class _Padding:
 
 
 def _padding(keyed: list[dict[str, Any]], ignore_index: int) -> _Padding | None:
-    """What the batches pad with, read off their ``attention_mask``; None when they carry none."""
+    """What the batches pad with, read off their ``attention_mask``, else off their ``labels``; None when
+    they carry neither."""
     import torch
 
     masks: list[Any] = [k.get("attention_mask") for k in keyed]
     if not all(isinstance(m, torch.Tensor) and m.dim() == 2 for m in masks):
-        return None
+        return _padding_from_labels(keyed, ignore_index)
     sides = set()
     for mask in masks:
         for row in mask.bool():
@@ -251,6 +252,43 @@ def _padding(keyed: list[dict[str, Any]], ignore_index: int) -> _Padding | None:
                 found.update(value[~mask.bool()].unique().tolist())
         padding.values[key] = found.pop() if len(found) == 1 else None
     return padding
+
+
+def _padding_from_labels(keyed: list[dict[str, Any]], ignore_index: int) -> _Padding | None:
+    """Right padding read off ``labels`` where the batches carry no mask: in each row, the run of ignored
+    labels after its last supervised one. Another key's pad value is the one value it holds at those
+    positions in every batch (unknown when it holds several: a real token with an ignored label, such as
+    an end-of-sequence token, would be taken for padding). The collate that padded each rank's rows pads
+    the union's the same way, so one process fed the union gets what its own collate would give it."""
+    import torch
+
+    labels: list[Any] = [k.get("labels") for k in keyed]
+    if not all(isinstance(lab, torch.Tensor) and lab.dim() == 2 for lab in labels):
+        return None
+    tails = [_ignored_tail(lab, ignore_index) for lab in labels]
+    padded = any(bool(t.any()) for t in tails)
+    padding = _Padding("right" if padded else "", {"labels": ignore_index})
+    for key in keyed[0]:
+        if key in padding.values:
+            continue
+        found: set[Any] = set()
+        for part, tail in zip(keyed, tails, strict=True):
+            value = part.get(key)
+            if isinstance(value, torch.Tensor) and tuple(value.shape[:2]) == tuple(tail.shape):
+                found.update(value[tail].unique().tolist())
+        padding.values[key] = found.pop() if len(found) == 1 else None
+    return padding
+
+
+def _ignored_tail(labels: Any, ignore_index: int) -> Any:
+    """Per row, the positions after its last label that is not ``ignore_index`` (a row with none: nothing,
+    its extent is not known)."""
+    import torch
+
+    kept = labels != ignore_index
+    positions = torch.arange(labels.shape[1]).expand_as(labels)
+    last = torch.where(kept, positions, torch.full_like(positions, -1)).max(dim=1).values
+    return (positions > last.unsqueeze(1)) & (last >= 0).unsqueeze(1)
 
 
 def _pad(value: Any, length: int, key: str, padding: _Padding) -> Any:

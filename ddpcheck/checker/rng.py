@@ -293,12 +293,21 @@ def _install() -> None:
     global _installed
     if _installed:
         return
+    for owner, name, value in (*_multi_process_patches(), *_single_process_patches()):
+        patching.replace(owner, name, value)
+    _installed = True
+
+
+Patch = tuple[Any, str, Callable[..., Any]]  # (class, method name, replacement)
+
+
+def _multi_process_patches() -> list[Patch]:
+    """A worker-process iterator: each worker's initialiser is wrapped (its random state read), and
+    which task each worker served, in which generation of the iterator, goes to the loader's sink."""
     from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter as Multi
-    from torch.utils.data.dataloader import _SingleProcessDataLoaderIter as Single
 
     multi_init, multi_reset = Multi.__init__, Multi._reset
     multi_get, multi_process = Multi._get_data, Multi._process_data
-    single_init, single_next = Single.__init__, Single._next_data
 
     def init_multi(self: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
         watch = WATCH
@@ -342,6 +351,21 @@ def _install() -> None:
             sink.append(("task", self._ddpcheck_serial, int(worker), self._ddpcheck_generation, task))
         return result
 
+    return [
+        (Multi, "__init__", init_multi),
+        (Multi, "_reset", reset),
+        (Multi, "_get_data", get_data),
+        (Multi, "_process_data", process_data),
+    ]
+
+
+def _single_process_patches() -> list[Patch]:
+    """A main-process iterator: what each of its first ``FETCH_LIMIT`` fetches drew from the global
+    random state goes to the loader's sink."""
+    from torch.utils.data.dataloader import _SingleProcessDataLoaderIter as Single
+
+    single_init, single_next = Single.__init__, Single._next_data
+
     def init_single(self: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
         single_init(self, loader, *args, **kwargs)
         watch = WATCH
@@ -367,16 +391,7 @@ def _install() -> None:
             watch.on_main_fetch(after)
         return data
 
-    for owner, name, value in (
-        (Multi, "__init__", init_multi),
-        (Multi, "_reset", reset),
-        (Multi, "_get_data", get_data),
-        (Multi, "_process_data", process_data),
-        (Single, "__init__", init_single),
-        (Single, "_next_data", next_single),
-    ):
-        patching.replace(owner, name, value)
-    _installed = True
+    return [(Single, "__init__", init_single), (Single, "_next_data", next_single)]
 
 
 def forget_install() -> None:

@@ -13,7 +13,7 @@ from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddpcheck.checker.batches import CONTENT_STEPS, IdBatches, SamplerBatches, head_digests, sampler_batches
+from ddpcheck.checker.batches import CONTENT_STEPS, IdBatches, SamplerBatches, head_digests
 from ddpcheck.checker.face import OpenedLoader
 from ddpcheck.checker.facts import len_or_none, restored_rng
 from ddpcheck.checker.identity import batch_digest
@@ -36,7 +36,7 @@ def record_indices(loader: Any, epoch: int) -> EpochTrace:
     sizes: list[int] = []
     source = getattr(loader, "batch_sampler", None) or getattr(loader, "sampler", None)
     guard = EndlessGuard(len_or_none(getattr(loader, "dataset", None)), False, _samples(source, loader))
-    for batch, _ in sampler_batches(loader):
+    for batch, _ in SamplerBatches(loader):
         ids.extend(batch)
         sizes.append(len(batch))
         if len(ids) >= guard.due:

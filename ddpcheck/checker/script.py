@@ -4,9 +4,13 @@ Inside one rank started as torchrun starts a worker, :func:`record_script` insta
 torch's ``DataLoader`` (every subclass included; :mod:`ddpcheck.checker.watch`), runs the script as
 ``__main__`` with its own ``sys.argv`` (:mod:`ddpcheck.checker.script_env`), and records every loader
 the script iterates: each ``iter()`` is an epoch, named by the line of the user's code that built the
-loader (``train.py:42``; :mod:`ddpcheck.checker.frames`). Costs stay the loader's, not the model's: the
-script receives the first ``model_steps`` batches of an epoch; the rest of that epoch is drained past
-it (recorded, never handed to the model), then the epoch ends for the script. When the loader the
+loader (``train.py:42``; :mod:`ddpcheck.checker.frames`), except a peek: an iterator the script leaves
+after at most :data:`PEEK_BATCHES` batches at one line while the same loader is iterated further at
+another (the DDP tutorial's ``len(next(iter(loader))[0])`` before each epoch's loop) is no epoch, and a
+note says so; a loop that leaves every epoch early at one line is still an epoch each time. Costs stay
+the loader's, not the model's: the script receives the first ``model_steps`` batches of an epoch; the
+rest of that epoch is drained past it (recorded, never handed to the model), then the epoch ends for
+the script. When the loader the
 script iterates most is about to start epoch ``epochs``, :class:`StopScript` (a ``BaseException``, so
 ``except Exception`` in the script cannot swallow it) ends the script at the same point on every rank;
 its ``finally`` blocks run.
@@ -22,6 +26,8 @@ from dataclasses import dataclass, field, replace
 from types import FrameType, ModuleType
 from typing import Any
 
+from ddpcheck.checker.batch_hint import FirstInputs
+from ddpcheck.checker.batch_source import BatchSources
 from ddpcheck.checker.batches import BatchIds, is_collated
 from ddpcheck.checker.face import OpenedLoader
 from ddpcheck.checker.facts import len_or_none
@@ -46,7 +52,7 @@ from ddpcheck.checker.script_env import (
 )
 from ddpcheck.checker.step import active_watcher as step_watcher
 from ddpcheck.checker.subsets import base_indices, to_base
-from ddpcheck.checker.watch import install, mark_parts, watching
+from ddpcheck.checker.watch import drawn_at, install, mark_parts, watching
 from ddpcheck.checker.work import Measured, WorkMeter, looks_like_tokens
 from ddpcheck.trace import EpochTrace, LoaderFacts, RankTrace, ScriptLoader, ScriptRankTrace
 
@@ -62,9 +68,13 @@ class ScriptRecordOptions:
     digest: bool = False  # digest every loaded batch's content (replicas of a mesh compare it)
     work: bool = True
     work_cost: str = "tokens"
+    batches: str = ""  # a batch function to record (--batches NAME); its windows are ``steps`` calls
 
 
+DEFAULT_WINDOW = 8  # calls per window of a --batches function when no --steps is given
 MAX_WINDOW_BATCHES = 256  # batches past model_steps an open accumulation window may still take
+PEEK_BATCHES = 2  # an iterator left after at most this many batches, at another line, may be a peek
+BATCH_WORDS = {0: "zero", 1: "one", 2: "two"}
 
 
 class StopScript(BaseException):
@@ -89,17 +99,40 @@ class LoaderRecord:
     epochs_after_set: int = 0  # epochs after the first that began after a set_epoch call
     open: ScriptEpoch | None = None
     indexed: bool = False  # some batch was identified by its dataset indices
+    peek_sites: set[str] = field(default_factory=set)  # lines whose short iterations were peeks
+
+
+@dataclass(frozen=True)
+class HeldPeek:
+    """An iterator the script left after at most :data:`PEEK_BATCHES` batches, at another line than the
+    ``iter()`` that followed: a peek if that iteration goes further, else an epoch before it."""
+
+    trace: EpochTrace
+    site: str
+    asked: int
+    handed: int
 
 
 class ScriptEpoch:
     """One ``iter()`` of a recorded loader: hands the script ``model_steps`` batches, drains the rest."""
 
     def __init__(
-        self, recorder: ScriptRecorder, record: LoaderRecord, outer: Any, inner: Iterator[Any]
+        self,
+        recorder: ScriptRecorder,
+        record: LoaderRecord,
+        outer: Any,
+        inner: Iterator[Any],
+        site: str = "",
+        held: HeldPeek | None = None,
     ) -> None:
         self.recorder, self.record, self.outer, self.inner = recorder, record, outer, inner
+        self.site, self.held = site, held  # the user's line of this iter(); the peek before it, if any
         self.built = EpochBuilder()
         self.handed = 0  # batches handed to the script in this epoch (or window)
+        self.asked = 0  # next() calls of the script, the one answered by StopIteration included
+        self.ended = False  # the script iterated until it was told the epoch ended (not left early)
+        self.aside = False  # its last trace is kept in ``kept``, not stored: it may be a peek
+        self.kept: EpochTrace | None = None
         self.done = False
         self.log = log_of(outer)
         self.log.clear()
@@ -127,18 +160,24 @@ class ScriptEpoch:
     def __next__(self) -> Any:
         if self.done:
             raise StopIteration
+        self.asked += 1
+        return self._next()
+
+    def _next(self) -> Any:
         options = self.recorder.options
         window = options.steps
         if window is not None and self.built.count >= window:
             self._close_window()
         if options.model_steps is not None and self.handed >= options.model_steps and not self._window_open():
+            self.ended = True
             self._drain()
             if window is not None and not self.done:  # an endless loader: the next window goes on
-                return self.__next__()
+                return self._next()
             raise StopIteration
         try:
             batch = next(self.inner)
         except StopIteration:
+            self.ended = True
             self.finish()
             raise
         self._add(batch)
@@ -268,6 +307,23 @@ class ScriptEpoch:
             self.done = True
             self.recorder.stop_script(self.record)
 
+    def peek_candidate(self, site: str) -> bool:
+        """Left by the script after at most :data:`PEEK_BATCHES` batches, and the loader is iterated
+        again at another line: a peek if that iteration goes further."""
+        return not self.done and not self.ended and self.asked <= PEEK_BATCHES and site != self.site
+
+    def discard(self) -> None:
+        """A peek at a line known to peek: no epoch, nothing drained (its workers stop now)."""
+        from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+        self.done = True
+        watcher = step_watcher()
+        if watcher is not None:
+            watcher.fetch_draws(self.outer)  # its fetches' draws belong to no epoch
+        inner: Any = self.inner
+        if type(inner) is _MultiProcessingDataLoaderIter and not inner._persistent_workers:
+            inner._shutdown_workers()
+
     def drain_rest(self) -> None:
         """An epoch the script left unfinished: record its rest, then close it."""
         try:
@@ -285,13 +341,21 @@ class ScriptEpoch:
 
     def _store(self) -> None:
         options, built, epochs = self.recorder.options, self.built, self.record.epochs
+        held, self.held = self.held, None
+        if held is not None and (self.ended or self.asked > held.asked):
+            self.recorder.peeked(self.record, held, self.site)  # this iteration went further
+        elif held is not None:  # it did not: the short iteration before it was an epoch too
+            epochs.append(replace(held.trace, epoch=len(epochs)))
         len_loader = None if options.steps is not None else self.len_loader
         digests = array("q", built.digests) if options.digest else None
         trace = built.trace(len(epochs), len_loader, digests, None)
         watcher = step_watcher()
         if watcher is not None:
             trace = replace(trace, draws=watcher.fetch_draws(self.outer))
-        epochs.append(trace)
+        if self.aside:
+            self.kept = trace
+        else:
+            epochs.append(trace)
         self.built = EpochBuilder()
 
 
@@ -351,31 +415,63 @@ class ScriptRecorder:
         return name
 
     # iteration
-    def open_epoch(self, outer: Any, name: str, inner: Iterator[Any]) -> Iterator[Any]:
-        """``iter(outer)`` gave ``inner``: the script receives a :class:`ScriptEpoch` of it (or, when the
-        epochs asked for are recorded, :class:`StopScript` ends the script)."""
+    def open_epoch(
+        self, outer: Any, name: str, inner: Iterator[Any], caller: FrameType | None = None
+    ) -> Iterator[Any]:
+        """``iter(outer)``, called from ``caller``, gave ``inner``: the script receives a
+        :class:`ScriptEpoch` of it (or, when the epochs asked for are recorded, :class:`StopScript` ends
+        the script)."""
         record = self.loaders.get(name)
         if record is None:
             record = self.loaders[name] = LoaderRecord(name=name, order=len(self.loaders))
-        if record.open is not None:  # the previous iter() was abandoned: its epoch is drained now
-            previous, record.open = record.open, None
-            if not previous.done:
-                previous.drain_rest()
+        site = user_site(caller)[0]
+        held = None
+        previous, record.open = record.open, None
+        if previous is not None and not previous.done:  # the previous iter() was abandoned
+            if previous.peek_candidate(site):
+                held = self._hold(record, previous)
+            else:
+                previous.drain_rest()  # its epoch is drained now
         if self.joined is None:
             self.joined = in_group()
             self.position = position()
         if self._should_stop(record):
             self.stop_script(record)
         if record.facts is None:
-            record.facts = _facts(OpenedLoader.wrap(outer, self.hooks, position=self.position))
+            facts = _facts(OpenedLoader.wrap(outer, self.hooks, position=self.position))
+            drawn = drawn_at(getattr(outer, "dataset", None)) if facts.subset else ""
+            record.facts = replace(facts, subset_call=drawn) if drawn else facts
             mark_parts(outer, name)
         if record.iterations > 0 and record.set_epoch_calls > 0:
             record.epochs_after_set += 1
         record.set_epoch_calls = 0
         record.iterations += 1
-        epoch = ScriptEpoch(self, record, outer, inner)
+        epoch = ScriptEpoch(self, record, outer, inner, site, held)
         record.open = epoch
         return epoch
+
+    def _hold(self, record: LoaderRecord, previous: ScriptEpoch) -> HeldPeek | None:
+        """A short iteration left at one line before the loader is iterated at another: held aside (drained,
+        so it can still be an epoch) until the next iteration shows whether it goes further; a line
+        already known to peek peeks again. None: nothing held (a peek discarded)."""
+        if previous.site in record.peek_sites:
+            previous.discard()
+            return None
+        previous.aside = True
+        previous.drain_rest()
+        trace = previous.kept
+        return None if trace is None else HeldPeek(trace, previous.site, previous.asked, previous.handed)
+
+    def peeked(self, record: LoaderRecord, held: HeldPeek, loop_site: str) -> None:
+        """``held`` was a peek: no epoch, and a note says so (once per loader and line)."""
+        first = held.site not in record.peek_sites
+        record.peek_sites.add(held.site)
+        if first:
+            size = BATCH_WORDS.get(held.handed, str(held.handed))
+            self.notes.append(
+                f"loader {record.name}: a {size}-batch peek at {held.site} is not counted as an epoch (the "
+                f"iterator is left there while the loop at {loop_site} iterates the loader)"
+            )
 
     def _should_stop(self, record: LoaderRecord) -> bool:
         """The loader the script iterates most (most iter() calls, then most batches handed to the
@@ -386,8 +482,11 @@ class ScriptRecorder:
         return main is record
 
     def stop_script(self, record: LoaderRecord) -> None:
+        self.stop_with(f"{record.name}: {self.options.epochs} epochs recorded")
+
+    def stop_with(self, message: str) -> None:
         self.stopped = True
-        raise StopScript(f"{record.name}: {self.options.epochs} epochs recorded")
+        raise StopScript(message)
 
     def set_epoch_seen(self, loader_name: str) -> None:
         record = self.loaders.get(loader_name)
@@ -434,6 +533,13 @@ def record_script(
     notes = patch_cuda_choices()
     refuse_own_launch()
     outcome = Outcome()
+    first = FirstInputs(lambda: bool(recorder.loaders))
+    first.install()
+    sources = None
+    if options.batches:
+        window = options.steps or DEFAULT_WINDOW
+        sources = BatchSources(options.batches, window, options.epochs, recorder.stop_with)
+        sources.install()
     try:
         with watching(recorder):
             run_target(target)
@@ -449,6 +555,9 @@ def record_script(
             )
     except BaseException as exc:  # the script's own error: reported as it is, in one line
         outcome = failure(exc)
+    first.remove()
+    if sources is not None:
+        sources.remove()
     outcome = _finish(recorder, outcome)
     joined = recorder.joined if recorder.joined is not None else joined_group()
     rank, world_size = recorder.position if recorder.position is not None else position()
@@ -459,10 +568,13 @@ def record_script(
         status=outcome.status,
         message=outcome.message,
         stack=outcome.stack,
-        notes=tuple(dict.fromkeys(notes)),
+        notes=tuple(dict.fromkeys([*notes, *recorder.notes])),
         joined_group=bool(joined),
         stopped=recorder.stopped,
         fallback=accelerate_fallback(),
+        first_model_call=first.site,
+        inputs_from=first.name,
+        sources=sources.traces() if sources is not None else (),
     )
 
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ddpcheck.checker import draws as draws_module
@@ -47,6 +47,7 @@ class StepOptions:
 
 
 Handoff = tuple[str, int, int]  # (loader, epoch, position)
+Part = tuple[Handoff, int, "int | None"]  # a handoff, its samples (-1 unknown), its supervised labels
 
 
 @dataclass
@@ -56,6 +57,7 @@ class _Pending:
     handoffs: list[Handoff] = field(default_factory=list)
     samples: int = 0
     supervised: int | None = None
+    parts: list[Part] = field(default_factory=list)  # each handoff with its own samples and labels
     forwards: Counter[str] = field(default_factory=Counter)
 
 
@@ -66,6 +68,7 @@ class _Window:
     armed: bool = False
     name: str = ""  # the file name of its record, set at its first batch
     micro: list[MicroStep] = field(default_factory=list)
+    parts: list[list[Part]] = field(default_factory=list)  # per micro-step, the batches handed before it
     handoffs: list[Handoff] = field(default_factory=list)
     batches: dict[str, Any] = field(default_factory=dict)  # "loader|epoch|position" -> plain batch
     reasons: list[str] = field(default_factory=list)  # why it cannot be compared
@@ -76,6 +79,28 @@ class _Window:
     @property
     def backwards(self) -> int:
         return len(self.micro)
+
+
+def one_batch_each(micro: Sequence[MicroStep], parts: Sequence[Sequence[Part]]) -> tuple[MicroStep, ...]:
+    """The window's micro-steps, each with the batch its backward consumed where the loop fetched ahead.
+
+    A loop that takes a window's batches before its first backward (HF Trainer 5's ``get_batch_samples``
+    fetches every micro-batch of the window, then runs one forward and backward per batch) hands all of
+    them to the first micro-step. Where every backward had a batch fetched for it (the handoffs so far
+    never fall behind the backward passes) and the window holds exactly one batch per backward, the batches
+    go to the micro-steps in order; any other shape stays as handed."""
+    flat = [part for handed in parts for part in handed]
+    if len(parts) != len(micro) or len(flat) != len(micro) or all(len(p) == 1 for p in parts):
+        return tuple(micro)
+    ahead = 0
+    for handed in parts:
+        ahead += len(handed) - 1
+        if ahead < 0:
+            return tuple(micro)
+    return tuple(
+        replace(m, loader=h[0], epoch=h[1], batches=(h[2],), samples=n, supervised=labelled)
+        for m, (h, n, labelled) in zip(micro, flat, strict=True)
+    )
 
 
 def handoff_key(handoff: Handoff) -> str:
@@ -141,6 +166,7 @@ class StepWatcher:
         labelled = supervised(batch, self.options.ignore_index)
         if labelled is not None:
             pending.supervised = (pending.supervised or 0) + labelled
+        pending.parts.append((handoff, count, labelled))
         return batch
 
     def window_open(self) -> bool:
@@ -243,7 +269,7 @@ class StepWatcher:
         self.steps.append(
             OptimizerStep(
                 index=len(self.steps),
-                micro=tuple(window.micro),
+                micro=one_batch_each(window.micro, window.parts),
                 grad=kept.values if kept is not None else None,
                 grad_norm=kept.norm if kept is not None else None,
                 not_comparable="; ".join(dict.fromkeys(reasons)) if window.armed else "",
@@ -269,6 +295,7 @@ class StepWatcher:
                 draws=self.draws.take_loop_draws() if window.armed else (),
             )
         )
+        window.parts.append(pending.parts)
         window.kept = {}
         self.pending = _Pending()
 

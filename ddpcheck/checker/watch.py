@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Protocol
 
+from ddpcheck.checker.frames import call_at, user_site
 from ddpcheck.checker.index_log import log_of
 
 
@@ -26,8 +27,11 @@ class Watcher(Protocol):
         """The name of a loader built (or first iterated) with ``frame`` as the caller."""
         ...
 
-    def open_epoch(self, loader: Any, name: str, inner: Iterator[Any]) -> Iterator[Any]:
-        """``iter(loader)`` returned ``inner``: the iterator the script receives instead."""
+    def open_epoch(
+        self, loader: Any, name: str, inner: Iterator[Any], caller: FrameType | None
+    ) -> Iterator[Any]:
+        """``iter(loader)``, called from ``caller``, returned ``inner``: the iterator the script receives
+        instead."""
         ...
 
     def set_epoch_seen(self, name: str) -> None:
@@ -41,6 +45,8 @@ _ITER_ATTR = "_ddpcheck_original_iter"
 _NAME_ATTR = "_ddpcheck_loader_name"
 _SPIED_ATTR = "_ddpcheck_set_epoch_spy"
 _LOADERS_ATTR = "_ddpcheck_loaders"
+_DRAWN_ATTR = "_ddpcheck_drawn_at"
+SPLIT_CALLS = ("random_split", "Subset")  # the calls a Subset is drawn with, as the user wrote them
 DISPATCHERS = ("accelerate.data_loader.DataLoaderDispatcher",)
 
 
@@ -93,7 +99,44 @@ def install() -> None:
     DataLoader.__init__ = __init__  # type: ignore[method-assign]
     wrap_iter(DataLoader)
     _watch_set_epoch()
+    _watch_subsets()
     _installed = True
+
+
+def _watch_subsets() -> None:
+    """Tag every ``Subset`` built under a watcher with the user's call that drew it (``random_split(data,
+    [0.9, 0.1]) at train.py:17``), so a cause can name the split a rank drew differently."""
+    from torch.utils.data import Subset
+
+    original = Subset.__init__
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        if _active is None:
+            return
+        caller = sys._getframe(1)
+        site, _ = user_site(caller)
+        if site == "<unknown>":
+            return
+        try:
+            object.__setattr__(self, _DRAWN_ATTR, f"{call_at(caller, SPLIT_CALLS)} at {site}")
+        except (AttributeError, TypeError):
+            pass
+
+    Subset.__init__ = __init__  # type: ignore[method-assign]
+
+
+def drawn_at(dataset: Any) -> str:
+    """The user's call that drew ``dataset`` or the first Subset below it ("" where none was seen)."""
+    for _ in range(8):  # Subsets of Subsets, as deep as anyone nests them
+        if dataset is None:
+            return ""
+        found = getattr(dataset, _DRAWN_ATTR, "")
+        if found:
+            return str(found)
+        dataset = getattr(dataset, "dataset", None)
+    return ""
 
 
 def wrap_iter(cls: type) -> None:
@@ -145,7 +188,7 @@ def _iter_wrapper(original: Callable[[Any], Iterator[Any]]) -> Callable[[Any], I
             return original(self)
         inner = original(self)
         name = loader_name(self) or watcher.name_for(self, caller)
-        return watcher.open_epoch(self, name, inner)
+        return watcher.open_epoch(self, name, inner, caller)
 
     setattr(__iter__, _ITER_ATTR, original)
     __iter__.__doc__ = original.__doc__

@@ -179,82 +179,15 @@ def check_reshuffle(
         e for e in range(ctx.num_epochs - 1) if not same_sequence(ref_epochs[e].ids, ref_epochs[e + 1].ids)
     ]
     if not pairs:
-        stale = _stale_epoch(reference, ctx)
-        if stale is not None:
-            return stale
-        detail = "reference keeps its order (no shuffle); nothing to compare"
-        if ctx.facts.shuffles is False:
-            detail += f"; its {ctx.facts.sampler or 'sampler'} does not shuffle, so set_epoch changes nothing"
-        elif not (run.set_epoch and reference.set_epoch) and ctx.facts.has_set_epoch:
-            detail += (
-                "; the loop did not call set_epoch, which this loader has, so the order may be fixed by that"
-            )
-        return passed(RESHUFFLE, detail)
-    w = ctx.world_size
-    log_alpha = math.log(CHANCE)
-    set_epoch_note = "" if run.set_epoch else "; the loop did not call set_epoch"
+        return _reference_keeps_its_order(reference, run, ctx)
     unclear: list[str] = []
     for e in pairs:
-        before, after = ctx.view(e), ctx.view(e + 1)
-        n = max(before.ref_distinct, 1)
-        sizes = [len(items) for items in after.rank_items]
-        judged = [r for r in range(w) if sizes[r] >= 2]
-        repeated = [r for r in judged if same_sequence(before.rank_items[r], after.rank_items[r])]
-        if repeated:
-            if len(repeated) == len(judged):  # one event: the whole epoch repeats
-                log_p = -_log_falling(n, sum(sizes[r] for r in judged))
-            else:  # some rank repeats by chance: at most w times any one rank's chance
-                log_p = math.log(w) - min(_log_falling(n, sizes[r]) for r in repeated)
-            if log_p < log_alpha:
-                cause = (
-                    REPEATS
-                    if ctx.facts.has_set_epoch or ctx.facts.dataset_kind == "iterable"
-                    else NO_SET_EPOCH
-                )
-                if run.set_epoch and ctx.facts.set_epoch_unreached:
-                    cause = NOT_FORWARDED.format(parts=ctx.facts.set_epoch_unreached)
-                if not run.set_epoch:
-                    cause = f"{cause} (the loop did not call set_epoch, and the order depends on it)"
-                who = "every rank repeats" if len(repeated) == w else f"{ranks_text(repeated)} repeat"
-                if len(repeated) == 1 < w:
-                    who = f"rank {repeated[0]} repeats"
-                detail = (
-                    f"epoch {e + 1} repeats epoch {e} on rank {repeated[0]}: {REPEATS} "
-                    f"({who} the order; one process reshuffles)"
-                )
-                return Verdict(
-                    RESHUFFLE,
-                    "fail",
-                    detail,
-                    cause,
-                    tuple(repeated[:8]),
-                    (e, e + 1),
-                    (),
-                    {"repeated_ranks": len(repeated), "ranks": w},
-                )
-            unclear.append(
-                f"epoch {e + 1} repeats epoch {e} on {ranks_text(repeated)}, {_chance_text(log_p)} by chance"
-            )
-        frozen = w > 1 and judged and all(before.same_rank_items(after, r) for r in range(w))
-        shards = [after.distinct(r) for r in range(w)] if frozen else []
-        if frozen and sum(shards) < n + w:  # a partition (padding aside); shared items are no_overlap's
-            log_p = -_log_partitions(_trim(shards, n))
-            if log_p < log_alpha:
-                detail = (
-                    f"every rank sees the same {ctx.noun} in epoch {e + 1} as in epoch {e}, only reordered, "
-                    f"while one process reshuffles across the whole epoch"
-                )
-                return Verdict(
-                    RESHUFFLE,
-                    "fail",
-                    detail + set_epoch_note,
-                    FROZEN_SHARDS,
-                    (),
-                    (e, e + 1),
-                    (),
-                    {"ranks": w, "epoch": e + 1},
-                )
-            unclear.append(f"ranks keep their {ctx.noun} into epoch {e + 1}, {_chance_text(log_p)} by chance")
+        for judge in (_repeated, _frozen):
+            found = judge(ctx, run, e)
+            if isinstance(found, Verdict):
+                return found
+            if found:
+                unclear.append(found)
     detail = f"the order changes between epochs on every rank, as in one process ({len(pairs)} epoch pairs)"
     if unclear:
         detail = f"too few {ctx.noun} per rank to tell a repeat from chance: {'; '.join(unclear)}"
@@ -263,3 +196,76 @@ def check_reshuffle(
             "" if unclear else ", and the order changed without it"
         )
     return passed(RESHUFFLE, detail)
+
+
+def _reference_keeps_its_order(reference: RunTrace, run: RunTrace, ctx: Context) -> Verdict:
+    """No epoch of the single process differs from the next: a stale epoch, or nothing to compare."""
+    stale = _stale_epoch(reference, ctx)
+    if stale is not None:
+        return stale
+    detail = "reference keeps its order (no shuffle); nothing to compare"
+    if ctx.facts.shuffles is False:
+        detail += f"; its {ctx.facts.sampler or 'sampler'} does not shuffle, so set_epoch changes nothing"
+    elif not (run.set_epoch and reference.set_epoch) and ctx.facts.has_set_epoch:
+        detail += (
+            "; the loop did not call set_epoch, which this loader has, so the order may be fixed by that"
+        )
+    return passed(RESHUFFLE, detail)
+
+
+def _repeated(ctx: Context, run: RunTrace, e: int) -> Verdict | str:
+    """Epoch ``e + 1`` repeats epoch ``e`` on some rank: a failure when chance cannot explain it, else
+    what was seen ("" nothing)."""
+    w = ctx.world_size
+    before, after = ctx.view(e), ctx.view(e + 1)
+    n = max(before.ref_distinct, 1)
+    sizes = [len(items) for items in after.rank_items]
+    judged = [r for r in range(w) if sizes[r] >= 2]
+    repeated = [r for r in judged if same_sequence(before.rank_items[r], after.rank_items[r])]
+    if not repeated:
+        return ""
+    if len(repeated) == len(judged):  # one event: the whole epoch repeats
+        log_p = -_log_falling(n, sum(sizes[r] for r in judged))
+    else:  # some rank repeats by chance: at most w times any one rank's chance
+        log_p = math.log(w) - min(_log_falling(n, sizes[r]) for r in repeated)
+    if log_p >= math.log(CHANCE):
+        return f"epoch {e + 1} repeats epoch {e} on {ranks_text(repeated)}, {_chance_text(log_p)} by chance"
+    cause = REPEATS if ctx.facts.has_set_epoch or ctx.facts.dataset_kind == "iterable" else NO_SET_EPOCH
+    if run.set_epoch and ctx.facts.set_epoch_unreached:
+        cause = NOT_FORWARDED.format(parts=ctx.facts.set_epoch_unreached)
+    if not run.set_epoch:
+        cause = f"{cause} (the loop did not call set_epoch, and the order depends on it)"
+    who = "every rank repeats" if len(repeated) == w else f"{ranks_text(repeated)} repeat"
+    if len(repeated) == 1 < w:
+        who = f"rank {repeated[0]} repeats"
+    detail = (
+        f"epoch {e + 1} repeats epoch {e} on rank {repeated[0]}: {REPEATS} "
+        f"({who} the order; one process reshuffles)"
+    )
+    data: dict[str, object] = {"repeated_ranks": len(repeated), "ranks": w}
+    return Verdict(RESHUFFLE, "fail", detail, cause, tuple(repeated[:8]), (e, e + 1), (), data)
+
+
+def _frozen(ctx: Context, run: RunTrace, e: int) -> Verdict | str:
+    """Every rank keeps its samples from epoch ``e`` into ``e + 1``, only reordered: a failure when
+    chance cannot explain it, else what was seen ("" nothing)."""
+    w = ctx.world_size
+    before, after = ctx.view(e), ctx.view(e + 1)
+    n = max(before.ref_distinct, 1)
+    judged = [r for r in range(w) if len(after.rank_items[r]) >= 2]
+    frozen = w > 1 and judged and all(before.same_rank_items(after, r) for r in range(w))
+    if not frozen:
+        return ""
+    shards = [after.distinct(r) for r in range(w)]
+    if sum(shards) >= n + w:  # not a partition (padding aside); shared items are no_overlap's
+        return ""
+    log_p = -_log_partitions(_trim(shards, n))
+    if log_p >= math.log(CHANCE):
+        return f"ranks keep their {ctx.noun} into epoch {e + 1}, {_chance_text(log_p)} by chance"
+    detail = (
+        f"every rank sees the same {ctx.noun} in epoch {e + 1} as in epoch {e}, only reordered, "
+        f"while one process reshuffles across the whole epoch"
+    )
+    set_epoch_note = "" if run.set_epoch else "; the loop did not call set_epoch"
+    data: dict[str, object] = {"ranks": w, "epoch": e + 1}
+    return Verdict(RESHUFFLE, "fail", detail + set_epoch_note, FROZEN_SHARDS, (), (e, e + 1), (), data)

@@ -318,6 +318,56 @@ def _tokens(run: RunTrace, epoch: int) -> set[tuple[Any, int]] | None:
     return out
 
 
+def _packing_problems(total: PackingTally) -> list[tuple[str, str]]:
+    """What the tally of every batch's segments says is wrong: (cause, what was counted) each."""
+    problems = []
+    if total.no_reset:
+        problems.append(
+            (POSITIONS_NOT_RESET, f"{count_text(total.no_reset, 'document boundaries')} without a reset")
+        )
+    if total.disagree or total.reset_inside:
+        problems.append(
+            (
+                METADATA_DISAGREE,
+                f"{count_text(total.disagree, 'batches')} whose sources disagree, "
+                f"{count_text(total.reset_inside, 'resets')} inside a segment",
+            )
+        )
+    if total.jumps:
+        problems.append((POSITION_JUMPS, count_text(total.jumps, "position jumps")))
+    if total.mixed:
+        problems.append((MIXED_SEGMENTS, count_text(total.mixed, "segments") + " mixing documents"))
+    if total.cut_restarted:
+        problems.append(
+            (UNDECLARED_CUT, count_text(total.cut_restarted, "cut documents") + " restart positions")
+        )
+    return problems
+
+
+def _token_coverage(reference: RunTrace, run: RunTrace, data: dict[str, Any]) -> tuple[str, str] | str:
+    """Every token of each single-process epoch reaches exactly the ranks' tokens: the first epoch where
+    not as a problem (cause, text), else what was checked ("" nothing could be); counts go to ``data``."""
+    checked_tokens = ""
+    epochs = min((len(r.epochs) for r in run.ranks), default=0)
+    for epoch in range(min(epochs, min((len(r.epochs) for r in reference.ranks), default=0))):
+        seen, expected = _tokens(run, epoch), _tokens(reference, epoch)
+        if seen is None or expected is None:
+            break
+        lost, unexpected = len(expected - seen), len(seen - expected)
+        data["tokens_lost"] = (data["tokens_lost"] or 0) + lost
+        data["tokens_unexpected"] = (data["tokens_unexpected"] or 0) + unexpected
+        checked_tokens = (
+            f"; {count_text(len(expected), 'tokens')} of the single-process epoch each reach a rank"
+        )
+        if lost or unexpected:
+            return (
+                PACKED_PER_RANK,
+                f"epoch {epoch}: {count_text(lost, 'tokens')} of the single-process epoch reach no rank, "
+                f"{count_text(unexpected, 'tokens')} appear only here",
+            )
+    return checked_tokens
+
+
 def check_packing(
     reference: RunTrace, run: RunTrace, rerun: RunTrace | None = None, *, ctx: Context | None = None
 ) -> Verdict:
@@ -345,49 +395,13 @@ def check_packing(
         "tokens_lost": None,
         "tokens_unexpected": None,
     }
-    problems = []
-    if total.no_reset:
-        problems.append(
-            (POSITIONS_NOT_RESET, f"{count_text(total.no_reset, 'document boundaries')} without a reset")
-        )
-    if total.disagree or total.reset_inside:
-        problems.append(
-            (
-                METADATA_DISAGREE,
-                f"{count_text(total.disagree, 'batches')} whose sources disagree, "
-                f"{count_text(total.reset_inside, 'resets')} inside a segment",
-            )
-        )
-    if total.jumps:
-        problems.append((POSITION_JUMPS, count_text(total.jumps, "position jumps")))
-    if total.mixed:
-        problems.append((MIXED_SEGMENTS, count_text(total.mixed, "segments") + " mixing documents"))
-    if total.cut_restarted:
-        problems.append(
-            (UNDECLARED_CUT, count_text(total.cut_restarted, "cut documents") + " restart positions")
-        )
+    problems = _packing_problems(total)
+    covered = _token_coverage(reference, run, data)
     checked_tokens = ""
-    epochs = min((len(r.epochs) for r in run.ranks), default=0)
-    for epoch in range(min(epochs, min((len(r.epochs) for r in reference.ranks), default=0))):
-        seen, expected = _tokens(run, epoch), _tokens(reference, epoch)
-        if seen is None or expected is None:
-            break
-        lost, unexpected = len(expected - seen), len(seen - expected)
-        data["tokens_lost"] = (data["tokens_lost"] or 0) + lost
-        data["tokens_unexpected"] = (data["tokens_unexpected"] or 0) + unexpected
-        checked_tokens = (
-            f"; {count_text(len(expected), 'tokens')} of the single-process epoch each reach a rank"
-        )
-        if lost or unexpected:
-            problems.append(
-                (
-                    PACKED_PER_RANK,
-                    f"epoch {epoch}: {count_text(lost, 'tokens')} of the single-process epoch reach no rank, "
-                    f"{count_text(unexpected, 'tokens')} appear only here",
-                )
-            )
-            checked_tokens = ""
-            break
+    if isinstance(covered, tuple):
+        problems.append(covered)
+    else:
+        checked_tokens = covered
     named = "+".join(total.sources) or "positions only"
     where = f"{count_text(total.segments, 'segments')} in {count_text(total.batches, 'batches')} ({named})"
     if not problems:

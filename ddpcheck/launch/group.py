@@ -151,21 +151,10 @@ def bind_loopback() -> socket.socket:
     return sock
 
 
-def run_ranks(
-    target: Callable[..., Any] | TargetRef,
-    world_size: int,
-    *,
-    backend: str = "gloo",
-    timeout: float = 60.0,
-    kwargs: dict[str, Any] | None = None,
-    start_method: str | None = None,
-    capture: bool = True,
-    grace: float = 1.0,
-    env: dict[str, str] | None = None,
-    init_group: bool = True,
-    on_progress: ProgressCallback | None = None,
-) -> GroupResult:
-    """Run ``target(**kwargs)`` in every rank of a fresh ``world_size`` group; return each rank's outcome.
+def run_ranks(call: GroupCall) -> GroupResult:
+    """Run ``call.target(**call.kwargs)`` in every rank of a fresh ``call.world_size`` group; return each
+    rank's outcome. The group is described by one :class:`GroupCall`, as torchrun's ``elastic_launch``
+    takes one launch config.
 
     ``timeout`` bounds the job once every rank has joined the group; joining itself gets
     ``timeout + JOIN_ALLOWANCE_S`` (see :class:`Deadline`). When a rank fails, the others get
@@ -177,16 +166,13 @@ def run_ranks(
     whatever became of the ranks). It must return quickly. An exception it raises ends the group as
     Ctrl-C would: every rank is stopped, and the exception propagates.
     """
-    call = GroupCall(
-        target, world_size, backend=backend, timeout=timeout, kwargs=kwargs, start_method=start_method,
-        capture=capture, grace=grace, env=env, init_group=init_group, on_progress=on_progress,
-    )  # fmt: skip
     return run_groups([call])[0]
 
 
 @dataclass
 class GroupCall:
-    """One group's arguments, as :func:`run_ranks` takes them."""
+    """One group: what every rank runs (``target(**kwargs)``), at which world size, and how (see
+    :func:`run_ranks`)."""
 
     target: Callable[..., Any] | TargetRef
     world_size: int

@@ -59,6 +59,20 @@ class ScriptLaunch:
     timed_out: bool = False
 
 
+@dataclass(frozen=True)
+class _Rendezvous:
+    """Where the ranks of one launch meet, as torchrun tells its workers: the store's port on 127.0.0.1,
+    the run's id, the world size, and the launch's directory."""
+
+    world_size: int
+    port: int
+    run_id: str
+    out: str
+
+    def env(self, rank: int) -> dict[str, str]:
+        return torchrun_env(rank, self.world_size, self.port, self.run_id, self.out)
+
+
 def launch_script(
     command: Sequence[str],
     world_size: int,
@@ -93,7 +107,7 @@ def launch_script(
         master_listen_fd=sock.detach(),
     )
     janitor = Janitor(out)
-    run_id = uuid.uuid4().hex[:12]
+    meeting = _Rendezvous(world_size, port, uuid.uuid4().hex[:12], out)
     started = time.monotonic()
     view: RunWorkdir | None = None
     try:
@@ -101,7 +115,7 @@ def launch_script(
             view = workdir.start(label or f"world size {world_size}", janitor)
             cwd, env = view.cwd, {**(env or {}), **view.env}
         for rank in range(world_size):
-            launch.ranks.append(_start(rank, world_size, port, run_id, command, out, cwd, env, janitor))
+            launch.ranks.append(_start(rank, meeting, command, cwd, env, janitor))
         _watch(launch, started + timeout)
     finally:
         for entry in launch.ranks:
@@ -122,20 +136,18 @@ def launch_script(
 
 def _start(
     rank: int,
-    world_size: int,
-    port: int,
-    run_id: str,
+    meeting: _Rendezvous,
     command: Sequence[str],
-    out: str,
     cwd: str,
     extra: dict[str, str] | None,
     janitor: Janitor,
 ) -> ScriptRank:
+    out = meeting.out
     entry = ScriptRank(rank=rank, log=os.path.join(out, f"rank{rank}.log"))
     entry.stacks_file = os.path.join(out, f"rank{rank}.stacks")
     env = dict(os.environ)
     env.pop("PYTHONHASHSEED", None)  # a fresh interpreter's own hash seed, as under torchrun
-    env.update(torchrun_env(rank, world_size, port, run_id, out))
+    env.update(meeting.env(rank))
     env["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # this process hosts the store, as torchrun's agent
     env[STACK_ENV] = entry.stacks_file
     env[PARENT_ENV] = str(os.getpid())

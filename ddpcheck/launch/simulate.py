@@ -130,6 +130,19 @@ class _Part:
     collected: _Collected | None = None
 
 
+@dataclass(frozen=True)
+class _Simulation:
+    """What every child of one simulated group runs: ``target(**kwargs)`` as each of its ranks of a
+    ``world_size`` world; ``capture``: the ranks' output to a file; ``shortcuts``: see
+    :func:`simulate_ranks`."""
+
+    target: Callable[..., Any]
+    world_size: int
+    kwargs: dict[str, Any]
+    capture: bool
+    shortcuts: bool
+
+
 def simulate_ranks(
     target: Callable[..., Any],
     world_size: int,
@@ -163,6 +176,7 @@ def simulate_ranks(
         raise ValueError(f"ranks must be a non-empty selection of 0..{world_size - 1}")
     started = time.monotonic()
     find_rank_state_holders()  # what each simulated rank refreshes once it knows its rank
+    simulation = _Simulation(target, world_size, dict(kwargs or {}), capture, shortcuts)
     workdir = short_tempdir("ddpc-s")
     janitor = Janitor(workdir)  # removes workdir and the children's groups should this process be SIGKILLed
     ranges = _parts(chosen)
@@ -175,29 +189,7 @@ def simulate_ranks(
     reaper.start()
     try:
         for part in parts:
-            part.read_fd, write_fd = os.pipe()
-            try:
-                part.proc = ctx.Process(
-                    target=_child_main,
-                    args=(
-                        target,
-                        world_size,
-                        dict(kwargs or {}),
-                        write_fd,
-                        (*(p.read_fd for p in parts if p.read_fd >= 0), janitor.fd),
-                        part.progress,
-                        part.workdir,
-                        capture,
-                        os.getpid(),
-                        tuple(part.ranks),
-                        shortcuts,
-                    ),
-                    name="ddpcheck-simulated-ranks",
-                )
-                part.proc.start()
-                janitor.watch(part.proc.pid)
-            finally:
-                os.close(write_fd)
+            _start_part(ctx, simulation, part, parts, janitor)
         threads = [
             threading.Thread(target=_collect_part, args=(part, timeout), daemon=True) for part in parts
         ]
@@ -205,40 +197,76 @@ def simulate_ranks(
             thread.start()
         for thread in threads:
             thread.join()
-        for part in parts:
-            assert part.collected is not None
-            if part.collected.needs:
-                raise NeedsCollectives(part.collected.needs)
-        outcomes: list[RankOutcome] = []
-        for part in parts:
-            assert part.collected is not None
-            outcomes += _outcomes(part.collected, part.proc, part.progress, part.workdir, capture, part.ranks)
-        result = GroupResult(world_size, "simulated", outcomes, time.monotonic() - started)
-        for part in parts:
-            assert part.collected is not None
-            for key, value in part.collected.shortcuts.items():
-                if isinstance(value, int):
-                    result.shortcuts[key] = result.shortcuts.get(key, 0) + value
-                elif value:
-                    result.shortcuts[key] = value
-        return result
+        return _group_result(simulation, parts, started)
     finally:
-        for part in parts:  # a child that said done runs its exit handlers (rank_side.run_exit_handlers)
-            if part.proc is not None and part.collected is not None and part.collected.done:
-                part.proc.join(timeout=rank_side.EXIT_HANDLERS_S + 1.0)
-        for part in parts:
-            if part.proc is not None and part.proc.pid is not None:
-                kill_group(part.proc.pid)
-        for part in parts:
-            if part.proc is not None and part.proc.pid is not None:
-                part.proc.join(timeout=5)
-        reaper.sweep({p.proc.pid for p in parts if p.proc is not None and p.proc.pid is not None})
-        reaper.stop()
-        for part in parts:
-            if part.read_fd >= 0:
-                os.close(part.read_fd)
-        shutil.rmtree(workdir, ignore_errors=True)
-        janitor.close()
+        _close(parts, reaper, janitor, workdir)
+
+
+def _start_part(ctx: Any, simulation: _Simulation, part: _Part, parts: list[_Part], janitor: Janitor) -> None:
+    """Fork ``part``'s child; it closes the read ends of the pipes started before it (``parts``')."""
+    part.read_fd, write_fd = os.pipe()
+    try:
+        part.proc = ctx.Process(
+            target=_child_main,
+            args=(
+                simulation,
+                tuple(part.ranks),
+                write_fd,
+                (*(p.read_fd for p in parts if p.read_fd >= 0), janitor.fd),
+                part.progress,
+                part.workdir,
+                os.getpid(),
+            ),
+            name="ddpcheck-simulated-ranks",
+        )
+        part.proc.start()
+        janitor.watch(part.proc.pid)
+    finally:
+        os.close(write_fd)
+
+
+def _group_result(simulation: _Simulation, parts: list[_Part], started: float) -> GroupResult:
+    """Every part's outcomes, in rank order, and the shortcuts the parts took, summed; NeedsCollectives
+    when a part's ranks needed peers."""
+    for part in parts:
+        assert part.collected is not None
+        if part.collected.needs:
+            raise NeedsCollectives(part.collected.needs)
+    outcomes: list[RankOutcome] = []
+    capture = simulation.capture
+    for part in parts:
+        assert part.collected is not None
+        outcomes += _outcomes(part.collected, part.proc, part.progress, part.workdir, capture, part.ranks)
+    result = GroupResult(simulation.world_size, "simulated", outcomes, time.monotonic() - started)
+    for part in parts:
+        assert part.collected is not None
+        for key, value in part.collected.shortcuts.items():
+            if isinstance(value, int):
+                result.shortcuts[key] = result.shortcuts.get(key, 0) + value
+            elif value:
+                result.shortcuts[key] = value
+    return result
+
+
+def _close(parts: list[_Part], reaper: Reaper, janitor: Janitor, workdir: str) -> None:
+    """Nothing of the group outlives it: every child joined or killed (group and all), every pipe
+    closed, the work directory removed."""
+    for part in parts:  # a child that said done runs its exit handlers (rank_side.run_exit_handlers)
+        if part.proc is not None and part.collected is not None and part.collected.done:
+            part.proc.join(timeout=rank_side.EXIT_HANDLERS_S + 1.0)
+    for part in parts:
+        if part.proc is not None and part.proc.pid is not None:
+            kill_group(part.proc.pid)
+    for part in parts:
+        if part.proc is not None and part.proc.pid is not None:
+            part.proc.join(timeout=5)
+    reaper.sweep({p.proc.pid for p in parts if p.proc is not None and p.proc.pid is not None})
+    reaper.stop()
+    for part in parts:
+        if part.read_fd >= 0:
+            os.close(part.read_fd)
+    shutil.rmtree(workdir, ignore_errors=True)
+    janitor.close()
 
 
 def _collect_part(part: _Part, timeout: float) -> None:
@@ -372,23 +400,19 @@ def _dump_stack(proc: Any, workdir: str) -> str:
 
 
 def _child_main(
-    target: Callable[..., Any],
-    world_size: int,
-    kwargs: dict[str, Any],
+    simulation: _Simulation,
+    ranks: tuple[int, ...],
     fd: int,
     parent_fds: tuple[int, ...],
     progress: Any,
     workdir: str,
-    capture: bool,
     parent_pid: int,
-    ranks: tuple[int, ...] = (),
-    shortcuts: bool = True,
 ) -> None:
     """One simulated group's process: its ranks in order, one framed message per rank, then exit."""
     make_killable(parent_pid, parent_fds)
     force_loopback()
     private_tmp(workdir)
-    if capture:
+    if simulation.capture:
         out = os.open(os.path.join(workdir, "ranks.out"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -404,8 +428,7 @@ def _child_main(
     port_holder = bind_loopback()  # MASTER_PORT names a loopback port that is ours, not a stranger's
     port = port_holder.getsockname()[1]
     try:
-        chosen = ranks or tuple(range(world_size))
-        done = _run_all(target, world_size, kwargs, fd, workdir, port, capture, chosen, shortcuts)
+        done = _run_all(simulation, ranks, fd, workdir, port)
         write_frame(fd, ("done", done))
     except BaseException as exc:  # ddpcheck's own failure around the ranks, not a rank's
         with contextlib.suppress(BaseException):
@@ -418,21 +441,16 @@ def _child_main(
 
 
 def _run_all(
-    target: Callable[..., Any],
-    world_size: int,
-    kwargs: dict[str, Any],
-    fd: int,
-    workdir: str,
-    port: int,
-    capture: bool,
-    ranks: tuple[int, ...],
-    shortcuts: bool = True,
+    simulation: _Simulation, ranks: tuple[int, ...], fd: int, workdir: str, port: int
 ) -> dict[str, Any]:
-    """Returns what :func:`known_samplers` did (empty without ``shortcuts``)."""
+    """Each of ``ranks`` in turn; returns what :func:`known_samplers` did (empty without ``shortcuts``)."""
+    target, world_size, kwargs = simulation.target, simulation.world_size, simulation.kwargs
+    capture = simulation.capture
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     run_id = f"ddpcheck-sim-{os.getpid()}"
-    known = known_samplers(lists=world_size >= SHORTCUTS_FROM) if shortcuts else contextlib.nullcontext(None)
+    lists = world_size >= SHORTCUTS_FROM
+    known = known_samplers(lists=lists) if simulation.shortcuts else contextlib.nullcontext(None)
     with collectives_forbidden(), shared_permutations(), known as done:
         cwd = os.getcwd()
         for rank in ranks:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.options import CheckOptions
     from ddpcheck.result import CheckResult
 
 LoaderSource = Callable[..., Any] | str | os.PathLike[str]
@@ -156,7 +156,7 @@ def check_options(
     a check with meshes checks only the meshes, else world sizes 1 and 2.
     """
     __tracebackhide__ = True
-    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.options import TEST_WORLD_SIZES, CheckOptions
     from ddpcheck.pytest_plugin.marker import MarkerError, check_meshes
 
     internal = ("world_sizes", "epochs", "option_sources", "config_file")  # not the user's to give
@@ -172,12 +172,9 @@ def check_options(
     if "data_dims" in options:
         options = {**options, "data_dims": tuple(options["data_dims"])}
     if world_sizes is None:
-        world_sizes = () if options.get("meshes") else DEFAULT_WORLD_SIZES
+        world_sizes = () if options.get("meshes") else TEST_WORLD_SIZES
     sizes = (world_sizes,) if isinstance(world_sizes, int) else tuple(world_sizes)
     return CheckOptions(world_sizes=sizes, epochs=epochs, factory=factory or "make_loader", **options)
-
-
-DEFAULT_WORLD_SIZES = (1, 2)
 
 
 def run_check(
@@ -196,7 +193,7 @@ def run_check(
     the plugin's (default: the running test's); under it bad input fails the test with one line.
     """
     __tracebackhide__ = True
-    from ddpcheck.checker.options import BadInput
+    from ddpcheck.options import BadInput
     from ddpcheck.session import check_loader
 
     dist = sys.modules.get("torch.distributed")
@@ -282,7 +279,7 @@ def assert_ddp_safe(
     fields (``backend``, ``patch``, ``timeout``, ``determinism``, ...; an unknown one is a TypeError
     that lists them). Raises :class:`DdpCheckFailed` (an AssertionError) with the report
     table. Bad input (no such file, no factory) fails the test with one line under the pytest plugin;
-    elsewhere it raises ``ddpcheck.checker.options.BadInput``, whose message is that line.
+    elsewhere it raises ``ddpcheck.options.BadInput``, whose message is that line.
     """
     __tracebackhide__ = True
     result = run_check(factory_or_path, world_sizes=world_sizes, epochs=epochs, factory=factory, **options)
@@ -327,18 +324,21 @@ class DdpCheck:
         script: str | Path,
         args: Sequence[str] = (),
         *,
-        world_sizes: int | tuple[int, ...] | list[int] = (1, 2),
+        world_sizes: int | tuple[int, ...] | list[int] | None = None,
         **options: Any,
     ) -> CheckResult:
         """Audit a training script as ``ddpcheck run -- SCRIPT ARGS`` does (a ``.py`` path, relative to
         pytest's rootdir, or a module name run as ``python -m`` from there); fail the test with the
-        report table unless every check passes. ``options``: :func:`ddpcheck.check_script`'s."""
+        report table unless every check passes. ``world_sizes``: 1 and 2 when not given; ``options``:
+        :func:`ddpcheck.check_script`'s."""
         __tracebackhide__ = True
-        from ddpcheck.checker.options import BadInput
+        from ddpcheck.options import TEST_WORLD_SIZES, BadInput
         from ddpcheck.session.script import check_script
 
         session = self._session if self._session is not None else current_session()
         root = session.rootdir if session is not None and session.rootdir is not None else Path.cwd()
+        if world_sizes is None:
+            world_sizes = TEST_WORLD_SIZES
         sizes = (world_sizes,) if isinstance(world_sizes, int) else tuple(world_sizes)
         options.setdefault("cwd", str(root))
         try:

@@ -158,26 +158,30 @@ def picklable(funcargs: dict[str, Any], nodeid: str) -> dict[str, Any]:
 
 def run_in_ranks(item: pytest.Function, spec: DdpSpec, world_size: int, *, capture: bool) -> GroupResult:
     """One process group of ``world_size`` ranks, each running the item's test body once."""
-    from ddpcheck.launch import TargetRef, default_start_method, run_ranks
+    from ddpcheck.launch import GroupCall, TargetRef, default_start_method, run_ranks
 
     funcargs = call_arguments(item)
     if inspect.iscoroutinefunction(item.obj) or inspect.isasyncgenfunction(item.obj):
         raise TypeError(f"{item.nodeid}: @pytest.mark.ddp tests must be plain (synchronous) functions")
     if default_start_method(spec.backend) == "fork":
         return run_ranks(
-            run_test_body,
+            GroupCall(
+                run_test_body,
+                world_size,
+                backend=spec.backend,
+                timeout=spec.timeout,
+                kwargs={"test": item.obj, "funcargs": funcargs},
+                start_method="fork",
+                capture=capture,
+            )
+        )
+    return run_ranks(
+        GroupCall(
+            TargetRef.of(run_test_body),
             world_size,
             backend=spec.backend,
             timeout=spec.timeout,
-            kwargs={"test": item.obj, "funcargs": funcargs},
-            start_method="fork",
+            kwargs={"test": item_ref(item), "funcargs": picklable(funcargs, item.nodeid)},
             capture=capture,
         )
-    return run_ranks(
-        TargetRef.of(run_test_body),
-        world_size,
-        backend=spec.backend,
-        timeout=spec.timeout,
-        kwargs={"test": item_ref(item), "funcargs": picklable(funcargs, item.nodeid)},
-        capture=capture,
     )

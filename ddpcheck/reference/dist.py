@@ -372,46 +372,12 @@ def connect(
     if not isinstance(timeout, timedelta):
         raise TypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
 
-    env = os.environ
-    source: Source
-    addr: str | None = master_addr
-    port: int | None = master_port
-    url: str | None = init_method
     if rank is not None and world_size is not None:
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-        source = "store" if store is not None else "explicit"
-        local_rank = _int_var(env, "LOCAL_RANK") if env.get("LOCAL_RANK") else rank
-        if store is None and url is None:
-            if addr is None and env.get("MASTER_ADDR"):
-                addr = env["MASTER_ADDR"].strip()
-            if port is None and env.get("MASTER_PORT"):
-                port = _port(env, "MASTER_PORT")
-            if addr is None or port is None:
-                if world_size == 1:
-                    store = dist.HashStore()  # one process: nothing to rendezvous with
-                else:
-                    raise ValueError(
-                        "connect(rank=, world_size=) needs master_addr= and master_port= "
-                        "(or MASTER_ADDR/MASTER_PORT, or store=, or init_method=)"
-                    )
-            else:
-                url = _tcp_url(addr, port)
+        meet = _explicit(rank, world_size, master_addr, master_port, init_method, store)
     else:
-        launch = detect_launch(env, require_rendezvous=store is None and init_method is None)
-        if launch is None:
-            raise ValueError(
-                "no launch found in the environment (torchrun or srun); "
-                "pass rank= and world_size= to connect()"
-            )
-        source = "store" if store is not None else launch.source
-        rank, world_size, local_rank = launch.rank, launch.world_size, launch.local_rank
-        if url is None and store is None:
-            addr = master_addr if master_addr is not None else launch.master_addr
-            port = master_port if master_port is not None else launch.master_port
-            assert addr is not None and port is not None  # required by detect_launch above
-            url = _tcp_url(addr, port)
-
+        meet = _launched(master_addr, master_port, init_method, store)
+    rank, world_size, local_rank, store = meet.rank, meet.world_size, meet.local_rank, meet.store
+    addr, port, url = meet.addr, meet.port, meet.url
     chosen = _pick_backend(backend)
     if chosen == "nccl":
         _use_cuda_device(local_rank)
@@ -425,10 +391,70 @@ def connect(
         world_size=world_size,
         local_rank=local_rank,
         backend=str(dist.get_backend()),
-        source=source,
+        source=meet.source,
         master_addr=addr,
         master_port=port,
     )
+
+
+@dataclass
+class _Meeting:
+    """Where this process stands and how the group meets: a ``store``, else the ``url``
+    (``init_method``), with the TCP address and port it names where there is one."""
+
+    source: Source
+    rank: int
+    world_size: int
+    local_rank: int
+    store: dist.Store | None
+    url: str | None
+    addr: str | None = None
+    port: int | None = None
+
+
+def _explicit(
+    rank: int, world_size: int, addr: str | None, port: int | None, url: str | None, store: dist.Store | None
+) -> _Meeting:
+    """Rank and world size given: the rendezvous as given, else ``MASTER_ADDR``/``MASTER_PORT``; a
+    world of one needs none."""
+    env = os.environ
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+    source: Source = "store" if store is not None else "explicit"
+    local_rank = _int_var(env, "LOCAL_RANK") if env.get("LOCAL_RANK") else rank
+    if store is None and url is None:
+        if addr is None and env.get("MASTER_ADDR"):
+            addr = env["MASTER_ADDR"].strip()
+        if port is None and env.get("MASTER_PORT"):
+            port = _port(env, "MASTER_PORT")
+        if addr is None or port is None:
+            if world_size == 1:
+                store = dist.HashStore()  # one process: nothing to rendezvous with
+            else:
+                raise ValueError(
+                    "connect(rank=, world_size=) needs master_addr= and master_port= "
+                    "(or MASTER_ADDR/MASTER_PORT, or store=, or init_method=)"
+                )
+        else:
+            url = _tcp_url(addr, port)
+    return _Meeting(source, rank, world_size, local_rank, store, url, addr, port)
+
+
+def _launched(addr: str | None, port: int | None, url: str | None, store: dist.Store | None) -> _Meeting:
+    """Rank and world size from the launch found in the environment (torchrun, then SLURM); the
+    rendezvous as given, else the launch's."""
+    launch = detect_launch(os.environ, require_rendezvous=store is None and url is None)
+    if launch is None:
+        raise ValueError(
+            "no launch found in the environment (torchrun or srun); pass rank= and world_size= to connect()"
+        )
+    source: Source = "store" if store is not None else launch.source
+    if url is None and store is None:
+        addr = addr if addr is not None else launch.master_addr
+        port = port if port is not None else launch.master_port
+        assert addr is not None and port is not None  # required by detect_launch above
+        url = _tcp_url(addr, port)
+    return _Meeting(source, launch.rank, launch.world_size, launch.local_rank, store, url, addr, port)
 
 
 def disconnect() -> None:

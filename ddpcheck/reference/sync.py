@@ -26,7 +26,7 @@ import json
 import math
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -554,9 +554,29 @@ def sync_dicts_ddp(
     schemas, keys = _exchange_and_check(
         "sync_dicts_ddp", local, extra, comm, allow_pickle=allow_pickle, ids_key=ids_key, group=group
     )
+    routes, jobs = _routes(keys, schemas, local)
+    gathered = _Gathered(schemas, _gather_rows(jobs, comm, group))  # step 2: everything that travels as bytes
+    # Step 3: JSON lists, then pickled values.
+    json_keys = [k for k in keys if routes[k] == "json"]
+    if json_keys:
+        gathered.json = _exchange_json({k: list(local[k].value) for k in json_keys}, comm, group)
+    pickle_keys = [k for k in keys if routes[k] == "pickle"]
+    if pickle_keys:
+        gathered.pickled = [None] * actual
+        dist.all_gather_object(gathered.pickled, {k: local[k].value for k in pickle_keys}, group=group)
     rank = dist.get_rank(group)
+    out = {key: _merged(key, routes[key], gathered, rank, local[key], target) for key in keys}
+    if ids_key is not None:
+        sample_keys = [k for k in keys if schemas[0]["specs"][k]["kind"] in _SAMPLE_KINDS]
+        out = _order_by_ids(out, ids_key, sample_keys)
+    return out
 
-    # Step 2: everything that travels as bytes.
+
+def _routes(
+    keys: Sequence[str], schemas: Sequence[Mapping[str, Any]], local: Mapping[str, _Local]
+) -> tuple[dict[str, str], dict[str, _Rows]]:
+    """How each key travels ("scalar", "pickle", "rows", or a list's route: "json", "empty", "int",
+    "float"), and the rows each key gathered as bytes sends."""
     routes: dict[str, str] = {}
     jobs: dict[str, _Rows] = {}
     for key in keys:
@@ -573,46 +593,40 @@ def sync_dicts_ddp(
         else:
             routes[key] = "rows"
             jobs[key] = _Rows([sp["n"] for sp in specs], specs[0]["rowbytes"], local[key].rows)
-    merged_rows = _gather_rows(jobs, comm, group)
+    return routes, jobs
 
-    # Step 3: JSON lists, then pickled values.
-    json_keys = [k for k in keys if routes[k] == "json"]
-    json_parts = (
-        _exchange_json({k: list(local[k].value) for k in json_keys}, comm, group) if json_keys else []
-    )
-    pickle_keys = [k for k in keys if routes[k] == "pickle"]
-    pickled: list[Any] = []
-    if pickle_keys:
-        pickled = [None] * actual
-        dist.all_gather_object(pickled, {k: local[k].value for k in pickle_keys}, group=group)
 
-    out: dict[str, Any] = {}
-    for key in keys:
-        spec = dict(schemas[rank]["specs"][key], route=routes[key])
-        kind, route = spec["kind"], routes[key]
-        if route == "scalar":
-            out[key] = [s["specs"][key]["value"] for s in schemas]
-        elif route == "empty":
-            out[key] = () if kind == "tuple" else []
-        elif route == "json":
-            chained = list(itertools.chain.from_iterable(p[key] for p in json_parts))
-            out[key] = tuple(chained) if kind == "tuple" else chained
-        elif route == "pickle":
-            values = [p[key] for p in pickled]
-            if kind in ("list", "tuple"):
-                chained = list(itertools.chain.from_iterable(values))
-                out[key] = tuple(chained) if kind == "tuple" else chained
-            elif kind == "ndarray":
-                out[key] = np.concatenate(values, axis=0)
-            else:
-                out[key] = values
-        else:
-            out[key] = _from_rows(merged_rows[key], spec, local[key], target)
+@dataclass
+class _Gathered:
+    """What every rank sent: its schema, the rows of every key sent as bytes (merged in rank order), the
+    JSON lists, the pickled values (one dict per rank each)."""
 
-    if ids_key is not None:
-        sample_keys = [k for k in keys if schemas[0]["specs"][k]["kind"] in _SAMPLE_KINDS]
-        out = _order_by_ids(out, ids_key, sample_keys)
-    return out
+    schemas: list[dict[str, Any]]
+    rows: dict[str, torch.Tensor]
+    json: list[Any] = field(default_factory=list)
+    pickled: list[Any] = field(default_factory=list)
+
+
+def _merged(key: str, route: str, gathered: _Gathered, rank: int, mine: _Local, target: torch.device) -> Any:
+    """One key's merged value, from what every rank sent by its route."""
+    spec = dict(gathered.schemas[rank]["specs"][key], route=route)
+    kind = spec["kind"]
+    if route == "scalar":
+        return [s["specs"][key]["value"] for s in gathered.schemas]
+    if route == "empty":
+        return () if kind == "tuple" else []
+    if route == "json":
+        chained = list(itertools.chain.from_iterable(p[key] for p in gathered.json))
+        return tuple(chained) if kind == "tuple" else chained
+    if route == "pickle":
+        values = [p[key] for p in gathered.pickled]
+        if kind in ("list", "tuple"):
+            chained = list(itertools.chain.from_iterable(values))
+            return tuple(chained) if kind == "tuple" else chained
+        if kind == "ndarray":
+            return np.concatenate(values, axis=0)
+        return values
+    return _from_rows(gathered.rows[key], spec, mine, target)
 
 
 def merge_list_of_dicts(

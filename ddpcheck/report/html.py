@@ -136,6 +136,7 @@ def render_html(result: CheckResult | ReportView) -> str:
     parts += _pictures(view)
     parts += _resume(view)  # restores that lose samples are as much a finding as the pictures above
     parts += _mixture(view)
+    parts += _step(view)
     parts += _details(view)
     parts += _divergence(view)
     parts += _reasons(view.skipped, "Skipped (could not be judged)")
@@ -335,6 +336,28 @@ def _resume(view: ReportView) -> list[str]:
             f'<p class="legend">{_e(RESUME_LEGEND)}</p></section>'
         )
     return ["<h2>Resume</h2>", *blocks] if blocks else []
+
+
+def _step(view: ReportView) -> list[str]:
+    """Per layout whose step was compared with one process's: each compared step's relative difference as
+    a bar against the tolerance, and the ranks' micro-batches, samples and supervised labels."""
+    blocks: list[str] = []
+    for table in view.step_tables:
+        head = "".join(f"<th>{_e(h)}</th>" for h in table.headers)
+        rows = []
+        for cells in table.cells():
+            rows.append("<tr>" + "".join(f'<td class="num">{_e(c)}</td>' for c in cells) + "</tr>")
+        css = {"n/a": "na"}.get(table.status, table.status)
+        word = _e(STATUS_WORD.get(table.status, table.status))
+        caption = f"The DDP step against one process's, {table.label}"
+        blocks.append(
+            f'<section class="step" id="{_e(table.anchor)}"><h3>{_e(table.label)} '
+            f'<span class="status {css}">{word}</span></h3>'
+            f'<p class="muted">tolerance {table.tolerance:g} for {_e(table.dtype)}</p>'
+            f'<table class="step"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+            f'<figure class="step">{table.svg()}<figcaption>{_e(caption)}</figcaption></figure></section>'
+        )
+    return ["<h2>Training step</h2>", *blocks] if blocks else []
 
 
 def _mixture(view: ReportView) -> list[str]:

@@ -83,7 +83,14 @@ def render_markdown(result: CheckResult | ReportView, *, figure_stem: str | None
     blocks.append(_grid(view) if view.rows else "_No world sizes were run._")
     blocks += [
         b
-        for b in (_padding(view), _idle(view), _mixture(view), _failed_checks(view), _rank_failures(view))
+        for b in (
+            _padding(view),
+            _idle(view),
+            _mixture(view),
+            _step(view),
+            _failed_checks(view),
+            _rank_failures(view),
+        )
         if b
     ]
     blocks += [
@@ -262,6 +269,19 @@ def _divergence(view: ReportView) -> str:
 def _notes(result: CheckResult) -> str:
     items = [f"- {md_escape(note)}" for note in result.notes]
     return "\n".join(["### Notes", "", *items]) if items else ""
+
+
+def _step(view: ReportView) -> str:
+    """Per layout whose step was compared: each compared step's difference and the ranks' counts."""
+    parts = []
+    for table in view.step_tables:
+        head = (
+            f"**{md_escape(table.label)}** {table.status.upper()}, tolerance {table.tolerance:g} "
+            f"({md_escape(table.dtype)})"
+        )
+        cells = [[md_escape(c) for c in row] for row in table.cells()]
+        parts.append(f"{head}\n\n{_table(cells, [md_escape(h) for h in table.headers])}")
+    return "### Training step\n\n" + "\n\n".join(parts) if parts else ""
 
 
 def _mixture(view: ReportView) -> str:

@@ -22,6 +22,7 @@ from ddpcheck.checks.ids import ALL_CHECKS, PADDING_BOUND, SHORT_LABELS, WORK_BA
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.messages import count_text, short_id, spans
 from ddpcheck.report.mixture_view import MixtureTable, mixture_table
+from ddpcheck.report.step_view import StepTable, step_table
 from ddpcheck.restores import ResumeRow
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.trace import RankFailure
@@ -215,6 +216,11 @@ class ReportView:
     def mixtures(self) -> tuple[MixtureTable, ...]:
         """Per layout whose batches carry a source, each source's share per rank and worker (once)."""
         return tuple(t for t in (mixture_table(row) for row in self.rows) if t is not None)
+
+    @functools.cached_property
+    def step_tables(self) -> tuple[StepTable, ...]:
+        """Per layout whose training step was compared with one process's, each compared step (once)."""
+        return tuple(t for t in (step_table(row) for row in self.rows) if t is not None)
 
 
 def as_view(source: CheckResult | ReportView) -> ReportView:

@@ -13,7 +13,7 @@ from ddpcheck.scenarios.protocol import DataRun, Outcome, Scenario, rank_failure
 
 if TYPE_CHECKING:
     from ddpcheck.checker.loaderfile import LoaderSpec
-    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.options import CheckOptions
 
 # module: its scenario class, whose ``maybe`` builds one or returns None; imported only when a run is built
 REGISTERED = (

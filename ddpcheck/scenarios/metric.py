@@ -39,18 +39,17 @@ from typing import TYPE_CHECKING, Any
 
 from ddpcheck.checker.face import OpenedLoader, open_loader
 from ddpcheck.checker.loaderfile import LoaderSpec
-from ddpcheck.checker.options import mesh_layouts
 from ddpcheck.checker.recipe import LoaderRecipe
 from ddpcheck.checks.ids import METRIC_EQUIVALENCE
 from ddpcheck.checks.verdict import skipped
-from ddpcheck.launch import TargetRef, report_progress, run_ranks
+from ddpcheck.launch import GroupCall, TargetRef, report_progress, run_ranks
 from ddpcheck.layout import Layout, shaped_like
 from ddpcheck.scenarios.divergence import Evaluation, judge_metrics, metric_rows
 from ddpcheck.scenarios.protocol import DataRun, Outcome, rank_failures
 from ddpcheck.trace import RankFailure, compact_ids
 
 if TYPE_CHECKING:
-    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.options import CheckOptions
 
 ID_KEY = "__ids__"
 METRIC_HOOKS = ("forward", "metric")
@@ -282,7 +281,7 @@ class MetricEquivalence:
         self.timeout = options.timeout
         self.tolerance = options.metric_tolerance
         self.simulate = options.simulate
-        self.meshes = mesh_layouts(options)
+        self.meshes = options.layouts
         self._reference: Evaluation | None = None
         self._reference_failed = False
 
@@ -296,10 +295,12 @@ class MetricEquivalence:
 
     def _evaluate(self, layout: Layout) -> tuple[Evaluation | None, tuple[RankFailure, ...]]:
         group = run_ranks(
-            TargetRef.of(evaluate_rank),
-            layout.world_size,
-            timeout=self.timeout,
-            kwargs={"recipe": self.recipe.evolve(layout=layout)},
+            GroupCall(
+                TargetRef.of(evaluate_rank),
+                layout.world_size,
+                timeout=self.timeout,
+                kwargs={"recipe": self.recipe.evolve(layout=layout)},
+            )
         )
         failures = rank_failures(group, METRIC_EQUIVALENCE)
         value = group.outcomes[0].value if group.outcomes and group.outcomes[0].ok else None

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ddpcheck.checker.loaderfile import LoaderSpec, other_factories
-from ddpcheck.checker.options import mesh_layouts
+from ddpcheck.checker.recipe import LoaderRecipe
 from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
 from ddpcheck.checks.resume import judge_all, stop_points
 from ddpcheck.checks.resume_common import HOW_TO_ENABLE, NOT_ELASTIC, NOT_ELASTIC_STATE, WORKER_OFFSETS, flat
@@ -28,7 +28,7 @@ from ddpcheck.scenarios.resume_rank import (  # noqa: F401
 )
 
 if TYPE_CHECKING:
-    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.options import CheckOptions
 
 
 @dataclass
@@ -48,11 +48,10 @@ class ResumeCheck:
     def __init__(self, spec: LoaderSpec, options: CheckOptions) -> None:
         self.spec = spec
         self.options = options
-        self.record = options.record_options()
+        self.recipe = LoaderRecipe.from_options(spec, options)
         self.saved: dict[str, _Saved] = {}
         self.layouts: dict[str, Layout] = {}
         self.mechanism = ""  # where the data state lives: the elastic failure's cause depends on it
-        self.meshes = mesh_layouts(options)
         self.by_workers: dict[str, Outcome] = {}  # restores with other worker counts, kept for finish()
         self.factories = other_factories(spec)
         self.dcp_dir = _dcp_root() if options.dcp else ""
@@ -67,11 +66,13 @@ class ResumeCheck:
 
     def _launch(self, target: Any, layout: Layout, kwargs: dict[str, Any]) -> GroupResult:
         return run_ranks(
-            TargetRef.of(target),
-            layout.world_size,
-            backend=self.options.backend,
-            timeout=self.options.timeout,
-            kwargs={**kwargs, "options": replace(self.record, layout=layout)},
+            GroupCall(
+                TargetRef.of(target),
+                layout.world_size,
+                backend=self.options.backend,
+                timeout=self.options.timeout,
+                kwargs={**kwargs, "recipe": self.recipe.evolve(layout=layout)},
+            )
         )
 
     def world(self, ctx: DataRun) -> Outcome:
@@ -103,7 +104,7 @@ class ResumeCheck:
         )
         if self.dcp_dir:  # one directory per layout: every layout saves at the same stops
             job = replace(job, dcp_dir=_dcp_path(self.dcp_dir, layout.label))
-        kwargs = {"spec": self.spec, "job": job}
+        kwargs = {"job": job}
         group = self._launch(resume_rank, layout, kwargs)  # every rank of a mesh restores
         failures = rank_failures(group, RESUME)
         if failures:
@@ -183,8 +184,7 @@ class ResumeCheck:
                 backend=self.options.backend,
                 timeout=self.options.timeout,
                 kwargs={
-                    "spec": self.spec,
-                    "options": replace(self.record, layout=new),
+                    "recipe": self.recipe.evolve(layout=new),
                     "restores": tuple(r for _, _, r in restores),
                     "mechanism": self.mechanism,
                     "dcp_dir": self.dcp_dir,

@@ -6,8 +6,10 @@ when there is one. A loader file says otherwise with ``save_state(loader, rank, 
 rank writes; ``None`` when it writes nothing, as a rank-0-only saver) and ``load_state(loader, states,
 rank, world_size)`` (every old rank's value, ``None`` where one saved nothing); trainers that skip
 batches instead say so with ``resume_loader(loader, epoch, step, samples_seen)``. States go through
-``torch.save``/``torch.load`` as a checkpoint would.
+``torch.save``/``torch.load`` as a checkpoint would (:class:`~ddpcheck.checker.state.LoaderState`).
 
+Every loader is opened, restarted, read and set to its epochs through the rank side's face
+(:func:`~ddpcheck.checker.face.open_loader`, :class:`~ddpcheck.checker.face.OpenedLoader`).
 :func:`resume_rank`: build the loader, run the correct loop uninterrupted and save the state at each
 stop point; then per stop point re-run the loader file's module code, rebuild the loader with fresh
 global RNG, restore, finish the epoch (and, for some stops, run the next). With ``--resume-workers``
@@ -23,33 +25,24 @@ that layout in one group. A restore that raises anything but an interrupt is an 
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ddpcheck.checker.loaderfile import (
-    LoaderSpec,
-    call_by_name,
-    get_factory,
-    optional_hook,
-    unwrap_loader,
-)
-from ddpcheck.checker.recording import LOAD_HOOK, SAVE_HOOK, group_position, has_state
-from ddpcheck.checker.recording import RESUME_HOOK as HOOK
+from ddpcheck.checker.face import OpenedLoader, open_loader
+from ddpcheck.checker.hooks import RESUME_HOOK as HOOK
+from ddpcheck.checker.index_log import IndexLog, catch_all
+from ddpcheck.checker.loaderfile import call_by_name
+from ddpcheck.checker.recipe import LoaderRecipe, group_position
+from ddpcheck.checker.state import LoaderState, loaded, user_order
 from ddpcheck.checks.resume import local_stop, stop_points
 from ddpcheck.checks.resume_common import first_difference
 from ddpcheck.launch import report_progress
 from ddpcheck.launch.rank import worker_headline
-from ddpcheck.layout import Layout
 from ddpcheck.messages import exception_text, one_line
 from ddpcheck.restores import Batches, ChainResult, RankResume, Restore, State, Stop, StopResult
-
-if TYPE_CHECKING:
-    from ddpcheck.checker.recording import RecordOptions
-
 
 # ----------------------------------------------------------------------------- what a rank is asked
 
@@ -72,15 +65,28 @@ class ResumeJob:
 
 @dataclass(frozen=True)
 class Rebuild:
-    """How this rank rebuilds its loader as a restarted process would."""
+    """How this rank rebuilds its loader as a restarted process would: the recipe (``num_workers`` set:
+    with that many DataLoader workers), where the state lives, this rank's place and, with ``--dcp``,
+    the checkpoint root ("": states through torch.save/torch.load)."""
 
-    spec: LoaderSpec
-    options: RecordOptions
+    recipe: LoaderRecipe
     mechanism: str
     rank: int
     world_size: int
-    workers: int | None = None  # None: the factory's own count
-    dcp_dir: str = ""  # "": states through torch.save/torch.load; else through torch.distributed.checkpoint
+    dcp_dir: str = ""
+
+    def open(self, *, restarted: bool = False) -> OpenedLoader:
+        """The loader opened (``restarted``: as a restarted process opens it), its facts read at once:
+        as built, before a state is loaded or an epoch set."""
+        opened = open_loader(self.recipe, self.rank, self.world_size, restarted=restarted)
+        _as_built = opened.facts
+        return opened
+
+    def state(self, opened: OpenedLoader) -> LoaderState:
+        return opened.state(self.mechanism, dcp=bool(self.dcp_dir))
+
+    def with_workers(self, workers: int) -> Rebuild:
+        return replace(self, recipe=self.recipe.evolve(num_workers=workers))
 
 
 @dataclass(frozen=True)
@@ -92,32 +98,21 @@ class Start:
     samples_seen: int = 0
 
 
-@dataclass(frozen=True)
-class IdReader:
-    """How the ids of a batch are read: the file's ``sample_ids`` hook, the loader's facts, the options,
-    and the DataLoader underneath (its collation)."""
-
-    hook: Any
-    facts: Any
-    options: Any
-    under: Any = None
-
-
 @dataclass
-class Opened:
-    """A rebuilt, restored loader: the object the loop iterates (``iterable``) and what was said."""
+class Restored:
+    """A rebuilt, restored loader: the loader, what the loop iterates (``iterable``; None: the loader
+    itself) and what was said. ``log``: where the DataLoaders a resume hook iterates log (it may build
+    its own loader)."""
 
-    outer: Any
-    module: Any
-    reader: IdReader
-    iterable: Any
-    log: Any = None  # a resume hook's loaders' index log (it may build its own loader)
+    opened: OpenedLoader
+    iterable: Iterable[Any] | None = None
+    log: IndexLog | None = None
     note: str = ""
     logged: tuple[str, ...] = ()
     saved_by: tuple[int, ...] | None = None
 
 
-# ----------------------------------------------------------------------------- saving and loading
+# --------------------------------------------------------------- answers, checkpoints, what is said
 
 
 def answerable(exc: BaseException) -> bool:
@@ -126,121 +121,11 @@ def answerable(exc: BaseException) -> bool:
     return not isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit))
 
 
-def _holder(outer: Any, mechanism: str) -> Any:
-    loader = unwrap_loader(outer)
-    if mechanism == "loader" or mechanism in ("hook", "hooks"):
-        return outer if has_state(outer) else loader
-    if mechanism == "batch_sampler.sampler":
-        return loader.batch_sampler.sampler
-    return getattr(loader, mechanism)
-
-
-def _save(state: Any) -> bytes:
-    import torch
-
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    return buffer.getvalue()
-
-
-def _load(data: bytes) -> tuple[Any, str]:
-    """As a checkpoint is loaded: ``weights_only=True`` (torch's default) first."""
-    import torch
-
-    try:
-        return torch.load(io.BytesIO(data), weights_only=True), ""
-    except Exception as exc:
-        note = f"the state loads only with torch.load(weights_only=False) ({type(exc).__name__})"
-        return torch.load(io.BytesIO(data), weights_only=False), note
-
-
-def _hook_args(options: RecordOptions, rank: int, world_size: int) -> dict[str, Any]:
-    """What the save_state/load_state hooks may name: the rank, world size and data-parallel position."""
-    layout = options.layout or Layout.plain(world_size)
-    return {
-        "rank": rank,
-        "world_size": world_size,
-        "dp_rank": layout.dp_rank(rank),
-        "dp_world_size": layout.dp_world_size,
-    }
-
-
-def _stateful(outer: Any, module: Any, rb: Rebuild) -> Any:
-    """What DCP saves and loads: ``save_state``'s value when it is ``Stateful``, else the state holder."""
-    save = optional_hook(module, SAVE_HOOK)
-    if save is not None:
-        value = call_by_name(save, {"loader": outer, **_hook_args(rb.options, rb.rank, rb.world_size)})
-        if has_state(value):
-            return value
-    return _holder(outer, rb.mechanism)
-
-
 def dcp_path(root: str, *parts: object) -> str:
     """One checkpoint directory under the run's DCP root."""
     import os
 
     return os.path.join(root, "_".join(str(p) for p in parts))
-
-
-def _saved_state(outer: Any, module: Any, rb: Rebuild, where: str = "") -> State:
-    """What this rank writes to its checkpoint: the file's ``save_state`` hook, else its state holder's;
-    with ``--dcp`` every rank saves ``{"dataloader": obj}`` into ``where`` together (a collective)."""
-    if rb.dcp_dir and where:
-        import torch.distributed.checkpoint as dcp
-
-        dcp.save({"dataloader": _stateful(outer, module, rb)}, checkpoint_id=where)
-        return f"{where}#{rb.rank}"  # one string per rank, so a global state is not mistaken
-    save = optional_hook(module, SAVE_HOOK)
-    if save is not None:
-        value = call_by_name(save, {"loader": outer, **_hook_args(rb.options, rb.rank, rb.world_size)})
-        return None if value is None else _save(value)
-    return _save(_holder(outer, rb.mechanism).state_dict())
-
-
-def _loaded(states: Sequence[State]) -> tuple[list[Any], str]:
-    """Every old rank's value as ``torch.load`` gives it (None where it saved nothing), and a note."""
-    values, note = [], ""
-    for data in states:
-        value, why = _load(data) if isinstance(data, bytes) else (None, "")
-        values.append(value)
-        note = note or why
-    return values, note
-
-
-def _load_into(outer: Any, module: Any, rb: Rebuild, states: Sequence[State]) -> str:
-    """Restore as ddpcheck does by default: DCP's load (``--dcp``), the file's ``load_state`` hook, or
-    rank r loads old rank r's state (a rank with no old counterpart starts without one)."""
-    own = states[rb.rank] if rb.rank < len(states) else None
-    if rb.dcp_dir:
-        import torch.distributed.checkpoint as dcp
-
-        path = next((s for s in states if isinstance(s, str)), None)
-        if path is not None:  # every rank of the group loads (a collective), from the one checkpoint
-            dcp.load({"dataloader": _stateful(outer, module, rb)}, checkpoint_id=path.rpartition("#")[0])
-        return ""
-    load = optional_hook(module, LOAD_HOOK)
-    if load is not None:
-        values, note = _loaded(states)
-        args = {"loader": outer, "states": values, **_hook_args(rb.options, rb.rank, rb.world_size)}
-        call_by_name(load, args)
-        return note
-    if not isinstance(own, bytes):
-        return ""
-    saved, note = _load(own)
-    _holder(outer, rb.mechanism).load_state_dict(saved)
-    return note
-
-
-def user_order(module: Any) -> bool:
-    """The file's ``resume_loader`` names ``state`` or ``states``: it restores in the user's order."""
-    import inspect
-
-    hook = optional_hook(module, HOOK)
-    try:
-        params = inspect.signature(hook).parameters if hook is not None else {}
-    except (TypeError, ValueError):
-        return False
-    return "state" in params or "states" in params
 
 
 @contextmanager
@@ -268,120 +153,63 @@ def _heard() -> Iterator[list[str]]:
         root.removeHandler(handler)
 
 
-# ----------------------------------------------------------------------------- reading ids
-
-
-def _ids_of(
-    iterable: Any,
-    reader: IdReader,
-    log: Any = None,
-    limit: int | None = None,
-    on_batch: Callable[[int], None] | None = None,
-) -> Batches:
-    """Ids of every batch ``iterable`` yields (the first ``limit``). For index identity the DataLoader
-    underneath logs what it dispatched (``log``: every loader's, for a hook's iterable); batches an
-    iterable skipped (``islice``) were logged too, so the yielded ones are the last entries."""
-    from ddpcheck.checker.identity import make_id_extractor
-    from ddpcheck.checker.index_log import log_of
-    from ddpcheck.checker.recording import is_collated
-
-    if log is None:
-        log = log_of(unwrap_loader(iterable))
-    log.clear()
-    by_index = reader.facts.dataset_kind == "map" and reader.hook is None and not reader.options.ids_from_data
-    out: list[tuple[Hashable, ...]] = []
-    count = 0
-    extract = None
-    for batch in iterable:
-        count += 1
-        report_progress(f"resume: batch {count}")
-        if not by_index:
-            if extract is None:
-                under = reader.under if reader.under is not None else unwrap_loader(iterable)
-                collated = is_collated(under) if hasattr(under, "batch_sampler") else True
-                _, extract = make_id_extractor(reader.hook, batch, collated)
-            out.append(tuple(extract(batch)))
-        if on_batch is not None:  # e.g. save the state here, as training does, the iterator alive
-            on_batch(count)
-        if limit is not None and count >= limit:
-            break
-    if not by_index:
-        return tuple(out)
-    entries = list(log.ready)[-count:] if count else []
-    if len(entries) < count or any(ids is None for ids, _ in entries):
-        raise RuntimeError("cannot tell which indices the resumed loader yielded; define sample_ids(batch)")
-    return tuple(tuple(ids or ()) for ids, _ in entries)
-
-
-def _stream(outer: Any, reader: IdReader) -> Iterable[tuple[Hashable, ...]]:
-    from ddpcheck.checker.recording import batches_with_ids
-
-    by_index = not reader.options.ids_from_data
-    loader = unwrap_loader(outer)
-    for _, ids, _ in batches_with_ids(outer, reader.hook, reader.facts, None, loader, by_index=by_index):
-        yield tuple(ids)
-
-
 # ----------------------------------------------------------------------------- one restore
 
 
-def _restart(rb: Rebuild) -> tuple[Any, Any, IdReader]:
-    from ddpcheck.checker.recording import build_loader, read_facts
-    from ddpcheck.launch.rank import fresh_random_state
-
-    fresh_random_state()
-    options = rb.options
-    if rb.workers is not None:  # the factory takes num_workers (checked before): rebuild with N of them
-        options = replace(options, factory_args=(*options.factory_args, ("num_workers", rb.workers)))
-    outer, module = build_loader(rb.spec, options, rb.rank, rb.world_size, fresh=True)
-    loader = unwrap_loader(outer)
-    return outer, module, IdReader(optional_hook(module, "sample_ids"), read_facts(loader), rb.options)
+def _each_batch(save: Callable[[int], None] | None, count: int) -> None:
+    """After each batch a restored loop yields: the live position and, where asked, a state saved."""
+    report_progress(f"resume: batch {count}")
+    if save is not None:  # e.g. save the state here, as training does, the iterator alive
+        save(count)
 
 
-def _call_hook(module: Any, loader: Any, start: Start, states: list[Any] | None, rb: Rebuild) -> Any:
+def _settled(restored: Restored, save: Callable[[int], None] | None = None) -> Batches:
+    opened, on_batch = restored.opened, partial(_each_batch, save)
+    got = opened.settled(restored.iterable, log=restored.log, on_batch=on_batch)
+    return tuple(tuple(ids) for ids in got)
+
+
+def _call_hook(opened: OpenedLoader, start: Start, states: list[Any] | None) -> Any:
     """``resume_loader`` with what it names: the position, the rank's place and, in the user's
     restore order, this rank's state (old rank r's for rank r) and every old rank's."""
-    rank = rb.rank
+    rank = opened.rank
     args: dict[str, Any] = {
-        **_hook_args(rb.options, rank, rb.world_size),
-        "loader": loader,
+        **opened.place(),
+        "loader": opened.outer,
         "epoch": start.stop.epoch,
         "step": start.stop.step,
         "samples_seen": start.samples_seen,
     }
     if states is not None:  # the user's restore order: the hook loads, ddpcheck does not
         args.update(state=states[rank] if rank < len(states) else None, states=states)
-    hook = optional_hook(module, HOOK)
+    hook = opened.hooks.resume
     if hook is None:
         raise RuntimeError(f"the loader file defines no {HOOK}()")
     return call_by_name(hook, args)
 
 
 @contextmanager
-def _reopen(rb: Rebuild, start: Start) -> Iterator[Opened]:
+def _reopen(rb: Rebuild, start: Start) -> Iterator[Restored]:
     """Rebuild, restore from ``start`` and set the epoch, as the restarted job's loop would, in the
     order the file says: ddpcheck's load then ``set_epoch``; or, for ``resume_loader`` (which may name
     ``state``/``states``), ``set_epoch`` then the hook, which returns what the loop iterates. For a hook
     every DataLoader iterated meanwhile logs its indices (it may build its own loader)."""
-    from ddpcheck.checker.index_log import catch_all
-    from ddpcheck.checker.recording import SET_EPOCH_HOOK, loop_set_epoch
-
-    outer, module, reader = _restart(rb)
-    epoch_hook = optional_hook(module, SET_EPOCH_HOOK)
+    opened = rb.open(restarted=True)
     saved_by = tuple(i for i, data in enumerate(start.states) if data is not None)
-    if rb.mechanism == "hook" or user_order(module):
-        loop_set_epoch(outer, start.stop.epoch, epoch_hook)
-        values, note = _loaded(start.states) if user_order(module) else (None, "")
+    in_user_order = user_order(opened.hooks.resume)
+    if rb.mechanism == "hook" or in_user_order:
+        opened.set_epoch(start.stop.epoch)
+        values, note = loaded(start.states) if in_user_order else (None, "")
         with catch_all() as log:
             with _heard() as heard:
-                iterable = _call_hook(module, outer, start, values, rb)
+                iterable = _call_hook(opened, start, values)
             known = saved_by if values is not None else None
-            yield Opened(outer, module, reader, iterable, log, note, tuple(dict.fromkeys(heard)), known)
+            yield Restored(opened, iterable, log, note, tuple(dict.fromkeys(heard)), known)
         return
     with _heard() as heard:
-        note = _load_into(outer, module, rb, start.states)
-    loop_set_epoch(outer, start.stop.epoch, epoch_hook)
-    yield Opened(outer, module, reader, outer, None, note, tuple(dict.fromkeys(heard)), saved_by)
+        note = rb.state(opened).load(start.states)
+    opened.set_epoch(start.stop.epoch)
+    yield Restored(opened, None, None, note, tuple(dict.fromkeys(heard)), saved_by)
 
 
 def _finish(
@@ -420,20 +248,19 @@ def _finish_once(
     """Rebuild the loader as a restarted process would, restore, finish the epoch (and the next when
     ``stop.next_epoch`` or a boundary and ``following``); ``start_next``: only the next epoch's first
     pass, as a trainer restored at an epoch's end runs it."""
-    from ddpcheck.checker.recording import SET_EPOCH_HOOK, loop_set_epoch
-
     stop = start.stop
     if start_next:
         start = replace(start, stop=Stop(stop.epoch + 1, 0), samples_seen=0)
-    with _reopen(rb, start) as opened:
-        on_batch = partial(_save_during, rb, opened, start.stop, saves) if saves else None
-        rest = _ids_of(opened.iterable, opened.reader, opened.log, on_batch=on_batch)
+    with _reopen(rb, start) as restored:
+        save = partial(_save_during, rb, restored, start.stop, saves) if saves else None
+        rest = _settled(restored, save)
         after = None
         finished = not (stop.boundary and rest)  # a boundary with a rest left fails that reading already
         if not start_next and (stop.next_epoch or (stop.boundary and following and finished)):
-            loop_set_epoch(opened.outer, stop.epoch + 1, optional_hook(opened.module, SET_EPOCH_HOOK))
-            after = _ids_of(opened.outer, opened.reader)
-    return StopResult(stop, rest, after, error=opened.note, saved_by=opened.saved_by, logged=opened.logged)
+            restored.opened.set_epoch(stop.epoch + 1)
+            after = _settled(Restored(restored.opened))
+    note, logged = restored.note, restored.logged
+    return StopResult(stop, rest, after, error=note, saved_by=restored.saved_by, logged=logged)
 
 
 def _restore(
@@ -462,10 +289,10 @@ def chain_lengths(workers: int, step: int, batches: int) -> tuple[int, ...]:
     return tuple(dict.fromkeys(j for j in lengths if step + j < batches))
 
 
-def _save_during(rb: Rebuild, opened: Opened, stop: Stop, saves: dict[int, State], count: int) -> None:
+def _save_during(rb: Rebuild, restored: Restored, stop: Stop, saves: dict[int, State], count: int) -> None:
     if count in saves:
-        where = dcp_path(rb.dcp_dir, rb.spec.factory, "chain", stop.epoch, stop.step, count)
-        saves[count] = _saved_state(opened.outer, opened.module, rb, where if rb.dcp_dir else "")
+        where = dcp_path(rb.dcp_dir, rb.recipe.factory, "chain", stop.epoch, stop.step, count)
+        saves[count] = rb.state(restored.opened).save(where if rb.dcp_dir else "")
 
 
 def _chain(rb: Rebuild, first: StopResult, later: int, saved: State) -> ChainResult:
@@ -508,37 +335,6 @@ def _gather_states(states: dict[Stop, State], stops: Sequence[Stop]) -> dict[Sto
 # ----------------------------------------------------------------------------- the resume group
 
 
-def _workers_of(outer: Any, spec: LoaderSpec, module: Any) -> int:
-    """The loader's worker count: its ``num_workers``, else the factory's default for it (a torchdata
-    ``nodes`` pipeline keeps its workers inside)."""
-    import inspect
-
-    count = getattr(unwrap_loader(outer), "num_workers", None)
-    if count is None:
-        try:
-            param = inspect.signature(get_factory(module, spec)).parameters.get("num_workers")
-        except (TypeError, ValueError, AttributeError):
-            param = None
-        count = param.default if param is not None else 0
-    if isinstance(count, bool) or not isinstance(count, int):
-        return 0
-    return count
-
-
-def _takes_workers(spec: LoaderSpec, module: Any) -> bool:
-    """The factory names ``num_workers`` (or takes ``**kwargs``): its loader can be rebuilt with N."""
-    import inspect
-
-    try:
-        params = inspect.signature(get_factory(module, spec)).parameters
-    except (TypeError, ValueError, AttributeError):
-        return False
-    named = params.get("num_workers")
-    if named is not None:
-        return named.kind is not inspect.Parameter.POSITIONAL_ONLY
-    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-
-
 @dataclass
 class _Pass:
     """The saving pass: the uninterrupted stream, every stop's state and where each stop was reached."""
@@ -549,21 +345,18 @@ class _Pass:
     broken: StopResult | None = None  # saving raised: the loader's resume is broken
 
 
-def _saving_pass(rb: Rebuild, job: ResumeJob, opened: Opened, local: dict[Stop, Stop]) -> _Pass:
+def _saving_pass(rb: Rebuild, job: ResumeJob, opened: OpenedLoader, local: dict[Stop, Stop]) -> _Pass:
     """The correct loop, uninterrupted, saving the state wherever a stop falls on this rank."""
-    from ddpcheck.checker.recording import SET_EPOCH_HOOK, loop_set_epoch
-
     wanted: dict[tuple[int, int], list[Stop]] = {}
     for stop, here in local.items():
         wanted.setdefault((here.epoch, here.step), []).append(stop)
-    saves = rb.mechanism != "hook" or user_order(opened.module)
-    epoch_hook = optional_hook(opened.module, SET_EPOCH_HOOK)
+    saves = rb.mechanism != "hook" or user_order(opened.hooks.resume)
     out = _Pass()
     for epoch in range(job.epochs):
-        loop_set_epoch(opened.outer, epoch, epoch_hook)
+        opened.set_epoch(epoch)
         batches: list[tuple[Hashable, ...]] = []
-        for batch_ids in _stream(opened.outer, opened.reader):
-            batches.append(batch_ids)
+        for _, ids, _ in opened.batches():
+            batches.append(tuple(ids))
             for stop in wanted.get((epoch, len(batches)), []):
                 out.seen[stop] = len(batches)
                 if saves and out.broken is None:
@@ -573,23 +366,15 @@ def _saving_pass(rb: Rebuild, job: ResumeJob, opened: Opened, local: dict[Stop, 
 
 
 def _save_at(
-    rb: Rebuild, opened: Opened, stop: Stop, here: Stop, states: dict[Stop, State]
+    rb: Rebuild, opened: OpenedLoader, stop: Stop, here: Stop, states: dict[Stop, State]
 ) -> StopResult | None:
-    where = dcp_path(rb.dcp_dir, rb.spec.factory, stop.epoch, stop.step) if rb.dcp_dir else ""
+    where = dcp_path(rb.dcp_dir, rb.recipe.factory, stop.epoch, stop.step) if rb.dcp_dir else ""
     try:
-        states[stop] = _saved_state(opened.outer, opened.module, rb, where)
+        states[stop] = rb.state(opened).save(where)
     except Exception as exc:  # the loader's resume is broken: a verdict, not a crash
         failure = f"saving the state failed: {failure_text(exc)}"
         return StopResult(here, error=f"restoring failed: {failure}", planned=stop)
     return None
-
-
-def _open_saving(rb: Rebuild) -> Opened:
-    from ddpcheck.checker.recording import build_loader, read_facts
-
-    outer, module = build_loader(rb.spec, rb.options, rb.rank, rb.world_size)
-    reader = IdReader(optional_hook(module, "sample_ids"), read_facts(unwrap_loader(outer)), rb.options)
-    return Opened(outer, module, reader, outer)
 
 
 @dataclass
@@ -691,7 +476,7 @@ def _by_workers(group: _Group, own: int) -> tuple[tuple[int, tuple[StopResult | 
             report_progress(
                 f"resume: restoring at epoch {here.epoch}, step {here.step} with {workers} workers"
             )
-            rb = replace(group.rb, workers=workers)
+            rb = group.rb.with_workers(workers)
             finish = partial(_finish, rb, replace(start, stop=replace(here, next_epoch=False)))
             try:
                 rests.append(replace(_restore(finish, here, None), planned=stop))
@@ -703,7 +488,7 @@ def _by_workers(group: _Group, own: int) -> tuple[tuple[int, tuple[StopResult | 
     return tuple(out)
 
 
-def resume_rank(spec: LoaderSpec, options: RecordOptions, job: ResumeJob) -> RankResume:
+def resume_rank(recipe: LoaderRecipe, job: ResumeJob) -> RankResume:
     """In a rank: the uninterrupted stream with states saved at ``job.stops``, then each stop resumed
     (and, for the topology stops, resumed into loaders with each of ``job.other_workers`` workers), the
     middle stop resumed twice; then the file's other ``make_*_loader`` factories the same way.
@@ -713,27 +498,27 @@ def resume_rank(spec: LoaderSpec, options: RecordOptions, job: ResumeJob) -> Ran
     job. ``job.mechanism`` is what the data run found (``LoaderFacts.resumable``): probing again here
     could start the loader's iterator before its first ``set_epoch``.
     """
-    main = _resume_one(spec, options, job)
-    extra = tuple(_resume_other(replace(spec, factory=name), options, job) for name in job.factories)
-    return replace(main, extra=extra)
+    main = _resume_one(recipe, job)
+    others = (recipe.evolve(spec=replace(recipe.spec, factory=name)) for name in job.factories)
+    return replace(main, extra=tuple(_resume_other(other, job) for other in others))
 
 
-def _resume_one(spec: LoaderSpec, options: RecordOptions, job: ResumeJob, factory: str = "") -> RankResume:
+def _resume_one(recipe: LoaderRecipe, job: ResumeJob, factory: str = "") -> RankResume:
     rank, world_size = group_position()
     report_progress("resume: building the loader")
-    rb = Rebuild(spec, options, job.mechanism, rank, world_size, dcp_dir=job.dcp_dir)
-    opened = _open_saving(rb)
+    rb = Rebuild(recipe, job.mechanism, rank, world_size, dcp_dir=job.dcp_dir)
+    opened = rb.open()
     counts = job.counts[rank] if rank < len(job.counts) else ()
     local = {stop: local_stop(stop, counts) for stop in job.stops}
     saving = _saving_pass(rb, job, opened, local)
     if saving.broken is not None:
         return RankResume(rank, job.mechanism, (), (saving.broken,), factory=factory)
-    saves = job.mechanism != "hook" or user_order(opened.module)
+    saves = job.mechanism != "hook" or user_order(opened.hooks.resume)
     everyone = _gather_states(saving.states, job.stops) if saves else {}  # every stop: ranks align
-    group = _Group(rb, job, saving, local, everyone, opened.reader.facts.in_order)
-    own = _workers_of(opened.outer, spec, opened.module)
+    group = _Group(rb, job, saving, local, everyone, opened.facts.in_order)
+    own = opened.workers
     resumed, chains = _restores(group, own)
-    settable = _takes_workers(spec, opened.module)
+    settable = opened.call.takes("num_workers")  # its loader can be rebuilt with N workers
     by_workers = _by_workers(group, own) if settable else ()
     return RankResume(
         rank,
@@ -750,43 +535,40 @@ def _resume_one(spec: LoaderSpec, options: RecordOptions, job: ResumeJob, factor
     )
 
 
-def _resume_other(spec: LoaderSpec, options: RecordOptions, job: ResumeJob) -> RankResume:
+def _resume_other(recipe: LoaderRecipe, job: ResumeJob) -> RankResume:
     """Another factory of the file (``make_valid_loader``...): its own stops, from its own lengths (a
     first pass, every rank's counts gathered), restored through the same hooks."""
-    from ddpcheck.checker.recording import SET_EPOCH_HOOK, loop_set_epoch, resume_mechanism
-
     rank, world_size = group_position()
+    factory = recipe.factory
     try:
-        opened = _open_saving(Rebuild(spec, options, "", rank, world_size))
-        hooks = (optional_hook(opened.module, name) for name in (HOOK, SAVE_HOOK, LOAD_HOOK))
-        mechanism = resume_mechanism(opened.outer, *hooks)
-        epoch_hook = optional_hook(opened.module, SET_EPOCH_HOOK)
+        opened = Rebuild(recipe, "", rank, world_size).open()
+        mechanism = opened.resume_mechanism()
         mine = []
         for epoch in range(job.epochs):
-            loop_set_epoch(opened.outer, epoch, epoch_hook)
-            mine.append(sum(1 for _ in _stream(opened.outer, opened.reader)))
+            opened.set_epoch(epoch)
+            mine.append(sum(1 for _ in opened.batches()))
     except Exception as exc:
         error = f"restoring failed: {failure_text(exc)}"
         gather_one(None)  # the others gather too: they see this rank's None and stop with it
-        return RankResume(rank, "", (), (StopResult(Stop(0, 0), error=error),), factory=spec.factory)
+        return RankResume(rank, "", (), (StopResult(Stop(0, 0), error=error),), factory=factory)
     everyone = gather_one(tuple(mine))  # type: ignore[arg-type]
     if not mechanism or any(c is None for c in everyone):
-        return RankResume(rank, mechanism, factory=spec.factory)
+        return RankResume(rank, mechanism, factory=factory)
     counts = tuple(tuple(c) for c in everyone)  # type: ignore[union-attr]
     largest = [max(c[e] for c in counts if e < len(c)) for e in range(job.epochs)]
     stops = stop_points(largest, job.epochs, elastic=False)
     other = replace(job, stops=stops, mechanism=mechanism, counts=counts, other_workers=())
-    return _resume_one(spec, options, other, factory=spec.factory)
+    return _resume_one(recipe, other, factory=factory)
 
 
 def restore_rank(
-    spec: LoaderSpec, options: RecordOptions, restores: tuple[Restore, ...], mechanism: str, dcp_dir: str = ""
+    recipe: LoaderRecipe, restores: tuple[Restore, ...], mechanism: str, dcp_dir: str = ""
 ) -> tuple[StopResult | str, ...]:
     """In a rank of a group of another layout: every restore in turn, each from what the old ranks
     saved; the rest of the epoch each yields. A restore that raises is an answer (the loader refuses),
     returned as its one-line message."""
     rank, world_size = group_position()
-    rb = Rebuild(spec, options, mechanism, rank, world_size, dcp_dir=dcp_dir)
+    rb = Rebuild(recipe, mechanism, rank, world_size, dcp_dir=dcp_dir)
     out: list[StopResult | str] = []
     for restore in restores:
         stop = replace(restore.stop, next_epoch=False)  # the old ranks' next epoch says nothing here

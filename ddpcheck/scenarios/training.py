@@ -45,12 +45,11 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from ddpcheck.checker.face import OpenedLoader, open_loader
-from ddpcheck.checker.loaderfile import LoaderSpec, factory_kwargs, get_factory
-from ddpcheck.checker.options import mesh_layouts
+from ddpcheck.checker.loaderfile import LoaderSpec
 from ddpcheck.checker.recipe import LoaderRecipe, group_position
 from ddpcheck.checks.ids import TRAINING_EQUIVALENCE
 from ddpcheck.checks.verdict import Verdict, skipped
-from ddpcheck.launch import TargetRef, report_progress, run_ranks
+from ddpcheck.launch import GroupCall, TargetRef, report_progress, run_ranks
 from ddpcheck.layout import Layout, shaped_like
 from ddpcheck.messages import count_text
 from ddpcheck.scenarios.protocol import DataRun, Outcome, rank_failures
@@ -58,7 +57,7 @@ from ddpcheck.scenarios.protocol import DataRun, Outcome, rank_failures
 if TYPE_CHECKING:
     import torch
 
-    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.options import CheckOptions
 
 TRAIN_HOOKS = ("make_model", "loss")
 TOLERANCE = 1e-10
@@ -337,11 +336,7 @@ def reference_loader(options: TrainOptions, batch_size: int) -> tuple[OpenedLoad
     seed_everything(options.seed)
     recipe = options.recipe.evolve(batch_size=batch_size, layout=options.single)
     opened = open_loader(recipe, 0, 1)
-    offered = {"rank": 0, "world_size": 1, "dp_rank": 0, "dp_world_size": 1, "mesh": None}
-    offered.update(recipe.arguments())
-    assert opened.module is not None  # opened from the loader file
-    factory = get_factory(opened.module, recipe.spec)
-    if "batch_size" in factory_kwargs(factory, {**offered, "batch_size": batch_size}):
+    if "batch_size" in opened.call.took:  # the factory built the loader with batch b * W itself
         return opened, ""
     loader = opened.outer
     if type(loader.batch_sampler) is BatchSampler and loader.batch_size is not None:
@@ -547,7 +542,7 @@ class TrainingEquivalence:
         self.options = TrainOptions(
             recipe=LoaderRecipe.from_options(spec, options),  # the data run's, never a copy
             steps=options.train_steps,
-            single=shaped_like(mesh_layouts(options), 1),
+            single=shaped_like(options.layouts, 1),
         )
         self.timeout = options.timeout
         self.simulate = options.simulate
@@ -574,7 +569,7 @@ class TrainingEquivalence:
         target = TargetRef.of(train_rank)
         options = replace(self.options, recipe=self.options.recipe.evolve(layout=layout))
         kwargs: dict[str, Any] = {"options": options}
-        group = run_ranks(target, world_size, timeout=self.timeout, kwargs=kwargs)
+        group = run_ranks(GroupCall(target, world_size, timeout=self.timeout, kwargs=kwargs))
         failures = rank_failures(group, TRAINING_EQUIVALENCE)
         if not group.ok:
             return Outcome(failures=failures)
@@ -588,7 +583,9 @@ class TrainingEquivalence:
             accumulated_steps=lead.accumulated_steps,
             init=lead.init,
         )
-        ref_group = run_ranks(TargetRef.of(train_reference_rank), 1, timeout=self.timeout, kwargs=kwargs)
+        ref_group = run_ranks(
+            GroupCall(TargetRef.of(train_reference_rank), 1, timeout=self.timeout, kwargs=kwargs)
+        )
         failures = rank_failures(ref_group, TRAINING_EQUIVALENCE)
         if not ref_group.ok:
             return Outcome(failures=failures)

@@ -21,16 +21,17 @@ from datetime import timedelta
 from typing import Any
 
 from ddpcheck.checker.loaderfile import BadLoaderFile, LoaderSpec, precheck
-from ddpcheck.checker.options import BadInput, CheckOptions, mesh_layouts, validate
+from ddpcheck.checker.recipe import record_options
 from ddpcheck.checker.recording import RankRecording, record_rank
 from ddpcheck.checks.replicas import data_parallel_view
 from ddpcheck.figures import figure_data
 from ddpcheck.launch.rank import error_message
 from ddpcheck.layout import Layout
+from ddpcheck.options import BadInput, CheckOptions
 from ddpcheck.result import EXIT_BAD_INPUT, CheckResult
 from ddpcheck.session.plan import reference_layout
 from ddpcheck.session.record import Job, record
-from ddpcheck.session.run import jsonable_options, judge_world, raise_if_bad_input, reference_notes
+from ddpcheck.session.run import jsonable_options, judge_world, raise_if_bad_input, reference_notes, timed
 from ddpcheck.trace import RankFailure, RunTrace
 
 DETERMINISM_SKIP = "a joined launch runs once: start the launch twice and compare to check determinism"
@@ -74,8 +75,7 @@ def check_joined(path: str, options: CheckOptions, target: JoinTarget) -> tuple[
 
     if (target.rank is None) != (target.world_size is None):
         raise BadInput("pass --rank and --world-size together")
-    validate(options)
-    meshes = mesh_layouts(options)
+    meshes = options.layouts
     if len(meshes) > 1:
         raise BadInput("a joined launch is one layout: give at most one --mesh, the launch's own")
     spec = LoaderSpec(path=str(path), factory=options.factory)
@@ -119,7 +119,7 @@ def check_joined(path: str, options: CheckOptions, target: JoinTarget) -> tuple[
             try:
                 payload = (
                     "ok",
-                    record_rank(spec, options.record_options(layout, digest=layout.replicas > 1)),
+                    record_rank(record_options(spec, options, layout, digest=layout.replicas > 1)),
                 )
             except BaseException as exc:
                 payload = ("error", error_message(exc))
@@ -221,9 +221,8 @@ def _judge(
         failures=failures,
     )
     figures = figure_data(reference, data_parallel_view(layout, run))
-    world = judge_world(
-        reference, run, None, layout, options, figures=figures, started=started, no_rerun=DETERMINISM_SKIP
-    )
+    judged = judge_world(reference, run, None, layout, options, figures=figures, no_rerun=DETERMINISM_SKIP)
+    world = timed(judged, started)
     return CheckResult(
         loader=str(path),
         runs=(world,),

@@ -6,10 +6,11 @@ launching a rank. Carrying the plan out is :mod:`ddpcheck.session.run`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ddpcheck.checker.options import CheckOptions, mesh_layouts
 from ddpcheck.layout import Layout, shaped_like
+from ddpcheck.options import CheckOptions
 from ddpcheck.session.record import Job, rerun_sample
 
 
@@ -48,7 +49,7 @@ def plan_run(options: CheckOptions) -> RunPlan:
     # The reference is always the correct loop (set_epoch called); with --no-set-epoch only the runs
     # skip it, so reshuffle fails exactly when the order depends on that call.
     correct = replace(options, set_epoch=True)
-    meshes = mesh_layouts(options)
+    meshes = options.layouts
     sizes = tuple(sorted(set(options.world_sizes)))
     beside = options.determinism and options.set_epoch and 1 in sizes and not options.simulate
     reference = Job(correct, reference_layout(meshes))
@@ -58,14 +59,14 @@ def plan_run(options: CheckOptions) -> RunPlan:
     return RunPlan(reference=reference, reference_rerun=beside, layouts=layouts)
 
 
-def run_layouts(world_sizes: tuple[int, ...], meshes: list[Layout]) -> list[Layout]:
+def run_layouts(world_sizes: tuple[int, ...], meshes: Sequence[Layout]) -> list[Layout]:
     """The world sizes (in order), then the meshes (as given). With meshes, a world size is the mesh of
     their dimension names whose first data dimension has that size and every other one size 1, so a
     factory that indexes its mesh by name (``mesh["tp"]``) runs at every world size too."""
     return [*(shaped_like(meshes, ws) for ws in world_sizes), *meshes]
 
 
-def reference_layout(meshes: list[Layout]) -> Layout:
+def reference_layout(meshes: Sequence[Layout]) -> Layout:
     """The single process, shaped like ``meshes`` (every dimension of size 1)."""
     return shaped_like(meshes, 1)
 

@@ -14,11 +14,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from ddpcheck.checker.batches import MIXED_IDS
 from ddpcheck.checker.loaderfile import LoaderSpec
-from ddpcheck.checker.options import BadInput, CheckOptions
-from ddpcheck.checker.recording import MIXED_IDS, RankRecording, RecordOptions, record_rank
+from ddpcheck.checker.recipe import RecordOptions, record_options
+from ddpcheck.checker.recording import RankRecording, record_rank
 from ddpcheck.launch import GroupCall, GroupResult, StartedGroups, TargetRef, started_groups
 from ddpcheck.layout import Layout
+from ddpcheck.options import BadInput, CheckOptions
 from ddpcheck.scenarios import rank_failures
 from ddpcheck.trace import RunTrace, SimulatedShortcuts
 
@@ -43,8 +45,8 @@ class Job:
     def world_size(self) -> int:
         return self.layout.world_size
 
-    def record_options(self) -> RecordOptions:
-        return self.options.record_options(self.layout, digest=self.digest)
+    def record_options(self, spec: LoaderSpec) -> RecordOptions:
+        return record_options(spec, self.options, self.layout, digest=self.digest)
 
 
 def rerun_sample(world_size: int) -> tuple[int, ...]:
@@ -138,7 +140,7 @@ def _group_call(spec: LoaderSpec, job: Job, *, progress: bool) -> GroupCall:
         job.world_size,
         backend=options.backend,
         timeout=options.timeout,
-        kwargs={"spec": spec, "options": job.record_options()},
+        kwargs={"options": job.record_options(spec)},
         on_progress=options.on_progress if progress else None,
     )
 
@@ -154,7 +156,7 @@ def simulate(spec: LoaderSpec, job: Job) -> RunTrace:
     from ddpcheck.launch.simulate import NeedsCollectives, simulate_ranks
 
     options, world_size, ranks = job.options, job.world_size, job.ranks or None
-    kwargs = {"spec": spec, "options": job.record_options()}
+    kwargs = {"options": job.record_options(spec)}
     try:
         group = simulate_ranks(
             record_rank, world_size, kwargs=kwargs, timeout=options.timeout, ranks=ranks, shortcuts=True

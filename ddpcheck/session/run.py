@@ -13,7 +13,6 @@ from typing import Any
 
 from ddpcheck.checker.identity import OBJECT_ITEMS
 from ddpcheck.checker.loaderfile import BadLoaderFile, LoaderSpec, defined_names, precheck
-from ddpcheck.checker.options import BadInput, CheckOptions, mesh_layouts, validate
 from ddpcheck.checks.ids import DETERMINISM, REPLICA_CONSISTENCY
 from ddpcheck.checks.replicas import data_parallel_view, judge_layout
 from ddpcheck.checks.verdict import Verdict, allow, skipped
@@ -23,6 +22,7 @@ from ddpcheck.launch import shared_tmp
 from ddpcheck.launch.preload import frozen_heap, preload_imports
 from ddpcheck.layout import Layout, LayoutError, check_ranks
 from ddpcheck.messages import count_text
+from ddpcheck.options import BadInput, CheckOptions
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.scenarios import DataRun, Outcome, Scenario
 from ddpcheck.scenarios import build as build_scenarios
@@ -45,11 +45,10 @@ def check_loader(
     path: str, options: CheckOptions | None = None, *, progress: Progress | None = None
 ) -> CheckResult:
     """Run the loader file in every planned layout and judge it. Raises BadInput (exit 2)."""
-    options = options or CheckOptions()
-    validate(options)
+    options = options or CheckOptions()  # checked when made
     if not options.simulate:  # the one limit on real ranks, as the command line and the marker apply it
         try:
-            for layout in (*mesh_layouts(options), *(Layout.plain(ws) for ws in options.world_sizes)):
+            for layout in (*options.layouts, *(Layout.plain(ws) for ws in options.world_sizes)):
                 check_ranks(layout.world_size, mesh=bool(layout.mesh))
         except LayoutError as exc:
             raise BadInput(str(exc)) from None
@@ -166,10 +165,9 @@ class _Session:
             self.say(f"{name}: reference window of {plan.window.options.steps} steps (1 process)")
         assert self.reference is not None
         judged = self._record_layout(plan, rerun)
-        result = judge_world(
-            judged.reference, judged.run, judged.rerun, layout, self.options, scenarios,
-            figures=judged.figures, started=started,
-        )  # fmt: skip
+        reference, run, again = judged.reference, judged.run, judged.rerun
+        result = judge_world(reference, run, again, layout, self.options, scenarios, figures=judged.figures)
+        result = timed(result, started)
         status = status_text(result)
         if result.ok and self.options.elastic and self.options.resume:
             status = "ok so far (elastic resume is checked once every layout has run)"
@@ -225,7 +223,6 @@ def judge_world(
     scenarios: Sequence[Scenario] = (),
     *,
     figures: FigureData | None = None,
-    started: float | None = None,
     no_rerun: str = "",
 ) -> WorldResult:
     """One layout's result from its recordings: the one judging path of local and joined runs.
@@ -233,7 +230,7 @@ def judge_world(
     The data checks (``judge_layout``), ``--max-idle`` on ``work_balance``, the scenarios' checks (their
     own rank-side runs: metric, training, resume; only when the run is ok), then ``--allow`` over all
     of them. ``no_rerun``: why there is no determinism rerun, when none could be recorded (a joined
-    launch runs once). ``started``: the layout's ``time.monotonic()`` start, for its seconds.
+    launch runs once). Its ``seconds`` are the caller's to time (:func:`timed`).
     """
     verdicts = judge_layout(reference, run, rerun, layout)
     if no_rerun and rerun is None:
@@ -251,9 +248,13 @@ def judge_world(
         failures=failures + extra.failures,
         divergence=extra.divergence,
         resume=extra.resume,
-        seconds=time.monotonic() - started if started is not None else 0.0,
         figures=with_replicas(figures, layout, verdicts) if figures is not None else None,
     )
+
+
+def timed(result: WorldResult, started: float) -> WorldResult:
+    """``result`` with its seconds: since ``started`` (its layout's ``time.monotonic()`` start)."""
+    return replace(result, seconds=time.monotonic() - started)
 
 
 def _by_data(

@@ -19,18 +19,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ddpcheck.checker.options import BadInput, CheckOptions, mesh_layouts, validate
 from ddpcheck.checker.script_env import GPUS_ENV, NEEDS_CUDA, ScriptTarget
+from ddpcheck.checks.batch_sources import judge_sources, nothing_iterated
 from ddpcheck.checks.ids import COVERAGE, DETERMINISM, RESHUFFLE, SINGLE_PROCESS_EQUIVALENCE
 from ddpcheck.checks.replicas import data_parallel_view
 from ddpcheck.checks.reshuffle import STALE_EPOCH, evaluation_order
 from ddpcheck.checks.scripts import alone, at_loader, in_script_words, launcher_note, told_cause
+from ddpcheck.checks.step_judge import IGNORE_INDEX, StepRecord, fed_loader, judge_step, merged
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.figures import figure_data
 from ddpcheck.launch.script import ScriptLaunch, launch_script, output_tail
 from ddpcheck.launch.workdir import WorkdirGuard, WorkdirUnavailable
 from ddpcheck.layout import Layout, LayoutError, check_ranks
 from ddpcheck.messages import count_text, one_line
+from ddpcheck.options import BadInput, CheckOptions, mesh_layouts, validate
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.session.run import Interrupted, allowed, jsonable_options, judge_world, layout_name, status_text
 from ddpcheck.trace import (
@@ -46,6 +48,8 @@ from ddpcheck.tracefile import TRACE_GLOB, BadTraceFile, read_rank, trace_path
 
 Progress = Callable[[str], None]
 DEFAULT_MODEL_STEPS = 2
+COMPARED_BATCHES = 4  # with whole epochs: the step windows that start in an epoch's first 4 batches...
+TAIL_BATCHES = 8  # ...and in its last 8 (each compared window saves the weights and its batches)
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,9 @@ class ScriptOptions:
     model_steps: int | None = DEFAULT_MODEL_STEPS  # None: the script's loop receives whole epochs
     hooks: str = ""  # a file with loader-file hooks (sample_ids, batch_work, token_ids)
     cwd: str = ""  # the script's working directory ("" = this process's)
+    step: bool = True  # watch the training step and judge it (--no-step: the loaders alone)
+    ignore_index: int = IGNORE_INDEX  # the label value that supervises nothing
+    batches: str = ""  # a batch function to record (--batches NAME), in windows of check.steps calls
 
 
 @dataclass
@@ -68,6 +75,7 @@ class _Recorded:
     seconds: float = 0.0
     environment: dict[str, str] = field(default_factory=dict)  # what ddpcheck set for the ranks
     outputs: dict[int, str] = field(default_factory=dict)  # the last lines each rank printed
+    out: str = ""  # the launch's trace directory (a replay reads its saved steps there)
 
 
 def check_script(
@@ -83,14 +91,17 @@ def check_script(
     cwd: str = "",
     hooks: str = "",
     progress: Progress | None = None,
+    step: bool = True,
     **options: Any,
 ) -> CheckResult:
     """Audit a training script as ``ddpcheck run`` does; returns the result (never raises on findings).
 
     ``path_or_module``: a ``.py`` file, or a module name run as ``python -m`` (``"pkg.train"``);
     ``args``: the script's own command line; ``model_steps``: batches per epoch its loop receives
-    (None: whole epochs). Other keywords are :class:`~ddpcheck.checker.options.CheckOptions` fields
-    (``steps``, ``max_idle``, ``data_dims``...). Raises BadInput for a missing script or bad options.
+    (None: whole epochs); ``step``: watch and judge the training step (``--no-step``: False). Other
+    keywords are :class:`~ddpcheck.options.CheckOptions` fields (``steps``, ``max_idle``,
+    ``data_dims``...). Raises BadInput for a missing script, bad options, or a script that runs to its
+    end at one process without iterating a DataLoader (nothing to check).
 
     Example::
 
@@ -111,7 +122,8 @@ def check_script(
         resume=False,
         **options,
     )
-    return audit_script(target, ScriptOptions(check, model_steps, hooks, cwd), progress=progress)
+    settings = ScriptOptions(check, model_steps, hooks, cwd, step=step)
+    return audit_script(target, settings, progress=progress)
 
 
 def audit_script(
@@ -119,7 +131,8 @@ def audit_script(
 ) -> CheckResult:
     """Run the script at world size 1 and every requested layout, and judge each loader it iterates.
 
-    Raises BadInput (exit 2) for a script that does not exist or bad options."""
+    Raises BadInput (exit 2) for a script that does not exist, bad options, or one that iterated no
+    DataLoader at one process although it ran to its end."""
     options = options or ScriptOptions()
     say = progress or (lambda _m: None)
     validate(options.check)
@@ -237,6 +250,10 @@ class _ScriptSession:
         reference = self._launch(Layout.plain(1))
         self.reference = reference
         single = Layout.plain(1)
+        printed = reference.outputs.get(0, "")
+        nothing = nothing_iterated(list(reference.traces.values()), printed, self.options.batches)
+        if nothing:
+            raise BadInput(nothing)
         problem = _launch_problem(reference)
         if problem:
             self.runs.append(
@@ -253,7 +270,9 @@ class _ScriptSession:
             self.say(f"the single-process run failed: {problem}")
             return
         self.notes.extend(_trace_notes(reference))
-        self.runs.extend(self._judge(reference, reference, None, single))
+        self.runs.extend(
+            self._judge(reference, reference, None, single, self._step_record(reference, single))
+        )
         determinism = self.options.check.determinism
         for layout in layouts:
             window_reference = reference
@@ -262,25 +281,61 @@ class _ScriptSession:
                 self.say(f"{layout_name(layout)}: reference window of {steps} steps (1 process)")
                 window_reference = self._launch(Layout.plain(1), steps=steps)
             self.say(f"{layout_name(layout)}: running {count_text(layout.world_size, 'ranks')}")
-            run = self._launch(layout)
+            run = self._launch(layout, compare=layout.dp_world_size > 1)
             rerun = None
             if determinism and run.traces and not run.failures:
                 self.say(f"{layout_name(layout)}: determinism rerun")
                 rerun = self._launch(layout)
                 determinism = False  # one rerun: the first layout with several ranks
             self.notes.extend(_trace_notes(run))
-            results = self._judge(window_reference, run, rerun, layout)
+            results = self._judge(window_reference, run, rerun, layout, self._step_record(run, layout))
             self.runs.extend(results)
             for result in results:
                 self.say(
                     f"{result.loader} at {layout_name(layout)}: {status_text(result)} ({result.seconds:.2f}s)"
                 )
 
-    def _launch(self, layout: Layout, steps: int | None = None) -> _Recorded:
+    def _compared(self, compare: bool) -> list[str]:
+        """Which step windows a launch keeps for the replay: none (a launch nothing replays), the windows
+        the loop reaches in an epoch's first batches, and with whole epochs (``--model-steps all``) also
+        the epoch's last windows, where the ranks' shorter tails differ."""
+        if not compare:
+            return ["--compare-batches", "0"]
+        if self.options.model_steps is None:
+            return ["--compare-batches", str(COMPARED_BATCHES), "--tail-batches", str(TAIL_BATCHES)]
+        return ["--compare-batches", str(self.options.model_steps)]
+
+    def _step_record(self, run: _Recorded, layout: Layout) -> StepRecord | None:
+        """The run's step recordings and, where data-parallel ranks split the step, the one-process replay
+        of what they received (one more launch); None without ``--step``."""
+        if not self.options.step:
+            return None
+        record = step_record(run, self.options.ignore_index)
+        if layout.dp_world_size < 2 or not record.backward or _launch_problem(run):
+            return record
+        self.say(f"{layout_name(layout)}: replaying its first steps at 1 process")
+        replay = self._launch(Layout.plain(1), replay=run.out)
+        traces = [t.steps for t in replay.traces.values() if t.steps is not None]
+        if traces and not _launch_problem(replay):
+            return replace(record, replay=traces[0])
+        problem = _launch_problem(replay) or "it recorded no step"
+        return replace(record, no_replay=f"the one-process replay failed ({problem})")
+
+    def _launch(
+        self, layout: Layout, steps: int | None = None, replay: str = "", compare: bool = False
+    ) -> _Recorded:
+        """One launch of the script at ``layout``; ``compare``: keep the compared steps' gradients and save
+        their batches for a replay (the run that is replayed, and the replay)."""
         self.launches += 1
         out = os.path.join(self.workdir, f"l{self.launches}")
         check = replace(self.options.check, steps=steps) if steps is not None else self.options.check
         command = ["-m", "ddpcheck.record", "--out", out, "--epochs", str(check.epochs)]
+        if self.options.step:
+            command += ["--step", *self._compared(compare or bool(replay))]
+            if self.options.ignore_index != IGNORE_INDEX:
+                command += ["--ignore-index", str(self.options.ignore_index)]
+        if replay:
+            command += ["--replay", replay]
         command += [
             "--model-steps",
             "all" if self.options.model_steps is None else str(self.options.model_steps),
@@ -289,6 +344,8 @@ class _ScriptSession:
             command += ["--steps", str(check.steps)]
         if self.options.hooks:
             command += ["--hooks", os.path.abspath(self.options.hooks)]
+        if self.options.batches:
+            command += ["--batches", self.options.batches]
         if layout.replicas > 1:
             command.append("--digest")
         if not check.work:
@@ -309,10 +366,15 @@ class _ScriptSession:
             workdir=self.guard,
             label=layout_name(layout),
         )
-        return replace(read_launch(launch, layout), environment=env)
+        return replace(read_launch(launch, layout), environment=env, out=out)
 
     def _judge(
-        self, reference: _Recorded, run: _Recorded, rerun: _Recorded | None, layout: Layout
+        self,
+        reference: _Recorded,
+        run: _Recorded,
+        rerun: _Recorded | None,
+        layout: Layout,
+        step: StepRecord | None = None,
     ) -> list[WorldResult]:
         problem = _launch_problem(run)
         gpus = run.environment.get(GPUS_ENV)
@@ -333,7 +395,7 @@ class _ScriptSession:
                     loader=self.target.shown,
                 )
             ]
-        return judge_launch(reference, run, rerun, layout, self.options.check, run.seconds)
+        return judge_launch(reference, run, rerun, layout, self.options.check, step=step)
 
 
 def rank_environment(world_size: int, gpus: int | None = None) -> dict[str, str]:
@@ -461,7 +523,7 @@ def _launch_problem(recorded: _Recorded) -> str:
     fallbacks = {t.fallback for t in recorded.traces.values() if t.fallback}
     if fallbacks:
         return sorted(fallbacks)[0]
-    if not any(t.loaders for t in recorded.traces.values()):
+    if not any(t.loaders or t.sources for t in recorded.traces.values()):
         return "the script iterated no DataLoader"
     return ""
 
@@ -493,14 +555,51 @@ def judge_launch(
     rerun: _Recorded | None,
     layout: Layout,
     options: CheckOptions,
-    seconds: float = 0.0,
     *,
     standin: str = "",
+    step: StepRecord | None = None,
 ) -> list[WorldResult]:
     """Every loader of ``run`` judged against the same loader of ``reference``: one WorldResult each.
 
     ``standin`` (non-empty: why) means the reference is not a real single-process run; the checks
-    that need one are skipped with that reason."""
+    that need one are skipped with that reason. ``step``: the launch's step recordings, judged with the
+    loader whose batches reached backward (the first loader when none did)."""
+    results = _judge_loaders(reference, run, rerun, layout, options, standin)
+    if step is None or not results:
+        return results
+    fed = fed_loader(step.steps)
+    at = next((i for i, r in enumerate(results) if r.loader == fed), 0)
+    verdicts = [in_script_words(at_loader(v, results[at].loader)) for v in judge_step(step, layout)]
+    joined = merged(results[at].verdicts, allowed(verdicts, options.allow))
+    results[at] = replace(results[at], verdicts=tuple(joined))
+    return results
+
+
+def step_record(run: _Recorded, ignore_index: int = IGNORE_INDEX) -> StepRecord:
+    """What the step checks read from one launch: each rank's steps, each loader's epochs per rank."""
+    ranks = range(run.layout.world_size)
+    steps = tuple(run.traces[r].steps if r in run.traces else None for r in ranks)
+    loading: dict[str, list[tuple[EpochTrace, ...]]] = {}
+    for name in _loader_names(run, run):
+        per_rank = [
+            next((lo.trace.epochs for lo in run.traces[r].loaders if lo.name == name), ())
+            if r in run.traces
+            else ()
+            for r in ranks
+        ]
+        loading[name] = per_rank
+    return StepRecord(steps, loading=loading, ignore_index=ignore_index)
+
+
+def _judge_loaders(
+    reference: _Recorded,
+    run: _Recorded,
+    rerun: _Recorded | None,
+    layout: Layout,
+    options: CheckOptions,
+    standin: str,
+) -> list[WorldResult]:
+    seconds = run.seconds
     results = []
     grouped = _grouped(run)
     for name in _loader_names(reference, run):
@@ -538,6 +637,9 @@ def judge_launch(
         results.append(
             replace(judged, verdicts=tuple(allowed(verdicts, options.allow)), seconds=seconds, loader=name)
         )
+    rerun_traces = rerun.traces if rerun is not None else None
+    for source in judge_sources(reference.traces, run.traces, rerun_traces, layout, seconds):  # --batches
+        results.append(replace(source, verdicts=tuple(allowed(list(source.verdicts), options.allow))))
     return results
 
 
@@ -729,10 +831,14 @@ def judge_directory(
     reference: str | Path | None = None,
     options: CheckOptions | None = None,
     layout: Layout | None = None,
+    replay: str | Path | None = None,
 ) -> CheckResult:
-    """Judge one recorded launch; ``reference``: the same script recorded at one process."""
+    """Judge one recorded launch; ``reference``: the same script recorded at one process; ``replay``: the
+    launch's one-process replay (``python -m ddpcheck.record --replay DIR``), for ``step_equivalence``.
+    The step checks are judged where the launch was recorded with ``--step``."""
     options = options or CheckOptions()
     run = read_trace_dir(directory, layout)
+    step = _recorded_step(run, replay)
     notes = _trace_notes(run)
     runs: list[WorldResult] = []
     if reference is not None:
@@ -757,7 +863,7 @@ def judge_directory(
         )
     else:
         names_from = ref if reference is not None else run
-        results = judge_launch(names_from, run, None, run.layout, options, standin=standin)
+        results = judge_launch(names_from, run, None, run.layout, options, standin=standin, step=step)
         runs.extend(replace(r, verdicts=tuple(_no_rerun(v) for v in r.verdicts)) for r in results)
     return CheckResult(
         loader=str(directory),
@@ -766,6 +872,24 @@ def judge_directory(
         options={**jsonable_options(options), "judged": str(directory)},
         notes=tuple(dict.fromkeys(notes)),
     )
+
+
+def _recorded_step(run: _Recorded, replay: str | Path | None) -> StepRecord | None:
+    """The step recordings of a launch recorded with ``--step`` (None: recorded without), with its replay's
+    step when one is given."""
+    if not any(t.steps is not None for t in run.traces.values()):
+        if replay is not None:
+            raise BadInput("--replay: the launch was recorded without --step: nothing to compare")
+        return None
+    record = step_record(run)
+    if replay is None:
+        why = "no --replay given (record the launch's replay: python -m ddpcheck.record --replay DIR)"
+        return replace(record, no_replay=why)
+    replayed = read_trace_dir(replay)
+    steps = [t.steps for t in replayed.traces.values() if t.steps is not None and t.steps.replay]
+    if replayed.layout.world_size != 1 or not steps:
+        raise BadInput(f"--replay {replay} holds no one-process replay (record it with --replay DIR)")
+    return replace(record, replay=steps[0])
 
 
 def _no_rerun(verdict: Verdict) -> Verdict:

@@ -1,17 +1,18 @@
 """What a ddpcheck run is asked to do: plain options, validated before anything starts.
 
-The session and the scenarios (metric, training, resume) read them; nothing here launches or judges.
+Plain data below every layer that reads them: the front ends build them, the session and the scenarios
+(metric, training, resume) read them, and the rank side receives what it needs of them as typed values
+(:func:`ddpcheck.checker.recipe.record_options`); nothing here launches or judges.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ddpcheck.layout import MAX_SIMULATED_RANKS, Layout, LayoutError, MeshLike, parse_meshes
 
-if TYPE_CHECKING:  # recording imports torch: options are read (the command line) before torch loads
-    from ddpcheck.checker.recording import RecordOptions
+if TYPE_CHECKING:
     from ddpcheck.launch import ProgressCallback
 
 BACKENDS = ("gloo", "nccl")
@@ -20,6 +21,8 @@ MAX_TIMEOUT = 7 * 24 * 3600.0  # one week
 MAX_COUNT = 2**31 - 1  # steps, batch size: what a C int holds
 MAX_TRAIN_STEPS = 100_000
 MAX_WORKERS = 512  # DataLoader workers a resume may be restored into
+WORLD_SIZES = (1, 2, 3, 4)  # the command's world sizes (and CheckOptions'), when none are given
+TEST_WORLD_SIZES = (1, 2)  # a check from inside a test suite (the pytest plugin, check_script): quick
 
 
 class BadInput(ValueError):
@@ -37,17 +40,19 @@ class BadInput(ValueError):
 @dataclass(frozen=True)
 class CheckOptions:
     """What one ddpcheck run is asked to do: world sizes and meshes, epochs, how the loader is built, which
-    checks and scenarios run and how strictly. Plain values with the command line's defaults;
-    :func:`validate` checks them all (one message per rule) and returns them with every mesh parsed into
-    a :class:`~ddpcheck.layout.Layout` (``meshes`` may be given as specs, mappings or Layouts).
+    checks and scenarios run and how strictly. Plain values with the command line's defaults, checked
+    when made (every rule, one message each: :class:`BadInput` naming the field), as attrs validates at
+    construction; ``meshes`` may be given as specs, mappings or Layouts and holds Layouts from then on
+    (:attr:`layouts`), ``data_dims`` and ``sequence_dims`` applied.
 
     Each front end (the command, the pytest marker, ``ddpcheck.check``) builds one and passes it on; the
-    rank side receives what it needs as typed values made from it once (``record_options`` for a data
-    run, :meth:`ddpcheck.checker.recipe.LoaderRecipe.from_options` for how a loader is built), never a
-    copy made field by field. ``option_sources`` and ``config_file`` say where the values came from (the
+    rank side receives what it needs as typed values made from it once
+    (:func:`ddpcheck.checker.recipe.record_options` for a data run,
+    :meth:`ddpcheck.checker.recipe.LoaderRecipe.from_options` for how a loader is built), never a copy
+    made field by field. ``option_sources`` and ``config_file`` say where the values came from (the
     report lists them); ``on_progress`` is the live display's callback, not an option of the run."""
 
-    world_sizes: tuple[int, ...] = (1, 2, 3, 4)
+    world_sizes: tuple[int, ...] = WORLD_SIZES
     epochs: int = 2
     backend: str = "gloo"
     factory: str = "make_loader"
@@ -87,28 +92,27 @@ class CheckOptions:
     # --- the live progress display (ddpcheck.progress): not an option of the run, never reported ---
     on_progress: ProgressCallback | None = field(default=None, compare=False, repr=False)
 
-    def record_options(self, layout: Layout | None = None, *, digest: bool = False) -> RecordOptions:
-        """What the ranks need of these options (the fields both share, by name), in ``layout``."""
-        from ddpcheck.checker.recording import RecordOptions
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "meshes", _parsed_meshes(self))
+        _check(self)
 
-        shared = {f.name: getattr(self, f.name) for f in fields(RecordOptions) if hasattr(self, f.name)}
-        return RecordOptions(**shared, layout=layout, digest=digest)
+    @property
+    def layouts(self) -> tuple[Layout, ...]:
+        """The meshes asked for, as parsed when the options were made."""
+        return self.meshes  # type: ignore[return-value]  # Layouts since __post_init__
 
 
 def mesh_layouts(options: CheckOptions) -> list[Layout]:
-    """The meshes asked for, as layouts (through the one parser, :func:`ddpcheck.layout.parse_meshes`);
-    BadInput (exit 2) for a spec that describes no ranks. Layouts already parsed pass straight through."""
-    meshes = options.meshes
-    if isinstance(meshes, tuple) and all(_settled(m, options) for m in meshes):
-        known = {name for m in meshes for name in m.names}  # type: ignore[union-attr]
-        if set(options.data_dims) | set(options.sequence_dims or ()) <= known:
-            return list(meshes)  # type: ignore[arg-type]
-    if (options.data_dims or options.sequence_dims) and not meshes:
-        raise BadInput("--data-dims and --sequence-dims name mesh dimensions: give --mesh too", "data_dims")
-    try:
-        return parse_meshes(meshes, tuple(options.data_dims), options.sequence_dims)
-    except LayoutError as exc:
-        raise BadInput(str(exc), "meshes") from None
+    """The run's meshes as layouts: :attr:`CheckOptions.layouts`, parsed when the options were made.
+    Kept for the two readers not moved to the attribute yet (``session/script.py``, ``cli_run.py``)."""
+    return list(options.layouts)
+
+
+def validate(options: CheckOptions) -> CheckOptions:
+    """The options, valid: :class:`CheckOptions` checks every rule when it is made (and remade by
+    ``dataclasses.replace``), so this returns them as they are. Kept for the readers named at
+    :func:`mesh_layouts`."""
+    return options
 
 
 def _number(value: object, kind: type | tuple[type, ...] = (int, float)) -> bool:
@@ -121,21 +125,22 @@ def _integer(value: object, low: int, high: int, what: str, option: str) -> None
         raise BadInput(f"{what} must be from {low} to {high}, got {value!r}", option)
 
 
-def _settled(mesh: MeshLike, options: CheckOptions) -> bool:
-    """A Layout already parsed with these options' data and sequence dimensions (validate's output)."""
-    if not isinstance(mesh, Layout) or not mesh.data_dims:
-        return False
-    names = set(mesh.names)
-    data, sequence = options.data_dims, options.sequence_dims
-    if data and set(mesh.data_dims) != names & set(data):
-        return False
-    return sequence is None or set(mesh.sequence_dims) == names & set(sequence)
+def _parsed_meshes(options: CheckOptions) -> tuple[Layout, ...]:
+    """``options.meshes`` through the one parser (:func:`ddpcheck.layout.parse_meshes`), ``data_dims`` and
+    ``sequence_dims`` applied; a Layout given parses to itself. BadInput for a spec that describes no
+    ranks."""
+    meshes = options.meshes
+    if (options.data_dims or options.sequence_dims) and not meshes:
+        raise BadInput("--data-dims and --sequence-dims name mesh dimensions: give --mesh too", "data_dims")
+    try:
+        return tuple(parse_meshes(meshes, tuple(options.data_dims), options.sequence_dims))
+    except LayoutError as exc:
+        raise BadInput(str(exc), "meshes") from None
 
 
-def validate(options: CheckOptions) -> CheckOptions:
-    """Every rule on the options, once (one message each); returns them with the meshes parsed into
-    Layouts (``data_dims`` and ``sequence_dims`` applied), which is what travels from here on."""
-    meshes = mesh_layouts(options)
+def _check(options: CheckOptions) -> None:
+    """Every rule on the options but the meshes' (one message each, BadInput naming the field)."""
+    meshes = options.meshes
     if not options.world_sizes and not meshes:
         raise BadInput("no world sizes or meshes given", "world_sizes")
     for ws in options.world_sizes:
@@ -201,4 +206,3 @@ def validate(options: CheckOptions) -> CheckOptions:
             f"unknown check id for --allow: {', '.join(unknown)}; choose from {', '.join(ALL_CHECKS)}",
             "allow",
         )
-    return replace(options, meshes=tuple(meshes))

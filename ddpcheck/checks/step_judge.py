@@ -1,0 +1,93 @@
+"""The step checks of one script launch, judged together (issue 35).
+
+``ddpcheck run`` and ``ddpcheck judge`` attach them to the loader whose batches reached ``backward``:
+``step_equivalence`` and ``equal_microsteps`` are the step's own; ``supervision`` and ``rng_independence``
+replace the per-batch forms a loader gets alone, because a micro-step (what one backward consumed) and the
+loop's own draws are what the step trains on.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ddpcheck.checks.ids import EQUAL_MICROSTEPS, RNG_INDEPENDENCE, STEP_EQUIVALENCE, SUPERVISION
+from ddpcheck.checks.rng import check_rng_independence
+from ddpcheck.checks.step import check_equal_microsteps, check_step_equivalence
+from ddpcheck.checks.supervision import check_step_supervision
+from ddpcheck.checks.verdict import Verdict, not_applicable
+from ddpcheck.layout import Layout
+from ddpcheck.trace import EpochTrace, StepTrace
+
+IGNORE_INDEX = -100
+NO_BACKWARD = "the script ran no backward pass while it was recorded"
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One launch's step recordings: what the step checks read.
+
+    ``steps``: each global rank's StepTrace (None: that rank recorded none); ``replay``: the one-process
+    replay's StepTrace (None: none ran, ``no_replay`` says why); ``loading``: per loader name, each global
+    rank's recorded epochs (their fetch draws); ``ignore_index``: the label value that supervises nothing.
+    """
+
+    steps: tuple[StepTrace | None, ...]
+    replay: StepTrace | None = None
+    no_replay: str = ""
+    loading: Mapping[str, Sequence[Sequence[EpochTrace]]] = field(default_factory=dict)
+    ignore_index: int = IGNORE_INDEX
+
+    @property
+    def backward(self) -> bool:
+        """Whether any rank ran a backward pass while recorded."""
+        return any(t is not None and (t.steps or t.open_micro) for t in self.steps)
+
+
+def fed_loader(steps: Sequence[StepTrace | None]) -> str:
+    """The loader whose batches the micro-steps consumed most often ("" none: no backward, or batches that
+    came from no recorded loader)."""
+    names = Counter(
+        m.loader
+        for t in steps
+        if t is not None
+        for micro in (*(s.micro for s in t.steps), t.open_micro)
+        for m in micro
+        if m.loader
+    )
+    return names.most_common(1)[0][0] if names else ""
+
+
+def judge_step(record: StepRecord, layout: Layout) -> tuple[Verdict, ...]:
+    """``supervision``, ``rng_independence``, ``step_equivalence`` and ``equal_microsteps`` of one launch at
+    ``layout``, in that order; ``supervision`` is left out when no backward ran (the loader's per-batch
+    form then stands)."""
+    rng = check_rng_independence(layout, record.steps, record.loading)
+    if not record.backward:
+        return (
+            rng,
+            not_applicable(STEP_EQUIVALENCE, NO_BACKWARD),
+            not_applicable(EQUAL_MICROSTEPS, NO_BACKWARD),
+        )
+    supervision = check_step_supervision(record.steps, ignore_index=record.ignore_index)
+    if layout.dp_world_size < 2:
+        equivalence = not_applicable(
+            STEP_EQUIVALENCE, "one data-parallel rank: its step is the single process's own"
+        )
+    elif record.replay is None:
+        why = record.no_replay or "the one-process replay did not run"
+        equivalence = not_applicable(STEP_EQUIVALENCE, f"{why}: nothing to compare the step with")
+    else:
+        equivalence = check_step_equivalence(record.steps, record.replay, layout)
+    return supervision, rng, equivalence, check_equal_microsteps(record.steps, layout)
+
+
+def merged(loader_verdicts: Sequence[Verdict], step_verdicts: Sequence[Verdict]) -> list[Verdict]:
+    """The loader's verdicts with the step's: a step form replaces the loader's verdict of the same check,
+    the step's own checks follow the data checks."""
+    by_check = {v.check: v for v in step_verdicts}
+    out = [
+        by_check.pop(v.check, v) if v.check in (SUPERVISION, RNG_INDEPENDENCE) else v for v in loader_verdicts
+    ]
+    return out + [v for v in step_verdicts if v.check in by_check]
