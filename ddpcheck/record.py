@@ -74,6 +74,8 @@ def batch_function(text: str) -> str:
     (``module:name``), checked for its form here, found as the script runs."""
     from ddpcheck.checker.batch_source import parse_name
 
+    if not text:  # the default: no batch function (argparse runs a string default through this too)
+        return text
     try:
         parse_name(text)
     except ValueError as exc:

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from ddpcheck.checks.diagnose import IGNORES_RANK, TOLD_REPLICAS
 from ddpcheck.checks.fixes import FIXES
+from ddpcheck.checks.ids import RNG_INDEPENDENCE
 from ddpcheck.checks.mixture import NO_SOURCE
 from ddpcheck.checks.replicas import (
     GLOBAL_RANK,
@@ -95,7 +96,10 @@ def at_loader(verdict: Verdict, name: str) -> Verdict:
 def alone(verdict: Verdict, joined: bool, frameworks: Iterable[str]) -> Verdict:
     """A failure of ranks that never joined a process group (``joined`` False), named as that, with the
     launcher as its fix; any other verdict as it is."""
-    if joined or not verdict.failed or IGNORES_RANK not in verdict.cause:
+    if joined or not verdict.failed:
+        return verdict
+    # ranks alone draw alike too (each seeds and shuffles as the only process): the same cause
+    if IGNORES_RANK not in verdict.cause and verdict.check != RNG_INDEPENDENCE:
         return verdict
     cause = ALONE + (LIGHTNING_ALONE if "lightning" in frameworks else "")
     return replace(verdict, cause=cause, fix=ALONE_FIX)

@@ -569,7 +569,10 @@ def judge_launch(
         return results
     fed = fed_loader(step.steps)
     at = next((i for i, r in enumerate(results) if r.loader == fed), 0)
-    verdicts = [in_script_words(at_loader(v, results[at].loader)) for v in judge_step(step, layout)]
+    grouped = _grouped(run)
+    verdicts = [
+        in_script_words(at_loader(alone(v, *grouped), results[at].loader)) for v in judge_step(step, layout)
+    ]
     joined = merged(results[at].verdicts, allowed(verdicts, options.allow))
     results[at] = replace(results[at], verdicts=tuple(joined))
     return results
