@@ -236,7 +236,7 @@ def test_a_wrong_array_is_caught_by_its_probe(monkeypatch: pytest.MonkeyPatch) -
 
 
 def _simulated(name: str, **options: object) -> tuple[dict[int, set[str]], list[str]]:
-    from ddpcheck.checker.options import CheckOptions
+    from ddpcheck.options import CheckOptions
     from ddpcheck.session import check_loader
 
     settings_ = CheckOptions(
