@@ -54,7 +54,12 @@ def draw(points: list[dict[str, float]], svg: Path, title: str) -> None:
     for ax, key, fixed in ((axes[0], "ids", "ranks"), (axes[1], "ranks", "ids")):
         near = {p[fixed]: float(f"{p[fixed]:.1e}") for p in points}  # 9,998,336 ids at 4096 ranks is 1e7
         common = max(set(near.values()), key=lambda v: sum(near[p[fixed]] == v for p in points))
-        line = sorted((p for p in points if near[p[fixed]] == common), key=lambda p: p[key])
+        first: dict[float, dict[str, float]] = {}
+        for p in points:  # one point per x: the first measured
+            if near[p[fixed]] == common:
+                first.setdefault(float(f"{p[key]:.1e}"), p)
+        line = sorted(first.values(), key=lambda p: p[key])
+        common = line[0][fixed]
         xs = [p[key] for p in line]
         ax.plot(xs, [p["seconds"] for p in line], "o-", label="wall s")
         ax.plot(xs, [p["cpu"] for p in line], "s--", label="CPU s")
@@ -66,7 +71,9 @@ def draw(points: list[dict[str, float]], svg: Path, title: str) -> None:
         twin.plot(xs, [p["gib"] for p in line], "^:", color="tab:red", label="peak GiB")
         twin.set_ylabel("peak GiB")
         twin.set_ylim(0, max(2.0, max(p["gib"] for p in line) * 1.2))
-        ax.set_title(f"{'W' if key == 'ids' else 'N'} = {int(common):,}")
+        ax.set_title(
+            f"{'W' if key == 'ids' else 'N'} = {int(common):,}" + (" (about)" if key == "ranks" else "")
+        )
         handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
         ax.legend(handles, [h.get_label() for h in handles], loc="upper left", fontsize=8)
     fig.suptitle(title, fontsize=10)
@@ -83,12 +90,20 @@ def main() -> None:
     parser.add_argument("--add", action="append", default=[], metavar="N,W,SECONDS,CPU,GIB")
     parser.add_argument("--json", default="docs/scale.json")
     parser.add_argument("--svg", default="docs/scale.svg")
+    parser.add_argument("--redraw", action="store_true", help="draw --json's points again, measure nothing")
     parser.add_argument(
         "--title", default="ddpcheck judge: uint32 traces, a planted overflow and 1,000 copies"
     )
     args = parser.parse_args()
+    if args.redraw:
+        points = json.loads(Path(args.json).read_text())
+        draw(points, Path(args.svg), args.title)
+        return
     points = [judged(float(n), args.ranks_at) for n in args.ids.split(",") if n]
-    points += [judged(args.ids_at, int(w)) for w in args.ranks.split(",") if w]
+    done = {(float(f"{p['ids']:.1e}"), p["ranks"]) for p in points}
+    points += [
+        judged(args.ids_at, int(w)) for w in args.ranks.split(",") if w and (args.ids_at, int(w)) not in done
+    ]
     for extra in args.add:
         n, w, seconds, cpu, gib = extra.split(",")
         points.append({"ids": int(float(n)), "ranks": int(w), "seconds": float(seconds), "cpu": float(cpu),
