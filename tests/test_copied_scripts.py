@@ -151,11 +151,15 @@ def test_a_mesh_sampler_given_dist_get_rank_is_named_at_its_line(tmp_path: Path)
                         cwd=FRAMEWORKS)  # fmt: skip
     assert proc.returncode == 1, proc.stdout + proc.stderr
     line = line_of(FRAMEWORKS / "mesh_dist_get_rank.py", "loader = DataLoader(")
-    (cause,) = report(tmp_path)["causes"]
+    causes = report(tmp_path)["causes"]
+    (cause,) = [c for c in causes if c["cause"].startswith("the sampler of the loader")]
     text = cause["cause"]
     assert text.startswith(
         f"the sampler of the loader built at mesh_dist_get_rank.py:{line} splits by the global"
     )
+    # its model is a bare Linear, never wrapped in DDP: the step checks say so too, and nothing else
+    others = [c["cause"] for c in causes if c is not cause]
+    assert len(others) == 1 and "the gradient was not averaged over the data-parallel group" in others[0]
     assert "dist.get_rank()" in text and 'mesh["dp"].get_local_rank()' in text, text
 
 

@@ -33,6 +33,7 @@ from ddpcheck.checks.ids import (
     REPLICA_CONSISTENCY,
     RESHUFFLE,
     SINGLE_PROCESS_EQUIVALENCE,
+    STEP_EQUIVALENCE,
 )
 from ddpcheck.cli import main
 from tests.conftest import FIXTURES
@@ -157,7 +158,9 @@ CASES = [
         script_args=("--tp", "2"),
         exit_code=1,
         must_fail={DP2_TP2: {"train": frozenset({COVERAGE, REPLICA_CONSISTENCY})}},
-        may_fail=frozenset({SINGLE_PROCESS_EQUIVALENCE}),
+        # tensor peers fed different batches: the step that follows differs from one process's (the replay
+        # takes every rank's batches), a consequence of the same bug
+        may_fail=frozenset({SINGLE_PROCESS_EQUIVALENCE, STEP_EQUIVALENCE}),
         cause="global rank",
     ),
     Case(
