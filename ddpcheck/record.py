@@ -11,7 +11,9 @@ itself. Everything after ``--`` (or after ``-m MODULE``) belongs to the script, 
 never meets ours.
 
 Exit codes: 0 recorded; 2 bad usage or a script that does not exist; 3 the script raised or exited
-non-zero, or iterated no DataLoader (the trace file says which, with its error line).
+non-zero, or iterated no DataLoader (the trace file says which, with its error line); with
+``--fingerprint`` (no trace files: each rank's verdict in ``OUT/fingerprint-rankR.json``) 1 when an epoch
+is not every index exactly once.
 """
 
 from __future__ import annotations
@@ -22,15 +24,18 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ddpcheck.launch.workdir import enter_workdir  # the standard library only: no thread starts
 
 if TYPE_CHECKING:
+    from ddpcheck.checker.script import ScriptRecordOptions
+    from ddpcheck.checker.script_env import ScriptTarget
     from ddpcheck.checker.step import StepWatcher
 
 EXIT_BAD_INPUT = 2
 EXIT_SCRIPT_FAILED = 3
+EXIT_FINGERPRINT_FAILED = 1  # --fingerprint: an epoch's ids are not every index exactly once
 
 
 def split_command(argv: Sequence[str]) -> tuple[list[str], str, str, list[str]]:
@@ -136,6 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="record the calls of this function of the script (get_batch, Cls.method, module:name) as "
         "batches, in windows of --steps calls (default 8)",
     )
+    parser.add_argument(
+        "--fingerprint",
+        action="store_true",
+        help="write no ids: at the end, prove with the other ranks (a gloo group of ddpcheck's own) that "
+        "every dataset index was yielded once, naming the ids that were not (every process a "
+        "data-parallel rank); writes OUT/fingerprint-rankR.json, exit 1 when an epoch fails",
+    )
     step = parser.add_argument_group("the training step (issue 35)")
     step.add_argument(
         "--step",
@@ -223,6 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         batches=args.batches,
     )
     target = ScriptTarget(path=path, module=module, args=tuple(script_args))
+    if args.fingerprint:
+        return _fingerprinted(args.out, target, options, hooks)
     from ddpcheck.tracefile import spill_to, write_rank
 
     spill_to(args.out)  # an epoch's ids go to disk as they grow (ddpcheck.tracefile)
@@ -238,6 +252,54 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ddpcheck.record: rank {trace.rank}: the script iterated no DataLoader", file=sys.stderr)
         return EXIT_SCRIPT_FAILED
     return 0
+
+
+def _fingerprinted(out: str, target: ScriptTarget, options: ScriptRecordOptions, hooks: Any) -> int:
+    """``--fingerprint``: record, then prove coverage and overlap with the other ranks from summaries
+    (:mod:`ddpcheck.checker.fingerprint`); ids live in a temporary folder under OUT until then. Writes
+    ``OUT/fingerprint-rankR.json``; exit 1 when an epoch failed."""
+    import json
+    import shutil
+    import tempfile
+
+    from ddpcheck.checker.fingerprint import HELD_IDS, FingerprintReport, exchange, teardown_deferred
+    from ddpcheck.checker.script import record_script
+    from ddpcheck.trace import spill_every
+    from ddpcheck.tracefile import spill_to
+
+    os.makedirs(out, exist_ok=True)
+    held = tempfile.mkdtemp(prefix=".fingerprint-", dir=out)
+
+    def publish(report: FingerprintReport) -> None:
+        with open(os.path.join(out, f"fingerprint-rank{trace.rank}.json"), "w") as handle:
+            json.dump({"ok": report.ok, "seconds": report.seconds, "cpu_seconds": report.cpu_seconds,
+                       "state_bytes": report.state_bytes, "epochs": [vars(e) for e in report.epochs]},
+                      handle, indent=1)  # fmt: skip
+        if trace.rank == 0:
+            print("\n".join(report.lines()), file=sys.stderr, flush=True)
+
+    try:
+        spill_to(held)
+        spill_every(HELD_IDS)
+        with teardown_deferred() as waiting:
+            trace = record_script(target, options, hooks)
+            try:
+                report = exchange(trace, publish) if trace.status == "ok" else None
+            finally:
+                for teardown in waiting:
+                    teardown()
+    finally:
+        shutil.rmtree(held, ignore_errors=True)
+    if trace.status != "ok":
+        print(f"ddpcheck.record: rank {trace.rank}: {trace.message}", file=sys.stderr)
+        return EXIT_SCRIPT_FAILED
+    if report is None:
+        print(
+            f"ddpcheck.record: rank {trace.rank}: --fingerprint needs the script's process group",
+            file=sys.stderr,
+        )
+        return EXIT_SCRIPT_FAILED
+    return 0 if report.ok else EXIT_FINGERPRINT_FAILED
 
 
 # a framework, by the modules that show the script imported it

@@ -30,6 +30,9 @@ def compact_ids(ids: Iterable[Hashable]) -> Sequence[Hashable]:
     return tuple(items)
 
 
+_NPY_STARTS: dict[tuple[str, int, str], int] = {}  # (.npy file, length, type) -> where its data starts
+
+
 class IdArray(Sequence[int]):
     """Integer ids held as one numpy array: in memory, or in a ``.npy`` file opened only while read.
 
@@ -65,12 +68,17 @@ class IdArray(Sequence[int]):
 
         if not self.size:
             return np.zeros(0, np.dtype(self.dtype))
-        values = np.load(self.path, mmap_mode="r")
-        if len(values) != self.size or values.dtype.str != self.dtype:
-            raise ValueError(
-                f"{self.path} holds {len(values)} {values.dtype} ids, not {self.size} {self.dtype}"
-            )
-        return values
+        key = (self.path, self.size, self.dtype)  # a header is the same for the same length and type
+        start = _NPY_STARTS.get(key)
+        if start is None:  # the header read once: a judge maps each of 4096 files several times
+            values = np.load(self.path, mmap_mode="r")
+            if len(values) != self.size or values.dtype.str != self.dtype:
+                raise ValueError(
+                    f"{self.path} holds {len(values)} {values.dtype} ids, not {self.size} {self.dtype}"
+                )
+            _NPY_STARTS[key] = int(values.offset)
+            return values
+        return np.memmap(self.path, dtype=np.dtype(self.dtype), mode="r", offset=start, shape=(self.size,))
 
     def __len__(self) -> int:
         return self.size
@@ -251,6 +259,13 @@ class IdSink(Protocol):
 
 
 ID_SINKS: list[Callable[[], IdSink]] = []  # empty: ids stay in memory; else the factory of every epoch's sink
+
+
+def spill_every(count: int) -> None:
+    """Ids go to the installed sink past ``count`` held (``ddpcheck.record --fingerprint``: a rank holds
+    a few hundred kB of ids, not 8 MB)."""
+    global SPILL_IDS
+    SPILL_IDS = count
 
 
 class IdBuffer:
@@ -506,12 +521,16 @@ class RankFailure:
 @dataclass(frozen=True)
 class SimulatedShortcuts:
     """What ``--simulate`` computed directly in one run: torch's ``DistributedSampler`` shares for
-    ``direct`` rank-epochs, ``verified`` of them also run through the real sampler (identical); or, with
-    ``redone``, the direct computation that differed from the real one (every rank was run again)."""
+    ``direct`` rank-epochs, ``verified`` of them also run through the real sampler (identical); ``arrays``
+    rank-epochs read as one array each (at scale), their arithmetic checked against the real sampler on
+    ``probes`` small datasets of the same kind; or, with ``redone``, the direct computation that differed
+    from the real one (every rank was run again)."""
 
     direct: int = 0
     verified: int = 0
     redone: str = ""
+    arrays: int = 0
+    probes: int = 0
 
 
 @dataclass(frozen=True)

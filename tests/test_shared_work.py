@@ -159,3 +159,123 @@ def test_a_simulated_run_says_which_sampler_it_computed_directly(tmp_path: Path)
     assert len(notes) == 1, "only the large world takes the shortcut"
     assert notes[0].startswith("world size 64:") and "for 128 rank-epochs" in notes[0]
     assert "identical" in notes[0]
+
+
+# --- epochs read as arrays at scale (issue 37 item 3) ---------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 80),
+    replicas=st.integers(1, 9),
+    data=st.data(),
+    shuffle=st.booleans(),
+    drop_last=st.booleans(),
+    seed=st.integers(0, 2**31),
+    epoch=st.integers(0, 5),
+)
+def test_an_epoch_read_as_an_array_is_exactly_what_the_sampler_yields(
+    n: int, replicas: int, data: st.DataObject, shuffle: bool, drop_last: bool, seed: int, epoch: int
+) -> None:
+    import ddpcheck.launch.shared_work as shared_work
+
+    rank = data.draw(st.integers(0, replicas - 1))
+    sampler = DistributedSampler(
+        range(n), num_replicas=replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
+    )
+    sampler.set_epoch(epoch)
+    expected = list(sampler)
+    saved = shared_work.ARRAYS_FROM
+    shared_work.ARRAYS_FROM = 1  # hypothesis and a function-scoped monkeypatch do not mix
+    try:
+        with shared_permutations(), known_samplers(lists=False) as done:
+            first, again = shared_work.epoch_array(sampler), shared_work.epoch_array(sampler)
+    finally:
+        shared_work.ARRAYS_FROM = saved
+    assert first is not None and again is not None
+    assert first.tolist() == expected and again.tolist() == expected
+    assert done.arrays == 2 and done.probes == 1 and not done.mismatch and done.direct == 0
+
+
+def test_no_array_when_small_outside_the_block_or_for_a_subclass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ddpcheck.launch.shared_work as shared_work
+
+    class Mine(DistributedSampler):  # type: ignore[type-arg]
+        pass
+
+    big = DistributedSampler(range(50), num_replicas=2, rank=0)
+    assert shared_work.epoch_array(big) is None  # no simulated rank here
+    with known_samplers() as done:
+        assert shared_work.epoch_array(big) is None  # 50 samples: the real sampler is cheap
+        monkeypatch.setattr(shared_work, "ARRAYS_FROM", 10)
+        assert shared_work.epoch_array(Mine(range(50), num_replicas=2, rank=0)) is None
+        assert shared_work.epoch_array(big) is not None
+    assert done.arrays == 1
+
+
+def test_a_wrong_array_is_caught_by_its_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    import ddpcheck.launch.shared_work as shared_work
+
+    monkeypatch.setattr(shared_work, "ARRAYS_FROM", 10)
+    right = shared_work._share_array
+    monkeypatch.setattr(
+        shared_work,
+        "_share_array",
+        lambda sampler, kept=None: np.sort(right(sampler, kept)),  # order lost
+    )
+    sampler = DistributedSampler(range(40), num_replicas=4, rank=1, seed=3)
+    with known_samplers() as done:
+        assert shared_work.epoch_array(sampler) is None
+        assert shared_work.epoch_array(sampler) is None  # none once one was wrong
+    assert done.mismatch.startswith("rank 1 of 4, epoch 0: the epoch read as an array differs")
+    assert done.arrays == 0 and done.probes == 1
+
+
+def _simulated(name: str, **options: object) -> tuple[dict[int, set[str]], list[str]]:
+    from ddpcheck.options import CheckOptions
+    from ddpcheck.session import check_loader
+
+    settings_ = CheckOptions(
+        world_sizes=(1, 4),
+        simulate=True,
+        resume=False,
+        train_steps=0,
+        metrics=False,
+        **options,  # type: ignore[arg-type]
+    )
+    result = check_loader(str(ROOT / "fixtures" / name), settings_)
+    failed = {run.world_size: {v.check for v in run.verdicts if v.failed} for run in result.runs}
+    return failed, list(result.notes)
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "fails"),
+    [
+        ("good_distributed_sampler.py", {}, set()),
+        ("good_drop_last.py", {}, set()),
+        # the neighbours reading epochs as arrays must not hide: a seed per rank, a loop without set_epoch
+        ("bug_seed_depends_on_rank.py", {}, {"coverage", "no_overlap"}),
+        ("good_distributed_sampler.py", {"set_epoch": False}, {"reshuffle"}),
+    ],
+)
+def test_simulated_ranks_that_read_epochs_as_arrays_judge_as_the_real_sampler(
+    monkeypatch: pytest.MonkeyPatch, name: str, options: dict[str, object], fails: set[str]
+) -> None:
+    """The same verdicts with epochs read as arrays (the threshold lowered to these small datasets: the
+    forked simulated ranks inherit it) as through the real sampler, and the notes say it was done."""
+    import ddpcheck.launch.shared_work as shared_work
+
+    real, real_notes = _simulated(name, **options)
+    monkeypatch.setattr(shared_work, "ARRAYS_FROM", 10)
+    arrays, notes = _simulated(name, **options)
+    assert arrays == real
+    assert fails <= arrays[4], arrays
+    if not fails:
+        assert arrays == {1: set(), 4: set()}
+    said = [n for n in notes if "as arrays of indices" in n]
+    assert said and not [n for n in real_notes if "as arrays of indices" in n]
+    assert all("identical" in n for n in said), said

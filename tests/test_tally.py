@@ -98,8 +98,11 @@ def test_same_set_is_set_equality(a: list[int], b: list[int]) -> None:
     assert same_set(np.array(a, np.int64), np.array(a[::-1] + a[:2], np.int64))
 
 
-def test_large_spans_pack_a_bit_per_id() -> None:
-    n = (1 << 26) + 100  # past BYTE_SPAN: packed bits
+def test_large_spans_pack_a_bit_per_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ddpcheck.checks.tally as tally
+
+    monkeypatch.setattr(tally, "BYTE_SPAN", 1 << 16)  # packed from 65,536 ids (the real one: 2^27)
+    n = (1 << 16) + 100  # past BYTE_SPAN: packed bits
     ranks = [np.arange(r, n, 4, dtype=np.uint32) for r in range(4)]
     ranks[3][5] = ranks[0][7]  # one id on two ranks, one lost
     t = EpochTally(np.arange(n, dtype=np.uint32), ranks, n)

@@ -202,6 +202,30 @@ class SamplerBatches:
                 self.found = OBJECT_ITEMS
                 yield [sampler_item_id(i) for i in index_items(item)], None
 
+    def whole(self) -> tuple[Any, array[int]] | None:
+        """The epoch as one numpy array of indices and its batch sizes, where the sampler is one that
+        ``--simulate`` reads as arrays at scale (:func:`~ddpcheck.launch.shared_work.epoch_array`) under
+        torch's own ``BatchSampler``; None otherwise (the epoch is then iterated)."""
+        from torch.utils.data import BatchSampler
+
+        from ddpcheck.launch.shared_work import epoch_array
+
+        loader = self.loader
+        source = loader.batch_sampler
+        if type(source) is not BatchSampler or base_indices(getattr(loader, "dataset", None)) is not None:
+            return None
+        ids = epoch_array(source.sampler)
+        if ids is None:
+            return None
+        size = int(source.batch_size)
+        full, rest = divmod(len(ids), size)
+        sizes = array("q", [size]) * full
+        if rest and source.drop_last:
+            ids = ids[: full * size]
+        elif rest:
+            sizes.append(rest)
+        return ids, sizes
+
 
 def head_digests(loader: Any, steps: int = CONTENT_STEPS) -> list[int]:
     """The content digests of the first ``steps`` batches the loader would yield now, from a copy of it

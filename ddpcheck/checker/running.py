@@ -22,7 +22,7 @@ from ddpcheck.checker.mixture import SourceReader
 from ddpcheck.checker.recipe import RecordOptions
 from ddpcheck.checker.work import Measured, WorkMeter, add_tally, looks_like_tokens, pad_token_of
 from ddpcheck.launch.rank import report_progress
-from ddpcheck.trace import EpochTrace, IdBuffer, PackingTally, SourceCodes
+from ddpcheck.trace import EpochTrace, IdArray, IdBuffer, PackingTally, SourceCodes
 
 ENDLESS_FACTOR = 4
 ENDLESS_PROBE = 20_000
@@ -232,6 +232,9 @@ class Stream:
         steps = self.options.steps
         if steps is None:
             iterator = self._open(epoch)
+            whole = self._pass.whole() if isinstance(self._pass, SamplerBatches) else None
+            if whole is not None:
+                return self._whole_epoch(epoch, *whole)
         else:
             if self._iterator is None:
                 self._iterator = self._open(0)
@@ -262,6 +265,23 @@ class Stream:
                 guard.check(built.ids)
         self._note_source()
         return self._finish(built, epoch)
+
+    def _whole_epoch(self, epoch: int, ids: Any, sizes: array[int]) -> EpochTrace:
+        """An epoch read as one array (a recognised sampler at scale under ``--simulate``): its ids held
+        in the narrowest integer type, never as Python ints."""
+        from ddpcheck.tracefile import narrowest
+
+        report_progress(f"epoch {epoch}: {len(ids):,} indices read as one array")
+        lo, hi = (int(ids.min()), int(ids.max())) if len(ids) else (0, -1)
+        narrow = ids.astype(narrowest(lo, hi), copy=False)
+        digests = array("q", self.head) if self.options.digest and self.head is not None else None
+        return EpochTrace(
+            epoch=epoch,
+            ids=IdArray(narrow),
+            batch_sizes=sizes,
+            len_loader=len_or_none(self.opened.outer),
+            digests=digests,
+        )
 
     def _finish(self, built: EpochBuilder, epoch: int) -> EpochTrace:
         len_loader = None if self.options.steps is not None else len_or_none(self.opened.outer)

@@ -31,7 +31,7 @@ from ddpcheck.checks.tally import (
     int_ids,
     same_ids,
     same_set,
-    stream_hash,
+    stream_sample,
     unique,
 )
 from ddpcheck.checks.wording import few
@@ -434,20 +434,20 @@ class EpochView:
     @cached_property
     def _identical(self) -> list[int]:
         groups: dict[object, list[int]] = {}
-        hashed = self.tally is not None
+        sampled = self.tally is not None
         for rank, items in enumerate(self.rank_items):
             if len(items):
-                key = (len(items), stream_hash(items)) if hashed else _signature(items)
+                key = stream_sample(items) if sampled else _signature(items)
                 groups.setdefault(key, []).append(rank)
-        if hashed:  # equal hashes, confirmed id by id against the group's first rank
-            groups = {
-                key: [
-                    r
-                    for r in ranks
-                    if r == ranks[0] or same_ids(self.rank_items[ranks[0]], self.rank_items[r])
-                ]
-                for key, ranks in groups.items()
-            }
+        if sampled:  # equal at the sampled places: split by comparing id by id with each part's first
+            parts: list[list[int]] = []
+            for ranks in groups.values():
+                while ranks:
+                    lead = self.rank_items[ranks[0]]
+                    same = [r for r in ranks if r == ranks[0] or same_ids(lead, self.rank_items[r])]
+                    parts.append(same)
+                    ranks = [r for r in ranks if r not in same]
+            groups = dict(enumerate(sorted(parts)))
         best = max(groups.values(), key=len, default=[])
         return best if len(best) >= 2 else []
 

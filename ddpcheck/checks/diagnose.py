@@ -197,7 +197,10 @@ def node_groups(view: EpochView) -> int:
     w = len(view.rank_traces)
     for size in (g for g in range(2, w // 2 + 1) if w % g == 0):
         blocks = [list(range(b, b + size)) for b in range(0, w, size)]
-        split = all(view.union_size(block) == sum(view.distinct(r) for r in block) for block in blocks)
+        # from the ids on several ranks, in one pass (4096 ranks: not thousands of sorts)
+        split = view.tally.split_in_groups(size) if view.tally is not None else None
+        if split is None:
+            split = all(view.union_size(block) == sum(view.distinct(r) for r in block) for block in blocks)
         if split:
             return size if view.cross_excess else 0
     return 0

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ddpcheck.checks.context import Context
 from ddpcheck.checks.ids import SUPERVISION
-from ddpcheck.checks.verdict import Verdict, not_applicable, skipped
+from ddpcheck.checks.verdict import Verdict, not_applicable, passed, skipped
 from ddpcheck.checks.wording import ranks_text
 from ddpcheck.messages import count_text
 from ddpcheck.trace import RunTrace, StepTrace
@@ -148,8 +148,12 @@ def check_supervision(
     ctx = ctx or Context(reference, run, rerun)
     if ctx.unjudgeable:
         return skipped(SUPERVISION, ctx.unjudgeable)
-    verdict = judge_units(_epoch_units(run), len(run.ranks))
-    labelled = any(e.supervised is not None for r in run.ranks for e in r.epochs)
+    epochs = [e for r in run.ranks for e in r.epochs]
+    labelled = any(e.supervised is not None for e in epochs)
+    if not labelled and any(e.batch_sizes for e in epochs) and not any(0 in e.batch_sizes for e in epochs):
+        verdict = passed(SUPERVISION, "")  # what the batches say, without a Unit each (4096 ranks: millions)
+    else:
+        verdict = judge_units(_epoch_units(run), len(run.ranks))
     if verdict.status == "pass" and not labelled:
         return not_applicable(
             SUPERVISION, "the batches carry no labels (no 'labels' field), and none is empty"

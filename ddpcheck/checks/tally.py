@@ -31,9 +31,10 @@ CHUNK = 1 << 22  # ids read at a time: 32 MB as int64
 BLOCK = 1 << 24  # bitmap bytes scanned at a time
 EXAMPLES = 5
 SLACK = 1 << 23  # a bitmap over this many ids (1 MB) is always fine, however few the ids
-BYTE_SPAN = 1 << 26  # up to this many ids, a byte per id (64 MB a bitmap); a bit per id beyond
+BYTE_SPAN = 1 << 27  # up to this many ids, a byte per id (128 MB a bitmap); a bit per id beyond
 PER_ID = 16  # else a bitmap spans at most this many ids per id held (2 bytes per id per bitmap)
 _ONE = np.uint8(1)
+CROSS_PAIRS = 1 << 24  # (id, rank) holdings of ids on several ranks listed at most (256 MB)
 
 
 def int_ids(ids: object) -> bool:
@@ -92,7 +93,7 @@ def first_difference(a: Any, b: Any) -> int:
     return n
 
 
-def _mix(x: Any) -> Any:
+def mix(x: Any) -> Any:
     """splitmix64's finaliser on uint64 values: every input bit reaches every output bit."""
     z = x + np.uint64(0x9E3779B97F4A7C15)
     z ^= z >> np.uint64(30)
@@ -109,8 +110,22 @@ def stream_hash(ids: Any) -> int:
     with np.errstate(over="ignore"):
         for start, part in chunks(ids):
             at = np.arange(start, start + len(part), dtype=np.uint64) * np.uint64(0xD1342543DE82EF95)
-            total += _mix(_mix(part.view(np.uint64)) ^ at).sum(dtype=np.uint64)
+            total += mix(mix(part.view(np.uint64)) ^ at).sum(dtype=np.uint64)
     return int(total)
+
+
+SAMPLED = 64  # places of a stream read for its key (streams equal there are compared id by id)
+
+
+def stream_sample(ids: Any) -> tuple[int, ...]:
+    """A key equal for equal id sequences: the length and the ids at ``SAMPLED`` evenly spaced places
+    (a few pages of a file, where a hash reads all of it). Equal keys do not make equal streams: the
+    caller compares them whole."""
+    n = len(ids)
+    if not n:
+        return (0,)
+    places = np.unique(np.linspace(0, n - 1, min(n, SAMPLED)).astype(np.int64))
+    return (n, *values_of(ids)[places].tolist())
 
 
 class Bits:
@@ -135,8 +150,15 @@ class Bits:
             return
         if not self.packed:
             self.words[k] = True
+            return
+        units, bits = k >> 3, np.left_shift(_ONE, (k & 7).astype(np.uint8))
+        step = units[1:] != units[:-1]
+        if len(k) > 1 and bool((units[1:] >= units[:-1]).all()):  # sorted (the counting pass): an OR a byte
+            starts = np.flatnonzero(step) + 1
+            starts = np.concatenate((np.zeros(1, starts.dtype), starts))
+            self.words[units[starts]] |= np.bitwise_or.reduceat(bits, starts)
         else:
-            np.bitwise_or.at(self.words, k >> 3, np.left_shift(_ONE, (k & 7).astype(np.uint8)))
+            np.bitwise_or.at(self.words, units, bits)
 
     def _ones(self, w: Any) -> int:
         return int(np.bitwise_count(w).sum(dtype=np.int64)) if self.packed else int(np.count_nonzero(w))
@@ -413,11 +435,52 @@ class EpochTally:
             found += [hit, rest[_isin(rest, out)]]
         return unique(np.concatenate(found)) if found else np.zeros(0, np.int64)
 
+    @cached_property
+    def cross_holders(self) -> tuple[IntArray, IntArray] | None:
+        """``(ids, ranks)``: every rank holding an id that is on two ranks or more, one entry per (id, rank),
+        sorted by id then rank (None: more than ``CROSS_PAIRS`` entries, where a loader spreads most ids
+        over many ranks). One pass over the ranks; what the split of ranks into groups is judged on."""
+        if not self.overlap_count:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        found: list[IntArray] = []
+        owners: list[IntArray] = []
+        held = 0
+        for r, ids in enumerate(self.ranks):
+            mine = self._members(ids, self.cross, self.cross_out)
+            held += len(mine)
+            if held > CROSS_PAIRS:
+                return None
+            found.append(mine)
+            owners.append(np.full(len(mine), r, np.int64))
+        ids, ranks = np.concatenate(found), np.concatenate(owners)
+        order = np.lexsort((ranks, ids))
+        return ids[order], ranks[order]
+
+    def split_in_groups(self, size: int) -> bool | None:
+        """No id is on two ranks of one group of ``size`` consecutive ranks (None: the holders are too
+        many to list; ask the ranks' unions instead)."""
+        holders = self.cross_holders
+        if holders is None:
+            return None
+        ids, ranks = holders
+        groups = ranks // size
+        return not bool(((ids[1:] == ids[:-1]) & (groups[1:] == groups[:-1])).any())
+
     def overlap_evidence(self) -> Evidence | None:
         """The lowest rank holding an id on two ranks, the lowest other rank sharing one of its ids, and
         a few of the ids they share."""
         if not self.overlap_count:
             return None
+        holders = self.cross_holders
+        if holders is not None and len(holders[0]):
+            ids, ranks = holders
+            first = int(ranks.min())
+            mine = ids[ranks == first]
+            others = _isin(ids, mine) & (ranks != first)
+            if others.any():
+                second = int(ranks[others].min())
+                shared = ids[(ranks == second) & _isin(ids, mine)]
+                return Evidence(first, second, tuple(shared[:EXAMPLES].tolist()))
         held = ((r, self._members(ids, self.cross, self.cross_out)) for r, ids in enumerate(self.ranks))
         first, mine = next(((r, m) for r, m in held if len(m)), (-1, None))
         if mine is None:

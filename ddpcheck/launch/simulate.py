@@ -104,8 +104,8 @@ def collectives_forbidden() -> Iterator[None]:
 
 
 SPLIT_MIN_RANKS = 64  # from this world size on, the ranks are shared out over the machine's cores
-# From this world size on, the runner lets recognised samplers compute their share directly: below it
-# the saving is small, and the single-process reference never takes a shortcut.
+# From this world size on, recognised samplers compute their share directly: below it the saving is
+# small. (Epochs of ARRAYS_FROM samples and more are read as arrays at every world size, the reference's too.)
 SHORTCUTS_FROM = 64
 MAX_PARTS = 4
 
@@ -156,8 +156,10 @@ def simulate_ranks(
     """Run ``target(**kwargs)`` once per rank in forked children; raises NeedsCollectives if it needs peers.
 
     ``ranks``: only these ranks of the ``world_size`` world (a sample; the result has their outcomes only).
-    ``shortcuts``: torch's ``DistributedSampler`` computes its share directly, verified on some ranks
-    (:func:`~ddpcheck.launch.shared_work.known_samplers`); the result's ``shortcuts`` says what was done.
+    ``shortcuts``: torch's ``DistributedSampler`` computes its share directly from ``SHORTCUTS_FROM`` ranks
+    on, verified on some ranks (:func:`~ddpcheck.launch.shared_work.known_samplers`), and its epochs over
+    ``ARRAYS_FROM`` samples and more are read as arrays at any world size
+    (:func:`~ddpcheck.launch.shared_work.epoch_array`); the result's ``shortcuts`` says what was done.
 
     Below ``SPLIT_MIN_RANKS`` ranks one child runs them all in order; from there on the ranks are cut
     into contiguous ranges, one child per core, which run side by side. Within a child, each
@@ -447,7 +449,8 @@ def _run_all(
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     run_id = f"ddpcheck-sim-{os.getpid()}"
-    known = known_samplers() if simulation.shortcuts else contextlib.nullcontext(None)
+    lists = world_size >= SHORTCUTS_FROM
+    known = known_samplers(lists=lists) if simulation.shortcuts else contextlib.nullcontext(None)
     with collectives_forbidden(), shared_permutations(), known as done:
         cwd = os.getcwd()
         for rank in ranks:

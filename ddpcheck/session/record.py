@@ -153,15 +153,14 @@ def fits_cores(jobs: Sequence[Job]) -> bool:
 def simulate(spec: LoaderSpec, job: Job) -> RunTrace:
     """A job's ranks simulated (``--simulate``); a recognised sampler's shortcut that proves wrong is
     redone through the real sampler."""
-    from ddpcheck.launch.simulate import SHORTCUTS_FROM, NeedsCollectives, simulate_ranks
+    from ddpcheck.launch.simulate import NeedsCollectives, simulate_ranks
 
     options, world_size, ranks = job.options, job.world_size, job.ranks or None
     kwargs = {"options": job.record_options(spec)}
     try:
         group = simulate_ranks(
-            record_rank, world_size, kwargs=kwargs, timeout=options.timeout, ranks=ranks,
-            shortcuts=world_size >= SHORTCUTS_FROM,
-        )  # fmt: skip
+            record_rank, world_size, kwargs=kwargs, timeout=options.timeout, ranks=ranks, shortcuts=True
+        )
         mismatch = group.shortcuts.get("mismatch")
         if mismatch:  # the recognised sampler's shortcut was wrong: nothing of that run can be trusted
             group = simulate_ranks(
@@ -182,6 +181,8 @@ def simulated_shortcuts(found: dict[str, Any]) -> SimulatedShortcuts | None:
         direct=int(found.get("direct") or 0),
         verified=int(found.get("verified") or 0),
         redone=str(found.get("redone") or ""),
+        arrays=int(found.get("arrays") or 0),
+        probes=int(found.get("probes") or 0),
     )
 
 
@@ -194,13 +195,20 @@ def shortcut_note(trace: RunTrace, name: str) -> str:
             f"{name}: the direct computation of DistributedSampler differed from the "
             f"real one ({done.redone}); every simulated rank was run again through the real sampler"
         )
+    said = []
     if done.direct:
-        return (
-            f"{name}: --simulate computed torch's DistributedSampler shares directly "
+        said.append(
+            f"--simulate computed torch's DistributedSampler shares directly "
             f"for {done.direct} rank-epochs, and ran the real DistributedSampler.__iter__ on "
             f"{done.verified} of them: identical"
         )
-    return ""
+    if done.arrays:
+        said.append(
+            f"--simulate read {done.arrays} DistributedSampler rank-epochs as arrays of indices, their "
+            f"arithmetic checked against the real DistributedSampler.__iter__ on {done.probes} small "
+            "datasets of the same kind: identical"
+        )
+    return f"{name}: {'; '.join(said)}" if said else ""
 
 
 def to_run_trace(group: GroupResult, *, set_epoch: bool = True) -> RunTrace:
