@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType, FunctionType, MethodType, ModuleType
 from typing import Any
 
-from ddpcheck.checker.frames import is_user_file, shown_path
+from ddpcheck.launch.userfiles import is_user_file, shown_path
 from ddpcheck.messages import one_line
 
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from types import FrameType, FunctionType, ModuleType
 from typing import Any
 
-from ddpcheck.checker.frames import is_user_file
 from ddpcheck.checker.script_env import RecorderError
+from ddpcheck.launch.userfiles import is_user_file
 from ddpcheck.trace import SourceTrace
 
 MAX_TOKENS = 1 << 24  # tokens one rank keeps per source (128 MB): beyond, fewer calls per window will do

@@ -1,46 +1,15 @@
-"""What code is the user's: frames and files outside the standard library, the installed packages and
-ddpcheck. A script's loader is named by the user's line that built it (``train.py:42``), and an error
-by the user's line that raised it."""
+"""What code is the user's: frames in files outside the standard library, the installed packages and
+ddpcheck (which files: :mod:`ddpcheck.launch.userfiles`). A script's loader is named by the user's line
+that built it (``train.py:42``), and an error by the user's line that raised it."""
 
 from __future__ import annotations
 
 import ast
 import linecache
-import os
-import sys
 import traceback
-from pathlib import Path
 from types import FrameType
 
-_LIBRARY_ROOTS: tuple[str, ...] = ()
-
-
-def library_roots() -> tuple[str, ...]:
-    """The directories whose files are not the user's (read once)."""
-    global _LIBRARY_ROOTS
-    if not _LIBRARY_ROOTS:
-        import sysconfig
-
-        roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-        roots |= {p for p in sys.path if p.rstrip("/").endswith(("site-packages", "dist-packages"))}
-        roots.add(str(Path(__file__).resolve().parents[1]))  # ddpcheck itself
-        _LIBRARY_ROOTS = tuple(sorted(os.path.realpath(r) + os.sep for r in roots))
-    return _LIBRARY_ROOTS
-
-
-def is_user_file(filename: str) -> bool:
-    """A real file outside the standard library, the installed packages and ddpcheck."""
-    if not filename or filename.startswith("<"):
-        return False
-    real = os.path.realpath(filename)
-    return not real.startswith(library_roots())
-
-
-def shown_path(filename: str) -> str:
-    """``train.py`` relative to the working directory where it lies below it, else as given."""
-    real = os.path.realpath(filename)
-    cwd = os.path.realpath(os.getcwd())
-    return os.path.relpath(real, cwd) if real.startswith(cwd + os.sep) else real
+from ddpcheck.launch.userfiles import is_user_file, shown_path
 
 
 def user_site(frame: FrameType | None) -> tuple[str, str]:

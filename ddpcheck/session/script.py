@@ -9,6 +9,7 @@ group per loader (``train.py:42``), and the causes speak of the script.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import shutil
@@ -21,30 +22,32 @@ from typing import Any
 
 from ddpcheck.checker.script_env import GPUS_ENV, NEEDS_CUDA, ScriptTarget
 from ddpcheck.checks.batch_sources import judge_sources, nothing_iterated
-from ddpcheck.checks.ids import COVERAGE, DETERMINISM, RESHUFFLE, SINGLE_PROCESS_EQUIVALENCE
 from ddpcheck.checks.replicas import data_parallel_view
-from ddpcheck.checks.reshuffle import STALE_EPOCH, evaluation_order
-from ddpcheck.checks.scripts import alone, at_loader, in_script_words, launcher_note, told_cause
+from ddpcheck.checks.scripts import (
+    alone,
+    at_loader,
+    framework_sampler,
+    in_script_words,
+    launcher_note,
+    no_rerun,
+    script_cause,
+    standin_reference,
+    told_cause,
+)
 from ddpcheck.checks.step_judge import IGNORE_INDEX, StepRecord, fed_loader, judge_step, merged
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.figures import figure_data
-from ddpcheck.launch.script import ScriptLaunch, launch_script, output_tail
+from ddpcheck.launch.recorded import Recorded as _Recorded
+from ddpcheck.launch.recorded import launch_failure, read_launch, read_trace_dir
+from ddpcheck.launch.recorded import launch_problem as _launch_problem
+from ddpcheck.launch.script import launch_script
 from ddpcheck.launch.workdir import WorkdirGuard, WorkdirUnavailable
 from ddpcheck.layout import Layout, LayoutError, check_ranks
 from ddpcheck.messages import count_text, one_line
-from ddpcheck.options import BadInput, CheckOptions, mesh_layouts, validate
+from ddpcheck.options import TEST_WORLD_SIZES, BadInput, CheckOptions, mesh_layouts, validate
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.session.run import Interrupted, allowed, jsonable_options, judge_world, layout_name, status_text
-from ddpcheck.trace import (
-    EpochTrace,
-    RankFailure,
-    RankTrace,
-    RunTrace,
-    ScriptLoader,
-    ScriptRankTrace,
-    UnionIds,
-)
-from ddpcheck.tracefile import TRACE_GLOB, BadTraceFile, read_rank, trace_path
+from ddpcheck.trace import EpochTrace, RunTrace, ScriptLoader
 
 Progress = Callable[[str], None]
 DEFAULT_MODEL_STEPS = 2
@@ -65,65 +68,55 @@ class ScriptOptions:
     batches: str = ""  # a batch function to record (--batches NAME), in windows of check.steps calls
 
 
-@dataclass
-class _Recorded:
-    """One launch read back: each rank's trace, or why there is none."""
-
-    layout: Layout
-    traces: dict[int, ScriptRankTrace]
-    failures: tuple[RankFailure, ...]
-    seconds: float = 0.0
-    environment: dict[str, str] = field(default_factory=dict)  # what ddpcheck set for the ranks
-    outputs: dict[int, str] = field(default_factory=dict)  # the last lines each rank printed
-    out: str = ""  # the launch's trace directory (a replay reads its saved steps there)
-
-
 def check_script(
     path_or_module: str,
     args: Sequence[str] = (),
+    options: ScriptOptions | None = None,
     *,
-    world_sizes: Sequence[int] = (1, 2),
-    meshes: Sequence[str] = (),
-    epochs: int = 2,
-    model_steps: int | None = DEFAULT_MODEL_STEPS,
-    timeout: float = 120.0,
-    allow: Sequence[str] = (),
-    cwd: str = "",
-    hooks: str = "",
     progress: Progress | None = None,
-    step: bool = True,
-    **options: Any,
+    **fields: Any,
 ) -> CheckResult:
     """Audit a training script as ``ddpcheck run`` does; returns the result (never raises on findings).
 
     ``path_or_module``: a ``.py`` file, or a module name run as ``python -m`` (``"pkg.train"``);
-    ``args``: the script's own command line; ``model_steps``: batches per epoch its loop receives
-    (None: whole epochs); ``step``: watch and judge the training step (``--no-step``: False). Other
-    keywords are :class:`~ddpcheck.options.CheckOptions` fields (``steps``, ``max_idle``,
-    ``data_dims``...). Raises BadInput for a missing script, bad options, or a script that runs to its
-    end at one process without iterating a DataLoader (nothing to check).
+    ``args``: the script's own command line; ``options``: the audit's :class:`ScriptOptions`;
+    ``fields``: any field of them or of :class:`~ddpcheck.options.CheckOptions` (``world_sizes``,
+    ``model_steps`` - batches per epoch the loop receives, None: whole epochs -, ``step``, ``cwd``,
+    ``hooks``, ``steps``, ``max_idle``...), laid over ``options`` (see :func:`script_options`). Raises
+    BadInput for a missing script, bad options, or a script that runs to its end at one process without
+    iterating a DataLoader (nothing to check).
 
     Example::
 
         result = ddpcheck.check_script("train.py", ["--epochs", "1"], world_sizes=(1, 2))
         assert result.ok, result.exit_code
     """
-    base = cwd or os.getcwd()
+    settings = script_options(options, **fields)
+    base = settings.cwd or os.getcwd()
     as_file = path_or_module.endswith(".py") or os.path.isfile(os.path.join(base, path_or_module))
     target = ScriptTarget(
         path=path_or_module if as_file else "", module="" if as_file else path_or_module, args=tuple(args)
     )
-    check = CheckOptions(
-        world_sizes=tuple(world_sizes),
-        meshes=tuple(meshes),
-        epochs=epochs,
-        timeout=timeout,
-        allow=tuple(allow),
-        resume=False,
-        **options,
-    )
-    settings = ScriptOptions(check, model_steps, hooks, cwd, step=step)
     return audit_script(target, settings, progress=progress)
+
+
+SEQUENCE_FIELDS = ("world_sizes", "meshes", "allow")  # CheckOptions fields held as tuples
+
+
+def script_options(base: ScriptOptions | None = None, **fields: Any) -> ScriptOptions:
+    """``base`` with ``fields`` laid over it, each a :class:`ScriptOptions` field or a
+    :class:`~ddpcheck.options.CheckOptions` one (lists become tuples). Without ``base``: the options of a
+    check from inside a test suite (world sizes 1 and 2) with no resume (a script has none)."""
+    own = {f.name for f in dataclasses.fields(ScriptOptions)} - {"check"}
+    mine = {k: v for k, v in fields.items() if k in own}
+    check: dict[str, Any] = {
+        k: tuple(v) if k in SEQUENCE_FIELDS else v for k, v in fields.items() if k not in own
+    }
+    if base is None:
+        return ScriptOptions(
+            CheckOptions(**{"world_sizes": TEST_WORLD_SIZES, "resume": False, **check}), **mine
+        )
+    return replace(base, check=replace(base.check, **check) if check else base.check, **mine)
 
 
 def audit_script(
@@ -260,7 +253,7 @@ class _ScriptSession:
                 WorldResult(
                     1,
                     "gloo",
-                    failures=reference.failures or (_failure(problem, reference),),
+                    failures=reference.failures or (launch_failure(problem, reference),),
                     layout=single,
                     seconds=reference.seconds,
                     loader=self.target.shown,
@@ -389,7 +382,7 @@ class _ScriptSession:
                 WorldResult(
                     layout.world_size,
                     "gloo",
-                    failures=run.failures or (_failure(problem, run),),
+                    failures=run.failures or (launch_failure(problem, run),),
                     layout=layout,
                     seconds=run.seconds,
                     loader=self.target.shown,
@@ -414,123 +407,6 @@ def rank_environment(world_size: int, gpus: int | None = None) -> dict[str, str]
     if gpus >= world_size:
         return {}
     return {"CUDA_VISIBLE_DEVICES": "", "ACCELERATE_USE_CPU": "true", GPUS_ENV: str(gpus)}
-
-
-def read_launch(launch: ScriptLaunch, layout: Layout) -> _Recorded:
-    """Each rank's trace file, and a failure for every rank that has none or failed."""
-    traces: dict[int, ScriptRankTrace] = {}
-    failures: list[RankFailure] = []
-    for entry in launch.ranks:
-        trace = _read_trace(trace_path(launch.out, entry.rank))
-        if trace is not None:
-            traces[entry.rank] = trace
-        if entry.hung and _in_collective(entry.stacks):
-            failures.append(
-                RankFailure(
-                    entry.rank,
-                    "secondary",
-                    f"rank {entry.rank} waited in a collective for the other ranks",
-                    entry.stacks or entry.output,
-                )
-            )
-        elif entry.hung:
-            failures.append(
-                RankFailure(
-                    entry.rank,
-                    "hang",
-                    f"rank {entry.rank} did not finish within the deadline (--timeout){_where(entry.stacks)}",
-                    entry.stacks or entry.output,
-                )
-            )
-        elif trace is not None and trace.status != "ok":
-            failures.append(RankFailure(entry.rank, "error", trace.message, trace.stack))
-        elif trace is None and entry.killed_after_failure:
-            failures.append(
-                RankFailure(
-                    entry.rank,
-                    "secondary",
-                    f"rank {entry.rank} was stopped after another rank failed",
-                    entry.stacks or entry.output,
-                )
-            )
-        elif trace is None:
-            code = entry.returncode
-            why = f"killed by signal {-code}" if code is not None and code < 0 else f"exited with {code}"
-            failures.append(
-                RankFailure(
-                    entry.rank,
-                    "killed" if code and code < 0 else "error",
-                    f"rank {entry.rank} {why} before writing its trace: {_last_line(entry.output)}",
-                    entry.output,
-                )
-            )
-    outputs = {entry.rank: output_tail(entry.output) for entry in launch.ranks}
-    printed = {entry.rank: entry.output for entry in launch.ranks}  # shown whole as the stack already
-    failures = [f if f.stack == printed[f.rank] else replace(f, output=outputs[f.rank]) for f in failures]
-    return _Recorded(layout, traces, tuple(failures), launch.seconds, outputs=outputs)
-
-
-COLLECTIVE_FILES = ("distributed_c10d.py", "c10d_logger.py")
-
-
-def _in_collective(stacks: str) -> bool:
-    """The main thread's innermost frames are torch.distributed's: it waits for the other ranks."""
-    head = stacks.split("\n\n", 1)[0].splitlines()[1:3]
-    return any(name in line for line in head for name in COLLECTIVE_FILES)
-
-
-def _where(stacks: str) -> str:
-    """``, in train.py line 17`` where the stack names a line of the user's code, else ""; and what
-    ddpcheck was doing there when it was draining an epoch that never ended."""
-    from ddpcheck.checker.frames import is_user_file, shown_path
-
-    main = stacks.split("\n\n", 1)[0]
-    draining = " in _drain" in main or " in drain_rest" in main
-    suffix = (
-        ": an epoch of its loader has not ended (an endless loader? judge it in windows with --steps N)"
-        if draining
-        else ""
-    )
-    for line in main.splitlines()[1:]:
-        parts = line.strip().split('"')
-        if len(parts) >= 3 and parts[0] == "File " and is_user_file(parts[1]):
-            return (
-                f", in {shown_path(parts[1])}{parts[2].split(' in ')[0].replace(', line', ' line')}{suffix}"
-            )
-    return suffix
-
-
-def _last_line(output: str) -> str:
-    lines = [line for line in output.strip().splitlines() if line.strip()]
-    return one_line(lines[-1], 300) if lines else "no output"
-
-
-def _read_trace(path: str, *, untrusted: bool = False) -> ScriptRankTrace | None:
-    """A rank's trace file (its ids left on disk); ``untrusted`` (a directory given to ``ddpcheck judge``):
-    plain data only. None for a file that is no trace of this version or names ids files that do not
-    match it."""
-    try:
-        return read_rank(path, untrusted=untrusted)
-    except BadTraceFile:
-        return None
-
-
-def _launch_problem(recorded: _Recorded) -> str:
-    """Why nothing of this launch can be judged ("" when it can)."""
-    if recorded.failures:
-        first = min(recorded.failures, key=lambda f: (f.kind == "secondary", f.rank))
-        return first.message
-    fallbacks = {t.fallback for t in recorded.traces.values() if t.fallback}
-    if fallbacks:
-        return sorted(fallbacks)[0]
-    if not any(t.loaders or t.sources for t in recorded.traces.values()):
-        return "the script iterated no DataLoader"
-    return ""
-
-
-def _failure(message: str, recorded: _Recorded | None = None) -> RankFailure:
-    """The launch's one failure (no rank failed, yet nothing can be judged), with what rank 0 printed."""
-    return RankFailure(0, "error", message, output=recorded.outputs.get(0, "") if recorded else "")
 
 
 def _trace_notes(recorded: _Recorded) -> list[str]:
@@ -633,8 +509,8 @@ def _judge_loaders(
             ref = standin_reference(current)
         figures = figure_data(ref, data_parallel_view(layout, current))
         judged = judge_world(ref, current, again, layout, options, figures=figures)  # as loader files are
-        verdicts = [_script_cause(v, current, name, reason, layout.world_size == 1) for v in judged.verdicts]
-        verdicts = [_framework_sampler(v, ref, current) for v in verdicts]
+        verdicts = [script_cause(v, current, name, reason, layout.world_size == 1) for v in judged.verdicts]
+        verdicts = [framework_sampler(v, ref, current) for v in verdicts]
         verdicts = [told_cause(alone(v, *grouped), current, layout) for v in verdicts]
         verdicts = [in_script_words(at_loader(v, name)) for v in verdicts]
         results.append(
@@ -689,144 +565,7 @@ def _run_trace(recorded: _Recorded | None, name: str, world_size: int) -> RunTra
     )
 
 
-def standin_reference(run: RunTrace) -> RunTrace:
-    """What every rank saw together, as if one process had seen it: a reference for the checks that
-    only need the epoch's samples (the ones that need a real single-process run are skipped). The ids
-    are a :class:`UnionIds` of the ranks': read a chunk at a time, or counted by the checks' tally with
-    the ranks themselves, never held whole."""
-    epochs = []
-    for e in range(run.num_epochs):
-        ids = UnionIds(tuple(trace.ids for trace in run.epoch(e)))
-        epochs.append(EpochTrace(epoch=e, ids=ids, batch_sizes=WholeEpoch(ids), len_loader=None))
-    facts = run.ranks[0].facts if run.ranks else None
-    rank = RankTrace(rank=0, epochs=tuple(epochs)) if facts is None else RankTrace(0, tuple(epochs), facts)
-    return RunTrace(world_size=1, backend=run.backend, ranks=(rank,), id_source=run.id_source)
-
-
-class WholeEpoch(Sequence[int]):
-    """The stand-in's batch sizes: one batch of the whole epoch (none when empty), sized only if asked."""
-
-    def __init__(self, ids: UnionIds) -> None:
-        self.ids = ids
-
-    def __len__(self) -> int:
-        return 1 if any(len(p) for p in self.ids.parts) else 0
-
-    def __getitem__(self, index: Any) -> Any:
-        sizes = [len(self.ids)] if len(self) else []
-        return sizes[index]
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sequence) and list(self) == list(other)
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-NEEDS_REFERENCE = (COVERAGE, SINGLE_PROCESS_EQUIVALENCE)
-
-
-def _framework_sampler(verdict: Verdict, reference: RunTrace, run: RunTrace) -> Verdict:
-    """A stale-epoch finding (one process repeats its epoch although "its" sampler shuffles and
-    set_epoch is called) reads the sampler facts of the run's ranks. A loader file builds the same
-    sampler at every world size; a script's framework need not: Lightning wraps a custom sampler in its
-    shuffling DistributedSamplerWrapper only when distributed. Where the single-process run's own sampler
-    does not say it shuffles, its repeated order is that sampler's, not a stale epoch: nothing is compared
-    (fixtures/scripts/frameworks/lightning_good.py; stale_iterator.py, whose one-process sampler does
-    shuffle, still fails)."""
-    if verdict.check != RESHUFFLE or verdict.cause != STALE_EPOCH or not reference.ranks or not run.ranks:
-        return verdict
-    own, theirs = reference.ranks[0].facts, run.ranks[0].facts
-    if own.shuffles:
-        return verdict
-    return Verdict(
-        RESHUFFLE,
-        "pass",
-        f"one process keeps its order: there its {own.sampler or 'sampler'} does not say it shuffles (the "
-        f"script's framework builds a {theirs.sampler or 'sampler'} at {run.world_size} ranks); nothing to "
-        "compare",
-    )
-
-
-def _script_cause(verdict: Verdict, run: RunTrace, name: str, standin: str, single: bool) -> Verdict:
-    """Causes said of the script; checks a stand-in reference cannot decide, skipped with the reason."""
-    if (
-        standin and verdict.check in NEEDS_REFERENCE and not verdict.data.get("overflow")
-    ):  # the dataset decides
-        return Verdict(verdict.check, "skip", f"not judged without a single-process run: {standin}")
-    if verdict.check == DETERMINISM and verdict.status == "skip" and not single:
-        return verdict
-    if verdict.check == RESHUFFLE and not run.set_epoch:
-        repeated = verdict.epochs if verdict.failed else repeats_without_set_epoch(run)
-        harmless = evaluation_order(run.ranks[0].facts) if run.ranks else ""
-        if repeated and harmless:
-            return Verdict(RESHUFFLE, "pass", f"{harmless} (the loop never calls set_epoch on it)")
-        if repeated:
-            cause = f"the loop never calls set_epoch on the sampler of the loader built at {name}"
-            fix = f"call set_epoch(epoch) on that loader's sampler at the start of every epoch ({name})"
-            detail = (
-                verdict.detail
-                if verdict.failed
-                else (
-                    f"epoch {repeated[1]} repeats epoch {repeated[0]} on every rank: its sampler shuffles, "
-                    "but only when set_epoch gives it a new epoch, and the script never calls it"
-                )
-            )
-            return replace(
-                verdict, status="fail", detail=detail, cause=cause, fix=fix, epochs=tuple(repeated)
-            )
-    return verdict
-
-
-def repeats_without_set_epoch(run: RunTrace) -> tuple[int, int] | None:
-    """The first pair of epochs that every rank sees in the same order, for a sampler that says it
-    shuffles and has a set_epoch the loop never called (the single-process run of the same script
-    repeats too, so the loader-file rule, which compares with one process, cannot see it)."""
-    if not run.ranks or run.num_epochs < 2:
-        return None
-    facts = run.ranks[0].facts
-    if not (facts.shuffles and facts.has_set_epoch) or facts.steps is not None:
-        return None
-    for e in range(run.num_epochs - 1):
-        pairs = [(t.epochs[e].ids, t.epochs[e + 1].ids) for t in run.ranks]
-        if all(len(a) >= 2 and list(a) == list(b) for a, b in pairs):
-            return (e, e + 1)
-    return None
-
-
 # --- ddpcheck judge DIR ---------------------------------------------------------------------------------
-
-
-def read_trace_dir(directory: str | Path, layout: Layout | None = None) -> _Recorded:
-    """The trace files of one recorded launch (``python -m ddpcheck.record --out DIR``)."""
-    folder = Path(directory)
-    if not folder.is_dir():
-        raise BadInput(f"no such directory: {directory}")
-    traces: dict[int, ScriptRankTrace] = {}
-    for path in sorted(folder.glob(TRACE_GLOB)):
-        trace = _read_trace(str(path), untrusted=True)
-        if trace is None:
-            raise BadInput(f"{path} is not a ddpcheck trace of this version (record it again)")
-        traces[trace.rank] = trace
-    if not traces:
-        raise BadInput(
-            f"{directory} holds no trace files (rank*.trace): record with python -m ddpcheck.record"
-        )
-    sizes = {t.world_size for t in traces.values()}
-    if len(sizes) != 1:
-        raise BadInput(f"{directory} mixes launches of world sizes {sorted(sizes)}: one launch per directory")
-    world_size = sizes.pop()
-    layout = layout or Layout.plain(world_size)
-    if layout.world_size != world_size:
-        raise BadInput(
-            f"mesh {layout.spec} has {layout.world_size} ranks, but {directory} holds a launch of "
-            f"{world_size}"
-        )
-    failures = tuple(
-        RankFailure(t.rank, "error", t.message, t.stack) for t in traces.values() if t.status != "ok"
-    )
-    missing = [r for r in range(world_size) if r not in traces]
-    failures += tuple(RankFailure(r, "error", f"rank {r} wrote no trace file") for r in missing)
-    return _Recorded(layout, traces, failures)
 
 
 def judge_directory(
@@ -859,7 +598,7 @@ def judge_directory(
             WorldResult(
                 run.layout.world_size,
                 "recorded",
-                failures=run.failures or (_failure(problem),),
+                failures=run.failures or (launch_failure(problem),),
                 layout=run.layout,
                 loader=str(directory),
             )
@@ -867,7 +606,7 @@ def judge_directory(
     else:
         names_from = ref if reference is not None else run
         results = judge_launch(names_from, run, None, run.layout, options, standin=standin, step=step)
-        runs.extend(replace(r, verdicts=tuple(_no_rerun(v) for v in r.verdicts)) for r in results)
+        runs.extend(replace(r, verdicts=tuple(no_rerun(v) for v in r.verdicts)) for r in results)
     return CheckResult(
         loader=str(directory),
         runs=tuple(runs),
@@ -893,11 +632,3 @@ def _recorded_step(run: _Recorded, replay: str | Path | None) -> StepRecord | No
     if replayed.layout.world_size != 1 or not steps:
         raise BadInput(f"--replay {replay} holds no one-process replay (record it with --replay DIR)")
     return replace(record, replay=steps[0])
-
-
-def _no_rerun(verdict: Verdict) -> Verdict:
-    if verdict.check == DETERMINISM and verdict.status in ("skip", "n/a"):
-        return Verdict(
-            DETERMINISM, "skip", "a recorded launch runs once: record it twice to check determinism"
-        )
-    return verdict
