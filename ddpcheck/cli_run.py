@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ddpcheck import hygiene
+from ddpcheck.options import IGNORE_INDEX
 from ddpcheck.record import batch_function, model_steps, split_command
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ def build_run_parser(command: LoaderCommand) -> argparse.ArgumentParser:
     parser.add_argument(
         "--ignore-index",
         type=int,
-        default=-100,
+        default=IGNORE_INDEX,
         metavar="N",
         help="the label value that supervises nothing, for supervision and the step's token counts (-100)",
     )

@@ -23,6 +23,7 @@ MAX_TRAIN_STEPS = 100_000
 MAX_WORKERS = 512  # DataLoader workers a resume may be restored into
 WORLD_SIZES = (1, 2, 3, 4)  # the command's world sizes (and CheckOptions'), when none are given
 TEST_WORLD_SIZES = (1, 2)  # a check from inside a test suite (the pytest plugin, check_script): quick
+IGNORE_INDEX = -100  # the label value that supervises nothing (--ignore-index; cross_entropy's default)
 
 
 class BadInput(ValueError):

@@ -114,6 +114,8 @@ def positive(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ddpcheck.options import IGNORE_INDEX
+
     parser = argparse.ArgumentParser(
         prog="python -m ddpcheck.record",
         usage="python -m ddpcheck.record --out DIR [OPTIONS] -- SCRIPT [ARGS...] | -m MODULE [ARGS...]",
@@ -167,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     step.add_argument(
         "--ignore-index",
         type=int,
-        default=-100,
+        default=IGNORE_INDEX,
         metavar="N",
         help="the label value that supervises nothing (-100)",
     )

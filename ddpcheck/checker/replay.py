@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddpcheck.checker.draws import NotReplayable
+from ddpcheck.options import IGNORE_INDEX
 
 STEP_DIR = "step"
 PARAMS_DIR = "params"
@@ -98,7 +99,7 @@ def _rebuild_mapping(template: Any, items: dict[Any, Any]) -> Any:
 # --- the union of the ranks' batches --------------------------------------------------------------------
 
 
-def union(parts: Sequence[Any], ignore_index: int = -100) -> Any:
+def union(parts: Sequence[Any], ignore_index: int = IGNORE_INDEX) -> Any:
     """The ranks' plain batches as one plain batch (rank order), or :class:`NotReplayable`."""
     if not parts:
         raise NotReplayable("no rank saved a batch here")

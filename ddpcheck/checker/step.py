@@ -28,9 +28,8 @@ from ddpcheck.checker import replay as rp
 from ddpcheck.checker.draws import DrawRecorder, NotReplayable
 from ddpcheck.checker.grads import KEEP_LIMIT, GradKeeper, KeptGrad, optimizer_params
 from ddpcheck.checker.models import Models
+from ddpcheck.options import IGNORE_INDEX
 from ddpcheck.trace import FetchDraws, MicroStep, OptimizerStep, StepTrace
-
-IGNORE_INDEX = -100
 
 
 @dataclass(frozen=True)

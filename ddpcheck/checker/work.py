@@ -25,11 +25,11 @@ from itertools import pairwise
 from typing import Any
 
 from ddpcheck.checker.loaderfile import BadLoaderFile
+from ddpcheck.options import IGNORE_INDEX
 from ddpcheck.trace import PADDED_WIDTH, PackingTally
 
 WORK_HOOK = "batch_work"
 TOKEN_HOOK = "token_ids"
-IGNORE_INDEX = -100
 TOKEN_KEYS = ("input_ids", "attention_mask", "position_ids")
 # other names for them: torchtitan's batches are ({"input": tokens, "positions": positions}, labels)
 KEY_ALIASES = {"input": "input_ids", "positions": "position_ids"}

@@ -18,9 +18,8 @@ from ddpcheck.checks.ids import SUPERVISION
 from ddpcheck.checks.verdict import Verdict, not_applicable, passed, skipped
 from ddpcheck.checks.wording import ranks_text
 from ddpcheck.messages import count_text
+from ddpcheck.options import IGNORE_INDEX
 from ddpcheck.trace import RunTrace, StepTrace
-
-IGNORE_INDEX = -100
 
 UNSUPERVISED = (
     "micro-batches whose every label is the ignore index: a masked mean (loss * mask).sum() / mask.sum() is "

@@ -17,13 +17,13 @@ from html import escape
 from ddpcheck.checks.ids import SHORT_LABELS
 from ddpcheck.figures import PACKED_NOTE
 from ddpcheck.report.junit import xml_text
+from ddpcheck.report.rows import Row
 from ddpcheck.report.svg import epoch_summary, failed_checks, mixture_svg, pictures, resume_svg
 from ddpcheck.report.view import (
     NOT_RUN,
     RESUME_HEADERS,
     STATUS_WORD,
     ReportView,
-    Row,
     as_view,
     divergence_cause,
     failure_ranks,

@@ -84,7 +84,8 @@ from typing import Any
 
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.report.mixture_view import MixtureTable
-from ddpcheck.report.view import Cause, ReportView, Row, as_view
+from ddpcheck.report.rows import Row
+from ddpcheck.report.view import Cause, ReportView, as_view
 from ddpcheck.restores import ResumeRow
 from ddpcheck.result import CheckResult, MetricRow
 from ddpcheck.trace import RankFailure

@@ -15,13 +15,13 @@ from urllib.parse import quote
 from tabulate import tabulate
 
 from ddpcheck.layout import Layout, file_safe
+from ddpcheck.report.rows import Row
 from ddpcheck.report.svg import RESUME_PICTURE, PictureFile, picture_files
 from ddpcheck.report.table import padded_only, sample_ids
 from ddpcheck.report.view import (
     NOT_RUN,
     RESUME_HEADERS,
     ReportView,
-    Row,
     as_view,
     divergence_cause,
     failure_ranks,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from ddpcheck.checks.ids import MIXTURE
 
 if TYPE_CHECKING:
-    from ddpcheck.report.view import Row
+    from ddpcheck.report.rows import Row
 
 
 @dataclass(frozen=True)

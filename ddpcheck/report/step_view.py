@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from ddpcheck.checks.ids import STEP_EQUIVALENCE
 
 if TYPE_CHECKING:
-    from ddpcheck.report.view import Row
+    from ddpcheck.report.rows import Row
 
 FLOOR = 1e-9  # the picture's lowest relative difference (an exact replay's float noise is ~1e-8)
 CEILING = 10.0

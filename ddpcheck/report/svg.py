@@ -30,7 +30,8 @@ from ddpcheck.checks.ids import (
 )
 from ddpcheck.figures import NO_RANK, SEVERAL, EpochFigure, FigureData
 from ddpcheck.messages import spans
-from ddpcheck.report.view import ReportView, as_view, restore_outcome
+from ddpcheck.report.rows import restore_outcome
+from ddpcheck.report.view import ReportView, as_view
 from ddpcheck.restores import ResumeRow
 from ddpcheck.result import CheckResult, WorldResult
 

@@ -18,12 +18,12 @@ from tabulate import tabulate
 
 from ddpcheck.checks.ids import NO_OVERLAP, SHORT_LABELS
 from ddpcheck.messages import short_hash_ids
+from ddpcheck.report.rows import Row
 from ddpcheck.report.view import (
     NOT_RUN,
     RESUME_HEADERS,
     STATUS_WORD,
     ReportView,
-    Row,
     as_view,
     divergence_cause,
     failure_ranks,

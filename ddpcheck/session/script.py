@@ -34,7 +34,7 @@ from ddpcheck.checks.scripts import (
     standin_reference,
     told_cause,
 )
-from ddpcheck.checks.step_judge import IGNORE_INDEX, StepRecord, fed_loader, judge_step, merged
+from ddpcheck.checks.step_judge import StepRecord, fed_loader, judge_step, merged
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.figures import figure_data
 from ddpcheck.launch.recorded import Recorded as _Recorded
@@ -44,7 +44,7 @@ from ddpcheck.launch.script import launch_script
 from ddpcheck.launch.workdir import WorkdirGuard, WorkdirUnavailable
 from ddpcheck.layout import Layout, LayoutError, check_ranks
 from ddpcheck.messages import count_text, one_line
-from ddpcheck.options import TEST_WORLD_SIZES, BadInput, CheckOptions, mesh_layouts, validate
+from ddpcheck.options import IGNORE_INDEX, TEST_WORLD_SIZES, BadInput, CheckOptions, mesh_layouts, validate
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.session.run import Interrupted, allowed, jsonable_options, judge_world, layout_name, status_text
 from ddpcheck.trace import EpochTrace, RunTrace, ScriptLoader
