@@ -78,7 +78,7 @@ def test_an_exact_step_passes_and_says_how_close() -> None:
     assert verdict.status == "pass", verdict
     assert "at 3 compared steps (1 micro-batch each; largest rel. difference 2e-07" in verdict.detail
     assert "tolerance 1e-05 for float32" in verdict.detail
-    assert verdict.data["tolerance"] == 1e-5
+    assert verdict.evidence is not None and verdict.evidence.tolerance == 1e-5
 
 
 def test_ranks_that_hold_different_token_counts_under_a_per_rank_mean() -> None:

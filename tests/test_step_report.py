@@ -56,6 +56,10 @@ def test_the_compared_steps_are_one_view_in_every_format(tmp_path: Path) -> None
     write_reports(result, tmp_path, formats=("json",))
     saved = json.loads((tmp_path / "ddpcheck.json").read_text())["runs"][0]["checks"][STEP_EQUIVALENCE]
     assert [s["index"] for s in saved["data"]["steps"]] == [s.index for s in table.steps]
+    # the typed evidence is written in the shape the JSON schema documents
+    assert list(saved["data"]) == ["tolerance", "dtype", "loss_scale", "steps"]
+    assert list(saved["data"]["steps"][0]) == ["index", "rel", "micro", "samples", "supervised"]
+    assert saved["data"]["steps"][0]["supervised"] == list(table.steps[0].supervised or ())
 
 
 def test_the_step_picture_loads_in_chromium(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddpcheck.checks.ids import EQUAL_MICROSTEPS, STEP_EQUIVALENCE
-from ddpcheck.checks.verdict import Verdict, not_applicable, skipped
+from ddpcheck.checks.verdict import ComparedStep, StepEvidence, Verdict, not_applicable, skipped
 from ddpcheck.layout import Layout
 from ddpcheck.messages import count_text
 from ddpcheck.trace import MicroStep, OptimizerStep, StepTrace
@@ -350,21 +350,17 @@ class Settings:
 
 def _judged(diffs: Sequence[StepDiff], heads: Sequence[StepTrace], layout: Layout, how: Settings) -> Verdict:
     bad = [d for d in diffs if math.isnan(d.rel) or d.rel > how.tol]
-    data: dict[str, object] = {
-        "tolerance": how.tol,
-        "dtype": how.dtype,
-        "loss_scale": how.loss_scale,
-        "steps": [
-            {
-                "index": d.index,
-                "rel": None if math.isnan(d.rel) else d.rel,
-                "micro": list(d.micro),
-                "samples": list(d.samples),
-                "supervised": list(d.supervised) if d.supervised else None,
-            }
+    evidence = StepEvidence(
+        how.tol,
+        how.dtype,
+        how.loss_scale,
+        tuple(
+            ComparedStep(
+                d.index, None if math.isnan(d.rel) else d.rel, d.micro, d.samples, d.supervised or None
+            )
             for d in diffs
-        ],
-    }
+        ),
+    )
     tolerance = f"tolerance {how.tol:g} for {how.dtype}"
     if not bad:
         worst = max(d.rel for d in diffs)
@@ -374,7 +370,7 @@ def _judged(diffs: Sequence[StepDiff], heads: Sequence[StepTrace], layout: Layou
             f"the DDP gradient equals one process's on the union of the ranks' micro-batches at "
             f"{count_text(len(diffs), 'compared steps')} ({_windows_text(diffs)}; largest rel. difference "
             f"{worst:.2g}, {tolerance}){how.note}",
-            data=data,
+            evidence=evidence,
         )
     cause, fix = _cause(diffs, bad, heads, layout, how.tol, how.loss_scale)
     detail = (
@@ -384,7 +380,9 @@ def _judged(diffs: Sequence[StepDiff], heads: Sequence[StepTrace], layout: Layou
     )
     examples = tuple(d.index for d in bad[:MAX_LISTED])
     ranks = tuple(range(len(heads)))
-    return Verdict(STEP_EQUIVALENCE, "fail", detail, cause, ranks, examples=examples, data=data, fix=fix)
+    return Verdict(
+        STEP_EQUIVALENCE, "fail", detail, cause, ranks, examples=examples, fix=fix, evidence=evidence
+    )
 
 
 def _ranks_apart(heads: Sequence[StepTrace], indices: Sequence[int], tol: float) -> Verdict | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 Status = Literal["pass", "fail", "skip", "n/a", "allowed"]
@@ -17,7 +17,9 @@ class Verdict:
     says what to change (:mod:`ddpcheck.checks.fixes`).
 
     ``ranks``, ``epochs`` and ``examples`` carry the concrete evidence (a few ids, not all of them),
-    so a report can say "rank 1 and rank 3 both see samples 17, 42".
+    so a report can say "rank 1 and rank 3 both see samples 17, 42". ``evidence``: a check's typed
+    evidence (:class:`StepEvidence`), which the reports read by attribute and the JSON report writes as
+    the verdict's ``data``; ``data``: the untyped evidence of the checks not moved to a type yet.
     """
 
     check: str
@@ -29,10 +31,39 @@ class Verdict:
     examples: tuple[object, ...] = ()
     data: dict[str, object] = field(default_factory=dict)
     fix: str = ""
+    evidence: StepEvidence | None = None
 
     @property
     def failed(self) -> bool:
         return self.status == "fail"
+
+
+@dataclass(frozen=True)
+class ComparedStep:
+    """One compared optimizer step: its index, the relative L2 difference of the DDP gradient from one
+    process's (None: NaN), and per data-parallel rank its micro-batches, samples (-1: unknown) and
+    supervised labels (None: the batches carry no labels)."""
+
+    index: int
+    rel: float | None
+    micro: tuple[int, ...]
+    samples: tuple[int, ...]
+    supervised: tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
+class StepEvidence:
+    """What ``step_equivalence`` compared: the tolerance for the gradient's dtype, how the loss was scaled,
+    and every compared step."""
+
+    tolerance: float
+    dtype: str
+    loss_scale: str
+    steps: tuple[ComparedStep, ...]
+
+    def as_data(self) -> dict[str, object]:
+        """As the JSON report writes a verdict's ``data``."""
+        return asdict(self)
 
 
 def passed(check: str, detail: str = "") -> Verdict:

@@ -239,7 +239,7 @@ def _verdict(verdict: Verdict) -> dict[str, Any]:
         "ranks": jsonable(list(verdict.ranks)),
         "epochs": jsonable(list(verdict.epochs)),
         "examples": jsonable(list(verdict.examples)),
-        "data": jsonable(dict(verdict.data)),
+        "data": jsonable(verdict.evidence.as_data() if verdict.evidence else dict(verdict.data)),
     }
 
 

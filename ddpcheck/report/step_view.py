@@ -12,6 +12,7 @@ from html import escape
 from typing import TYPE_CHECKING
 
 from ddpcheck.checks.ids import STEP_EQUIVALENCE
+from ddpcheck.checks.verdict import ComparedStep
 
 if TYPE_CHECKING:
     from ddpcheck.report.rows import Row
@@ -19,18 +20,6 @@ if TYPE_CHECKING:
 FLOOR = 1e-9  # the picture's lowest relative difference (an exact replay's float noise is ~1e-8)
 CEILING = 10.0
 WIDTH, LEFT, BAR, GAP, TOP = 720, 64, 22, 6, 26
-
-
-@dataclass(frozen=True)
-class StepRow:
-    """One compared optimizer step: its index, the relative L2 difference (None: NaN), and per data-parallel
-    rank its micro-batches, samples and supervised labels (empty: not known)."""
-
-    index: int
-    rel: float | None
-    micro: tuple[int, ...]
-    samples: tuple[int, ...]
-    supervised: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -42,7 +31,7 @@ class StepTable:
     status: str
     tolerance: float
     dtype: str
-    steps: tuple[StepRow, ...]
+    steps: tuple[ComparedStep, ...]
 
     @property
     def headers(self) -> tuple[str, ...]:
@@ -64,7 +53,7 @@ class StepTable:
                 "NaN" if s.rel is None else f"{s.rel:.2g}",
                 per_rank(s.micro),
                 per_rank(s.samples),
-                per_rank(s.supervised),
+                per_rank(s.supervised or ()),
             ]
             for s in self.steps
         ]
@@ -111,33 +100,17 @@ class StepTable:
         )
 
 
-def _ints(value: object) -> tuple[int, ...]:
-    return tuple(int(v) for v in value) if isinstance(value, list) else ()
-
-
 def step_table(row: Row) -> StepTable | None:
     """The step_equivalence verdict's compared steps as a table (None where no step was compared)."""
     verdict = next((v for v in row.run.verdicts if v.check == STEP_EQUIVALENCE), None)
-    data = verdict.data if verdict is not None else {}
-    steps = data.get("steps")
-    if verdict is None or not isinstance(steps, list) or not steps:
+    evidence = verdict.evidence if verdict is not None else None
+    if verdict is None or evidence is None or not evidence.steps:
         return None
-    rows = tuple(
-        StepRow(
-            index=int(s["index"]),
-            rel=None if s.get("rel") is None else float(s["rel"]),
-            micro=_ints(s.get("micro")),
-            samples=_ints(s.get("samples")),
-            supervised=_ints(s.get("supervised")),
-        )
-        for s in steps
-        if isinstance(s, dict)
-    )
     return StepTable(
         label=row.label,
         anchor=f"step-{row.anchor}",
         status=verdict.status,
-        tolerance=float(str(data.get("tolerance", 1e-5))),
-        dtype=str(data.get("dtype", "")),
-        steps=rows,
+        tolerance=evidence.tolerance,
+        dtype=evidence.dtype,
+        steps=evidence.steps,
     )
