@@ -36,6 +36,7 @@ _EXPORTS = {
     "check_loader": "ddpcheck.session",
     "check_script": "ddpcheck.session.script",
     "judge_directory": "ddpcheck.session.script",
+    "ScriptOptions": "ddpcheck.session.script",
     "CheckOptions": "ddpcheck.options",
     "BadInput": "ddpcheck.options",
     "CheckResult": "ddpcheck.result",
@@ -71,7 +72,7 @@ if TYPE_CHECKING:
     from ddpcheck.result import CheckResult, WorldResult
     from ddpcheck.session import check_loader
     from ddpcheck.session.run import Interrupted
-    from ddpcheck.session.script import check_script, judge_directory
+    from ddpcheck.session.script import ScriptOptions, check_script, judge_directory
 
 
 def __getattr__(name: str) -> Any:
