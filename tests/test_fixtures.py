@@ -29,7 +29,6 @@ from ddpcheck.checks.ids import (
     REPLICA_CONSISTENCY,
     RESHUFFLE,
     RESUME,
-    RNG_INDEPENDENCE,
     SINGLE_PROCESS_EQUIVALENCE,
     WORKER_SHARDING,
 )
@@ -85,7 +84,6 @@ CASES = [
     _case("good_self_batching_loader.py"),  # no torch iterator: ids from the batches' id field
     _case("good_grouped_batch_sampler.py"),  # batches grouped within each rank's share, by design
     _case("good_subset_shards.py"),  # positions in each rank's own Subset: identity is the sample
-    _case("good_shard_shuffled_same_seed.py"),  # the samplers' seed draws alike: the order, not loading
     # The same plain loader without --patch: every rank sees everything.
     _case(
         "good_plain_for_patch.py",
@@ -114,7 +112,6 @@ CASES = [
             SINGLE_PROCESS_EQUIVALENCE: RANK_SEED,
         },
     ),
-    _case("bug_augment_seeded_alike.py", RNG_INDEPENDENCE, causes={RNG_INDEPENDENCE: "same torch state"}),
     _case("bug_uneven_steps.py", EQUAL_STEPS, causes={EQUAL_STEPS: "different numbers of batches"}),
     _case(
         "bug_random_split_per_rank.py",
