@@ -625,6 +625,7 @@ class Draw:
     site: str = ""  # "train.py:57": the user's line that drew ("" unknown)
     call: str = ""  # "torch.randn_like"
     shape: tuple[int, ...] = ()
+    before_batch: bool = False  # a loop draw made before its micro-step's first batch was handed over
 
 
 @dataclass(frozen=True)

@@ -469,6 +469,20 @@ def test_noise_drawn_alike_on_every_rank_names_the_line() -> None:
     assert unknown.status == "pass"  # state 0: not known, never taken for equal
 
 
+def test_a_shared_order_drawn_before_the_batch_is_a_decision_noise_is_not() -> None:
+    """Drawn alike on every rank before the micro-step's batch arrived: a permutation of the dataset
+    (re-splitting it each epoch, as DistributedSampler does) is shared on purpose; noise shaped by the
+    batch's samples, or the same permutation drawn after the batch arrived, is per sample."""
+
+    def ranks(shape: tuple[int, ...], before: bool) -> list:  # type: ignore[type-arg]
+        draws = [replace(d, before_batch=before) for d in _noise(_states(1), shape=shape)]
+        return [trace([(None, [micro(samples=4, draws=[d])]) for d in draws]) for _ in range(2)]
+
+    assert check_rng_independence(W2, steps=ranks((32,), True)).status == "pass"
+    assert check_rng_independence(W2, steps=ranks((32,), False)).failed
+    assert check_rng_independence(W2, steps=ranks((4, 3), True)).failed  # pre-drawn noise for the batch
+
+
 def test_non_data_peers_draw_one_noise_per_sample() -> None:
     mesh = parse_mesh("dp=2,tp=2")
     good = check_rng_independence(mesh, steps=_loop([_states(1), _states(1), _states(2), _states(2)]))

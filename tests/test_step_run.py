@@ -80,6 +80,8 @@ CAUSES = {  # fixture -> what the failing step check must name
     "bug_same_seed_workers": "the same torch.manual_seed on every rank",
     "good_global_token_mean": "",
     "good_seed_by_rank_workers": "",
+    "bug_augment_main_same_seed": "the ranks load with the same torch state",
+    "good_shard_shuffle_same_seed": "",  # the samplers' seed draws alike are the order, not loading
 }
 
 

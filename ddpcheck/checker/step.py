@@ -29,7 +29,7 @@ from ddpcheck.checker.draws import DrawRecorder, NotReplayable
 from ddpcheck.checker.grads import KEEP_LIMIT, GradKeeper, KeptGrad, optimizer_params
 from ddpcheck.checker.models import Models
 from ddpcheck.options import IGNORE_INDEX
-from ddpcheck.trace import FetchDraws, MicroStep, OptimizerStep, StepTrace
+from ddpcheck.trace import Draw, FetchDraws, MicroStep, OptimizerStep, StepTrace
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,7 @@ class _Pending:
     supervised: int | None = None
     parts: list[Part] = field(default_factory=list)  # each handoff with its own samples and labels
     forwards: Counter[str] = field(default_factory=Counter)
+    draws_before: int = 0  # the loop's draws made before the first batch was handed over
 
 
 @dataclass
@@ -159,6 +160,8 @@ class StepWatcher:
             elif self.options.out:
                 self._save_batch(window, handoff, batch)
         pending = self.pending
+        if not pending.handoffs:
+            pending.draws_before = len(self.draws.loop_draws)
         pending.handoffs.append(handoff)
         count = batch_samples(batch)
         pending.samples = -1 if count < 0 or pending.samples < 0 else pending.samples + count
@@ -291,7 +294,7 @@ class StepWatcher:
                 samples=pending.samples if pending.handoffs else -1,
                 supervised=pending.supervised,
                 forwards=tuple(sorted(pending.forwards.items())),
-                draws=self.draws.take_loop_draws() if window.armed else (),
+                draws=_marked(self.draws.take_loop_draws(), pending.draws_before) if window.armed else (),
             )
         )
         window.parts.append(pending.parts)
@@ -534,6 +537,11 @@ def install_watcher(options: StepOptions) -> StepWatcher:
         rng.install_fetch_watch(watcher.fetch)
     ACTIVE = watcher
     return watcher
+
+
+def _marked(draws: tuple[Draw, ...], before: int) -> tuple[Draw, ...]:
+    """The micro-step's loop draws, the first ``before`` marked as made before its batch arrived."""
+    return tuple(replace(d, before_batch=True) if i < before else d for i, d in enumerate(draws))
 
 
 def _install() -> None:
