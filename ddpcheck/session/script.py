@@ -34,6 +34,7 @@ from ddpcheck.layout import Layout, LayoutError, check_ranks
 from ddpcheck.messages import count_text, one_line
 from ddpcheck.options import BadInput, CheckOptions, mesh_layouts, validate
 from ddpcheck.result import CheckResult, WorldResult
+from ddpcheck.session.fingerprinted import is_fingerprinted, judge_fingerprinted
 from ddpcheck.session.run import Interrupted, allowed, jsonable_options, judge_world, layout_name, status_text
 from ddpcheck.trace import (
     EpochTrace,
@@ -840,6 +841,8 @@ def judge_directory(
     launch's one-process replay (``python -m ddpcheck.record --replay DIR``), for ``step_equivalence``.
     The step checks are judged where the launch was recorded with ``--step``."""
     options = options or CheckOptions()
+    if is_fingerprinted(directory):  # recorded with --fingerprint: the ranks' own verdict, no ids
+        return judge_fingerprinted(directory, options, reference=reference, replay=replay, layout=layout)
     run = read_trace_dir(directory, layout)
     step = _recorded_step(run, replay)
     notes = _trace_notes(run)
