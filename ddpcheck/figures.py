@@ -370,6 +370,9 @@ def _int64(ids: Any) -> IntArray | None:
     if isinstance(ids, UnionIds):
         if not ids.numeric():
             return None
+        ordered = ids.ordered()  # over a bitmap of the ids' range: no sort of every stream together
+        if ordered is not None:
+            return ordered
         parts = [p for p in (_int64(part) for part in ids.parts) if p is not None]
         if not parts:
             return np.zeros(0, np.int64)

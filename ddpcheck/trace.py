@@ -198,6 +198,16 @@ class UnionIds(Sequence[Hashable]):
                 if len(new):
                     yield new + lo
 
+    def ordered(self) -> Any:
+        """Every id once, in first-yield order, as one int64 numpy array (None: not integer ids in a
+        range a bitmap covers). Built by :meth:`chunks`, never by sorting all the streams together."""
+        import numpy as np
+
+        if not self._dense():
+            return None
+        found = list(self.chunks())
+        return np.concatenate(found) if found else np.zeros(0, np.int64)
+
     def __len__(self) -> int:
         if self._len is None:
             if self._dense():
