@@ -165,6 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="replay the compared steps of the launch recorded in DIR (run at world size 1); implies --step",
     )
     step.add_argument(
+        "--replay-twice",
+        action="store_true",
+        default=False,
+        help="with --replay: feed every rank's batch twice (probes whether the loss is a mean or a sum)",
+    )
+    step.add_argument(
         "--ignore-index",
         type=int,
         default=-100,
@@ -328,6 +334,7 @@ def _watch_step(args: argparse.Namespace) -> StepWatcher | None:
     options = StepOptions(
         out="" if args.replay else args.out,
         replay=args.replay,
+        twice=bool(args.replay) and args.replay_twice,
         ignore_index=args.ignore_index,
         compare_batches=args.compare_batches,
         tail_batches=args.tail_batches,

@@ -371,6 +371,7 @@ def _single_process_patches() -> list[Patch]:
         watch = WATCH
         if watch is not None and watch.active:
             object.__setattr__(self, _SINK_ATTR, watch.sink(loader))
+            object.__setattr__(self, "_next_index", _after_index(self._next_index, self))
 
     def next_single(self: Any, *args: Any, **kwargs: Any) -> Any:
         sink = getattr(self, _SINK_ATTR, None)
@@ -383,15 +384,31 @@ def _single_process_patches() -> list[Patch]:
             data = single_next(self, *args, **kwargs)
             sink.append(None)
             return data
-        before = snapshot()
+        self._ddpcheck_before = before = snapshot()
         data = single_next(self, *args, **kwargs)
         after = snapshot()
+        before = self.__dict__.pop("_ddpcheck_before", before)  # as the sampler left it (below)
         sink.append(("main", consumed(before, after)) if count <= FETCH_LIMIT else None)
         if wanted and watch.on_main_fetch is not None:
             watch.on_main_fetch(after)
         return data
 
     return [(Single, "__init__", init_single), (Single, "_next_data", next_single)]
+
+
+def _after_index(next_index: Callable[[], Any], iterator: Any) -> Callable[[], Any]:
+    """The iterator's ``_next_index`` that restarts the fetch's watch once the sampler has drawn: a
+    shuffling sampler seeds itself from the global stream on its first index, and that draw is the order
+    (judged by coverage and overlap), not loading (a rank-blind shuffle of each rank's own shard is
+    correct). A sampler that ends the epoch raises before the watch restarts."""
+
+    def watched() -> Any:
+        index = next_index()
+        if "_ddpcheck_before" in iterator.__dict__:
+            iterator._ddpcheck_before = snapshot()
+        return index
+
+    return watched
 
 
 def forget_install() -> None:

@@ -28,7 +28,7 @@ from ddpcheck.checker import replay as rp
 from ddpcheck.checker.draws import DrawRecorder, NotReplayable
 from ddpcheck.checker.grads import KEEP_LIMIT, GradKeeper, KeptGrad, optimizer_params
 from ddpcheck.checker.models import Models
-from ddpcheck.trace import FetchDraws, MicroStep, OptimizerStep, StepTrace
+from ddpcheck.trace import Draw, FetchDraws, MicroStep, OptimizerStep, StepTrace
 
 IGNORE_INDEX = -100
 
@@ -44,6 +44,7 @@ class StepOptions:
     tail_batches: int = 0  # and windows starting in its last N batches (where the loader has a len)
     keep: int = KEEP_LIMIT  # gradient coordinates kept per step
     fetch: bool = True  # watch the random streams each fetch consumes
+    twice: bool = False  # a replay fed every rank's batch (and draws) twice: how the loss scales
 
 
 Handoff = tuple[str, int, int]  # (loader, epoch, position)
@@ -59,6 +60,7 @@ class _Pending:
     supervised: int | None = None
     parts: list[Part] = field(default_factory=list)  # each handoff with its own samples and labels
     forwards: Counter[str] = field(default_factory=Counter)
+    draws_before: int = 0  # the loop's draws made before the first batch was handed over
 
 
 @dataclass
@@ -160,6 +162,8 @@ class StepWatcher:
             elif self.options.out:
                 self._save_batch(window, handoff, batch)
         pending = self.pending
+        if not pending.handoffs:
+            pending.draws_before = len(self.draws.loop_draws)
         pending.handoffs.append(handoff)
         count = batch_samples(batch)
         pending.samples = -1 if count < 0 or pending.samples < 0 else pending.samples + count
@@ -198,6 +202,7 @@ class StepWatcher:
             dropout_off=self.dropout_off,
             replay=self.options.replay,
             notes=tuple(dict.fromkeys(self.notes)),
+            twice=self.options.twice,
         )
 
     # --- windows -------------------------------------------------------------------------------------
@@ -260,7 +265,11 @@ class StepWatcher:
         reasons = list(window.reasons)
         if window.armed:
             reasons += self.draws.unexplained + self.draws.failures
-            if self.options.replay:
+            if self.options.replay and window.recorded is None and window.backwards:
+                # no batch of its own was handed in this window (a loader that fetches ahead handed it
+                # in the previous one): nothing loaded the run's weights here, so it starts elsewhere
+                reasons.append("the step's batches were handed in an earlier step: the replay has no weights")
+            elif self.options.replay:
                 reasons += self._replay_mismatch(window)
             elif self.options.out:
                 self._save_window(window)
@@ -279,7 +288,7 @@ class StepWatcher:
 
     # --- events --------------------------------------------------------------------------------------
 
-    def before_backward(self) -> None:
+    def before_backward(self, loss: Any = None) -> None:
         window, pending = self.window, self.pending
         if window.armed:
             self.draws.check("the backward")
@@ -292,7 +301,8 @@ class StepWatcher:
                 samples=pending.samples if pending.handoffs else -1,
                 supervised=pending.supervised,
                 forwards=tuple(sorted(pending.forwards.items())),
-                draws=self.draws.take_loop_draws() if window.armed else (),
+                draws=_marked(self.draws.take_loop_draws(), pending.draws_before) if window.armed else (),
+                loss=_scalar(loss) if window.armed else None,
             )
         )
         window.parts.append(pending.parts)
@@ -342,6 +352,8 @@ class StepWatcher:
         recorded = rp.read_window(self.options.replay, window.name)
         if recorded is None:
             return False
+        if self.options.twice:
+            recorded = rp.twice(recorded)
         window.recorded = recorded
         if self.draws.seq:
             early = self.draws.seq[0].draw
@@ -537,6 +549,22 @@ def install_watcher(options: StepOptions) -> StepWatcher:
     return watcher
 
 
+def _scalar(loss: Any) -> float | None:
+    """The value of a one-element loss tensor (None: several elements, or no tensor)."""
+    import torch
+
+    if isinstance(loss, (list, tuple)) and len(loss) == 1:
+        loss = loss[0]
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        return None
+    return float(loss.detach().float().cpu().reshape(()))
+
+
+def _marked(draws: tuple[Draw, ...], before: int) -> tuple[Draw, ...]:
+    """The micro-step's loop draws, the first ``before`` marked as made before its batch arrived."""
+    return tuple(replace(d, before_batch=True) if i < before else d for i, d in enumerate(draws))
+
+
 def _install() -> None:
     global _installed
     if _installed:
@@ -555,7 +583,7 @@ def _install() -> None:
         watcher = ACTIVE
         if watcher is None or watcher.in_backward:
             return original_backward(*args, **kwargs)
-        watcher.before_backward()
+        watcher.before_backward(args[0] if args else kwargs.get("tensors"))
         watcher.in_backward = True
         try:
             return original_backward(*args, **kwargs)

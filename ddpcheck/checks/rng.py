@@ -7,9 +7,11 @@ state before the draw: equal fingerprints mean the same numbers):
 * **loading**: per fetch (a batch built by a worker or the main process), the state of each stream the
   fetch consumed (``EpochTrace.draws``);
 * **the loop**: draws made outside any module's forward before the model is called (noise, timesteps,
-  masks: ``MicroStep.draws``). A site that draws one number at most once per micro-step makes a
-  step-wide decision (a resolution, a task) that ranks may share on purpose: it is left out; a site that
-  draws a batch's worth, or several numbers per micro-step, draws per sample. A state of 0 is unknown.
+  masks: ``MicroStep.draws``). A site that draws at most once per micro-step one number, or before the
+  batch arrived numbers not shaped by its sample count (a shared permutation that re-splits the dataset),
+  makes a step-wide decision (a resolution, a task, an order) that ranks may share on purpose: it is left
+  out; a site that draws a batch's worth, or several times per micro-step, draws per sample. A state of 0
+  is unknown.
 
 Only streams actually consumed are recorded, so a pipeline that draws nothing passes. Two streams count
 as the same when they share at least half of the shorter one's states (one coincidence, such as a sample
@@ -150,17 +152,25 @@ def _loading_streams(loading: Mapping[str, Sequence[Sequence[EpochTrace]]]) -> d
 
 
 def _decisions(trace: StepTrace) -> set[tuple[str, str]]:
-    """(stream, site) pairs that draw one number at most once per micro-step: a step-wide decision (a
-    resolution, a task) that ranks may share on purpose. A site drawing several numbers per micro-step,
-    or a batch's worth at once, draws per sample."""
+    """(stream, site) pairs that draw at most once per micro-step either one number, or, before the
+    micro-step's batch arrived, numbers not shaped by its sample count (a permutation of the dataset that
+    re-splits it each epoch): a step-wide decision (a resolution, a task, a shared order) that ranks may
+    share on purpose. A site drawing several times per micro-step, or a batch's worth, draws per sample."""
     single: dict[tuple[str, str], bool] = {}
     for micro in [m for s in trace.steps for m in s.micro] + list(trace.open_micro):
         seen: dict[tuple[str, str], int] = {}
         for d in micro.draws:
             key = (d.stream, d.site)
             seen[key] = seen.get(key, 0) + 1
-            single[key] = single.get(key, True) and math.prod(d.shape) == 1 and seen[key] == 1
+            shared = math.prod(d.shape) == 1 or (d.before_batch and not _per_sample(d, micro.samples))
+            single[key] = single.get(key, True) and shared and seen[key] == 1
     return {key for key, one in single.items() if one}
+
+
+def _per_sample(draw: Draw, samples: int) -> bool:
+    """Whether a draw is shaped by the batch: its first dimension is the micro-step's sample count (or
+    that count is unknown)."""
+    return samples <= 0 or not draw.shape or draw.shape[0] == samples
 
 
 def _loop_streams(steps: Sequence[StepTrace | None]) -> list[Stream]:

@@ -79,8 +79,8 @@ table.grid { font-size: 13px; }
 table.grid th, table.grid td { padding: 4px 5px; }
 table.grid thead th.check { vertical-align: bottom; text-align: center; }
 table.grid thead th.check span { writing-mode: vertical-rl; transform: rotate(180deg); white-space: nowrap; }
-table.grid td.status { text-align: center; font-weight: 600; white-space: nowrap; padding: 4px 3px;
-  font-size: 12px; }
+table.grid td.status { text-align: center; font-weight: 600; white-space: nowrap; padding: 4px 2px;
+  font-size: 11px; }
 table.grid tbody th, table.grid td.ranks, table.grid td.num { overflow-wrap: anywhere; min-width: 4em; }
 table.grid td.ranks { min-width: 8em; }
 td.pass { color: var(--pass); background: var(--pass-bg); }

@@ -25,6 +25,7 @@ from ddpcheck.checks.ids import COVERAGE, DETERMINISM, RESHUFFLE, SINGLE_PROCESS
 from ddpcheck.checks.replicas import data_parallel_view
 from ddpcheck.checks.reshuffle import STALE_EPOCH, evaluation_order
 from ddpcheck.checks.scripts import alone, at_loader, in_script_words, launcher_note, told_cause
+from ddpcheck.checks.step import loss_scale, wants_loss_probe
 from ddpcheck.checks.step_judge import IGNORE_INDEX, StepRecord, fed_loader, judge_step, merged
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.figures import figure_data
@@ -317,13 +318,25 @@ class _ScriptSession:
         self.say(f"{layout_name(layout)}: replaying its first steps at 1 process")
         replay = self._launch(Layout.plain(1), replay=run.out)
         traces = [t.steps for t in replay.traces.values() if t.steps is not None]
-        if traces and not _launch_problem(replay):
-            return replace(record, replay=traces[0])
-        problem = _launch_problem(replay) or "it recorded no step"
-        return replace(record, no_replay=f"the one-process replay failed ({problem})")
+        if not traces or _launch_problem(replay):
+            problem = _launch_problem(replay) or "it recorded no step"
+            return replace(record, no_replay=f"the one-process replay failed ({problem})")
+        replayed = traces[0]
+        if wants_loss_probe(record.steps, replayed, layout):
+            self.say(f"{layout_name(layout)}: the loss adds up over the ranks: replaying every batch twice")
+            probe = self._launch(Layout.plain(1), replay=run.out, twice=True)
+            probes = [t.steps for t in probe.traces.values() if t.steps is not None]
+            if probes and not _launch_problem(probe):
+                replayed = replace(replayed, loss_scale=loss_scale(replayed, probes[0]))
+        return replace(record, replay=replayed)
 
     def _launch(
-        self, layout: Layout, steps: int | None = None, replay: str = "", compare: bool = False
+        self,
+        layout: Layout,
+        steps: int | None = None,
+        replay: str = "",
+        compare: bool = False,
+        twice: bool = False,
     ) -> _Recorded:
         """One launch of the script at ``layout``; ``compare``: keep the compared steps' gradients and save
         their batches for a replay (the run that is replayed, and the replay)."""
@@ -336,7 +349,7 @@ class _ScriptSession:
             if self.options.ignore_index != IGNORE_INDEX:
                 command += ["--ignore-index", str(self.options.ignore_index)]
         if replay:
-            command += ["--replay", replay]
+            command += ["--replay", replay, *(["--replay-twice"] if twice else [])]
         command += [
             "--model-steps",
             "all" if self.options.model_steps is None else str(self.options.model_steps),
