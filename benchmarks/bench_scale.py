@@ -1,7 +1,8 @@
 """ddpcheck against a loader-only baseline from 100,000 to 10,000,000 samples: time and peak memory.
 
-Target (issue 13): at 10,000,000 samples, world sizes 1,2,4,8, 2 epochs, ``DistributedSampler``,
-ddpcheck at most 1.5x the loader-only baseline, and every ddpcheck process at most 1 GiB peak RSS.
+Target (issue 37; issue 13 asked 1.5x): at 10,000,000 samples, world sizes 1,2,4,8, 2 epochs,
+``DistributedSampler``, ddpcheck at most 1.3x the loader-only baseline, and every ddpcheck process at
+most 1 GiB peak RSS.
 
 The baseline is the work ddpcheck cannot avoid, done with nothing else: the same samplers in the
 same number of processes forked from a parent that has imported torch, the one-process reference
@@ -226,7 +227,7 @@ def main() -> None:
     n, ours, base = rows[-1]
     ratio = ours["seconds"] / base["seconds"]
     print(
-        f"\nat {n:,}: ratio {ratio:.2f} (target <= 1.5), largest process {gib(ours['max_rss'])} GiB "
+        f"\nat {n:,}: ratio {ratio:.2f} (target <= 1.3), largest process {gib(ours['max_rss'])} GiB "
         f"(target <= 1.00)"
     )
 

@@ -11,7 +11,6 @@ yields them: a correct DistributedSampler then draws regular stripes, and a bug 
 
 from __future__ import annotations
 
-import itertools
 import math
 from array import array
 from collections.abc import Hashable, Sequence
@@ -178,14 +177,22 @@ def figure_data(reference: RunTrace, run: RunTrace, max_bins: int = 2000) -> Fig
         return replace(base, shown_ranks=0, epochs=counted, note="; ".join(notes))
     limit = ref_rank.facts.dataset_len if reference.id_source == "index" else None
     axis0 = _Axis(ref_rank.epochs[0].ids, limit)
+    columns = _columns(axis0.n, max_bins)
     figures: list[EpochFigure] = []
-    owners0: list[IntArray] = []
+    owners: list[tuple[int, ...]] = []  # per epoch, the owners of the pictured columns only
+    changed: list[float | None] = []
+    previous: IntArray | None = None  # the last epoch's owner of every sample: one held at a time
     for e in range(epochs):
         axis = axis0 if e == 0 else _Axis(ref_rank.epochs[e].ids, limit)
         figure, owner = _epoch(e, axis, ranks, group, max_bins, ref_rank.epochs[e])
         figures.append(figure)
-        owners0.append(owner if e == 0 else _to_axis(owner, axis, axis0))
-    columns = _columns(axis0.n, max_bins)
+        owner = owner if e == 0 else _to_axis(owner, axis, axis0)
+        del axis
+        owners.append(tuple((owner if columns is None else owner[columns]).tolist()))
+        if previous is not None:
+            changed.append(_changed(previous, owner))
+        previous = owner
+    del previous
     work, per_column, totals = _work(ranks[:MAX_RANK_STRIPS], max_bins)
     return FigureData(
         world_size=run.world_size,
@@ -195,8 +202,8 @@ def figure_data(reference: RunTrace, run: RunTrace, max_bins: int = 2000) -> Fig
         epochs=tuple(figures),
         owner_samples=axis0.n,
         owner_bins=min(axis0.n, max_bins),
-        owners=tuple(tuple((o if columns is None else o[columns]).tolist()) for o in owners0),
-        changed=tuple(_changed(a, b) for a, b in itertools.pairwise(owners0)),
+        owners=tuple(owners),
+        changed=tuple(changed),
         note="; ".join(notes),
         work=work,
         work_source=ranks[0].facts.work if work else "",
@@ -363,6 +370,9 @@ def _int64(ids: Any) -> IntArray | None:
     if isinstance(ids, UnionIds):
         if not ids.numeric():
             return None
+        ordered = ids.ordered()  # over a bitmap of the ids' range: no sort of every stream together
+        if ordered is not None:
+            return ordered
         parts = [p for p in (_int64(part) for part in ids.parts) if p is not None]
         if not parts:
             return np.zeros(0, np.int64)
@@ -387,12 +397,13 @@ def _epoch(
     bins = min(n, max_bins)
     starts = (np.arange(bins, dtype=np.int64) * n) // max(bins, 1)
     sizes = np.diff(np.append(starts, n))
-    # 32-bit counts and 1-byte flags: at 10,000,000 samples these arrays are the parent's largest
-    total = np.zeros(n, np.int32)
-    holders = np.zeros(n, np.int32)  # how many ranks saw each sample
-    owner = np.full(n, NO_RANK, np.int32)
+    # Per sample only a byte (yields, counted up to 2) and the owner (2 bytes below 32,767 ranks): the
+    # shares, counts and owners are all the pictures keep; at 10,000,000 samples these are the largest
+    yields = np.zeros(n, np.uint8)
+    owner = np.full(n, NO_RANK, _owner_type(ranks))
     shares: list[bytes] = []
     foreign: list[int] = []
+    hits = 0  # yields of samples the axis holds, over every rank (for the extra copies)
     pending: list[IntArray] = []  # the positions the ranks of the current strip saw (group > 1)
     for i, rank in enumerate(ranks):
         last = i + 1 == len(ranks) or (i + 1) % group == 0
@@ -401,13 +412,13 @@ def _epoch(
         hit = where if not len(where) or int(where.min()) >= 0 else where[where >= 0]
         del where
         foreign.append(int(len(trace.ids) - len(hit)))
+        hits += len(hit)
         if len(hit) * _SPARSE < n:
             # A rank of a large world holds a sliver of the epoch: work on its own samples only, so
             # W ranks cost O(samples), not O(W x samples).
             distinct, copies = _counts(hit)
-            total[distinct] += copies.astype(np.int32)
-            holders[distinct] += 1
-            owner[distinct] = rank.rank
+            yields[distinct] = np.minimum(yields[distinct] + np.minimum(copies, 2), 2)
+            owner[distinct] = np.where(owner[distinct] == NO_RANK, rank.rank, SEVERAL)
             if group == 1:
                 shares.append(_sparse_shares(distinct, starts, sizes))
             else:
@@ -418,13 +429,16 @@ def _epoch(
             continue
         seen = np.zeros(n, np.bool_)
         seen[hit] = True
-        if int(np.count_nonzero(seen)) == len(hit):  # no sample twice on this rank: flags are counts
-            total += seen
-        else:
-            total += np.bincount(hit, minlength=n).astype(np.int32)
-        holders += seen
-        owner[hit] = rank.rank
-        del hit
+        np.add(yields, seen, out=yields, casting="unsafe")
+        if int(np.count_nonzero(seen)) != len(hit):  # a sample twice on this rank
+            ordered = np.sort(hit)
+            yields[ordered[1:][ordered[1:] == ordered[:-1]]] = 2
+            del ordered
+        np.minimum(yields, 2, out=yields)
+        several = seen & (owner != NO_RANK)
+        owner[seen] = rank.rank
+        owner[several] = SEVERAL
+        del hit, several
         if group == 1:
             shares.append(_shares(seen, starts, sizes))
         else:
@@ -432,19 +446,18 @@ def _epoch(
             if last:
                 shares.append(_sparse_shares(_counts(np.concatenate(pending))[0], starts, sizes))
                 pending = []
-    owner[holders == 0] = NO_RANK
-    owner[holders > 1] = SEVERAL
-    duplicated = total > 1
+    missing = yields == 0
+    duplicated = yields > 1
     figure = EpochFigure(
         epoch=epoch,
         samples=n,
         bins=bins,
         rank_share=tuple(shares),
-        missing=_shares(total == 0, starts, sizes),
+        missing=_shares(missing, starts, sizes),
         duplicated=_shares(duplicated, starts, sizes),
-        missing_count=int((total == 0).sum()),
-        duplicated_count=int(duplicated.sum()),
-        extra_copies=int(total.sum() - (total > 0).sum()),
+        missing_count=int(np.count_nonzero(missing)),
+        duplicated_count=int(np.count_nonzero(duplicated)),
+        extra_copies=hits - (n - int(np.count_nonzero(missing))),
         foreign=tuple(foreign),
         yielded=tuple(len(r.epochs[epoch].ids) for r in ranks),
         steps=tuple(r.epochs[epoch].num_batches for r in ranks),
@@ -452,6 +465,13 @@ def _epoch(
         reference_steps=ref.num_batches,
     )
     return figure, owner
+
+
+def _owner_type(ranks: Sequence[RankTrace]) -> Any:
+    """The narrowest signed type that holds every rank and NO_RANK/SEVERAL."""
+    import numpy as np
+
+    return np.int16 if max((r.rank for r in ranks), default=0) < np.iinfo(np.int16).max else np.int32
 
 
 def _counts(values: Any) -> tuple[Any, Any]:
@@ -491,7 +511,7 @@ def _to_axis(owner: IntArray, axis: _Axis, target: _Axis) -> IntArray:
     """Owners indexed by ``axis`` positions, re-indexed by ``target`` positions (NO_RANK elsewhere)."""
     import numpy as np
 
-    out = np.full(target.n, NO_RANK, np.int32)
+    out = np.full(target.n, NO_RANK, owner.dtype)
     where = target.lookup(axis.ordered_ids())
     hit = where >= 0
     out[where[hit]] = owner[hit]

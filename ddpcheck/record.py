@@ -167,6 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="replay the compared steps of the launch recorded in DIR (run at world size 1); implies --step",
     )
     step.add_argument(
+        "--replay-twice",
+        action="store_true",
+        default=False,
+        help="with --replay: feed every rank's batch twice (probes whether the loss is a mean or a sum)",
+    )
+    step.add_argument(
         "--ignore-index",
         type=int,
         default=IGNORE_INDEX,
@@ -264,7 +270,13 @@ def _fingerprinted(out: str, target: ScriptTarget, options: ScriptRecordOptions,
     import shutil
     import tempfile
 
-    from ddpcheck.checker.fingerprint import HELD_IDS, FingerprintReport, exchange, teardown_deferred
+    from ddpcheck.checker.fingerprint import (
+        HELD_IDS,
+        REPORT_NAME,
+        FingerprintReport,
+        exchange,
+        teardown_deferred,
+    )
     from ddpcheck.checker.script import record_script
     from ddpcheck.trace import spill_every
     from ddpcheck.tracefile import spill_to
@@ -273,10 +285,11 @@ def _fingerprinted(out: str, target: ScriptTarget, options: ScriptRecordOptions,
     held = tempfile.mkdtemp(prefix=".fingerprint-", dir=out)
 
     def publish(report: FingerprintReport) -> None:
-        with open(os.path.join(out, f"fingerprint-rank{trace.rank}.json"), "w") as handle:
-            json.dump({"ok": report.ok, "seconds": report.seconds, "cpu_seconds": report.cpu_seconds,
-                       "state_bytes": report.state_bytes, "epochs": [vars(e) for e in report.epochs]},
-                      handle, indent=1)  # fmt: skip
+        with open(os.path.join(out, REPORT_NAME.format(rank=trace.rank)), "w") as handle:
+            data = {"ok": report.ok, "ranks": report.ranks, "seconds": report.seconds,
+                    "cpu_seconds": report.cpu_seconds, "state_bytes": report.state_bytes,
+                    "epochs": [vars(e) for e in report.epochs]}  # fmt: skip
+            json.dump(data, handle, indent=1)
         if trace.rank == 0:
             print("\n".join(report.lines()), file=sys.stderr, flush=True)
 
@@ -323,6 +336,7 @@ def _watch_step(args: argparse.Namespace) -> StepWatcher | None:
     options = StepOptions(
         out="" if args.replay else args.out,
         replay=args.replay,
+        twice=bool(args.replay) and args.replay_twice,
         ignore_index=args.ignore_index,
         compare_batches=args.compare_batches,
         tail_batches=args.tail_batches,

@@ -198,6 +198,16 @@ class UnionIds(Sequence[Hashable]):
                 if len(new):
                     yield new + lo
 
+    def ordered(self) -> Any:
+        """Every id once, in first-yield order, as one int64 numpy array (None: not integer ids in a
+        range a bitmap covers). Built by :meth:`chunks`, never by sorting all the streams together."""
+        import numpy as np
+
+        if not self._dense():
+            return None
+        found = list(self.chunks())
+        return np.concatenate(found) if found else np.zeros(0, np.int64)
+
     def __len__(self) -> int:
         if self._len is None:
             if self._dense():
@@ -646,7 +656,7 @@ class MicroStep:
     this micro-step; ``samples`` the samples they held (-1 unknown); ``supervised`` their labels other
     than the ignore index (None: the batches carry no labels); ``forwards`` the forward calls of each
     submodule that holds parameters, by qualified name; ``draws`` the random draws the loop made
-    outside any module's forward (noise, timesteps, masks)."""
+    outside any module's forward (noise, timesteps, masks); ``loss`` the value backward started from."""
 
     loader: str = ""
     epoch: int = 0
@@ -655,6 +665,7 @@ class MicroStep:
     supervised: int | None = None
     forwards: tuple[tuple[str, int], ...] = ()
     draws: tuple[Draw, ...] = ()
+    loss: float | None = None  # the scalar given to backward, in compared windows (None: not kept)
 
 
 @dataclass(frozen=True)
@@ -681,7 +692,8 @@ class StepTrace:
     ``grad_dtype``: the parameters' dtype (the tolerance depends on it); ``per_rank_norm``: modules
     that normalise over the rank's batch (BatchNorm without SyncBatchNorm); ``dropout_off``: dropout
     was switched off while steps were compared; ``replay``: a reference replay of another launch ("":
-    a run of its own); ``loss_scale`` (a replay's): how the loss answers a micro-batch given twice,
+    a run of its own); ``twice``: a replay fed every rank's batch twice (the loss probe);
+    ``loss_scale`` (a replay's): how the loss answers a micro-batch given twice,
     ``mean`` (the same gradient), ``sum`` (twice the gradient: a sum over a fixed normaliser, which
     one process fed every rank's batch scales by the world size), "" not probed; ``compute_dtype``: the
     autocast dtype the compared steps ran under ("" none): float32 parameters under bf16 autocast carry
@@ -697,6 +709,7 @@ class StepTrace:
     replay: str = ""
     notes: tuple[str, ...] = ()
     loss_scale: str = ""
+    twice: bool = False
     compute_dtype: str = ""
 
 

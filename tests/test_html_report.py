@@ -43,6 +43,38 @@ SVG_NS = "{http://www.w3.org/2000/svg}"
 # ------------------------------------------------------------------ figure data
 
 
+@settings(max_examples=15, deadline=None)
+@given(
+    n=st.integers(1, 200),
+    world=st.integers(1, 40),
+    picks=st.lists(st.lists(st.integers(-3, 220), max_size=20), min_size=40, max_size=40),
+    seed=st.integers(0, 9),
+)
+def test_figure_counts_and_owners_are_the_sets_they_picture(
+    n: int, world: int, picks: list[list[int]], seed: int
+) -> None:
+    """Whatever the ranks yield (copies on one rank, on several, ids the reference never yields), the
+    counts and owners the pictures keep in a byte and a narrow integer per sample equal set arithmetic."""
+    orders = permutations(n, 1, seed=seed)
+    ranks = [list(orders[0][r::world]) + picks[r] for r in range(world)]
+    data = figure_data(reference(orders), run([[ids] for ids in ranks]), max_bins=10_000)
+    epoch, axis = data.epochs[0], list(orders[0])
+    held = [[x for x in ids if 0 <= x < n] for ids in ranks]
+    yields = {x: 0 for x in axis}
+    holders: dict[int, list[int]] = {x: [] for x in axis}
+    for r, ids in enumerate(held):
+        for x in ids:
+            yields[x] += 1
+        for x in sorted(set(ids)):
+            holders[x].append(r)
+    assert epoch.missing_count == sum(1 for x in axis if not yields[x])
+    assert epoch.duplicated_count == sum(1 for x in axis if yields[x] > 1)
+    assert epoch.extra_copies == sum(max(c - 1, 0) for c in yields.values())
+    assert epoch.foreign == tuple(len(a) - len(b) for a, b in zip(ranks, held, strict=True))
+    owners = [NO_RANK if not h else h[0] if len(h) == 1 else SEVERAL for h in (holders[x] for x in axis)]
+    assert list(data.owners[0]) == owners
+
+
 def test_correct_split_draws_each_sample_on_exactly_one_rank() -> None:
     orders = permutations(10, 2, seed=0)
     data = figure_data(reference(orders), ddp_run(orders, 3))  # 10 samples, 3 ranks: 2 padding copies

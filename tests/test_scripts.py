@@ -301,7 +301,15 @@ def test_an_endless_loader_is_judged_in_windows(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_an_endless_loader_without_windows_is_named_at_the_deadline(tmp_path: Path) -> None:
     proc = ddpcheck_run(
-        "--world-sizes", "1", "--timeout", "10", "--report-dir", str(tmp_path), "--", "faults/endless.py"
+        # 30 s: time for torch to import on a loaded machine and the loader to be seen iterating
+        "--world-sizes",
+        "1",
+        "--timeout",
+        "30",
+        "--report-dir",
+        str(tmp_path),
+        "--",
+        "faults/endless.py",
     )
     assert proc.returncode == 3
     assert "judge it in windows with --steps N" in proc.stdout

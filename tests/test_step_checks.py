@@ -41,7 +41,9 @@ from ddpcheck.checks.step import (
     check_equal_microsteps,
     check_step_equivalence,
     fit_factor,
+    loss_scale,
     tolerance_for,
+    wants_loss_probe,
 )
 from ddpcheck.checks.supervision import EMPTY, UNSUPERVISED, check_step_supervision, check_supervision
 from ddpcheck.layout import Layout, parse_mesh
@@ -533,3 +535,32 @@ def test_allow_accepts_the_step_checks() -> None:
     with pytest.raises(BadInput, match=r"choose from .*step_equivalence, equal_microsteps"):
         CheckOptions(allow=("step_equivalenc",))
     assert allow(Verdict("step_equivalence", "fail", "d", "c")).status == "allowed"
+
+
+# ----------------------------------------------------------------------------- the loss probe
+
+
+def _losses(values: list[float], grad: tuple[float, ...] = (1.0,)) -> Any:
+    return trace([(grad, [replace(micro(), loss=v)]) for v in values])
+
+
+def test_a_loss_that_adds_up_over_the_ranks_asks_for_the_probe() -> None:
+    """The replay's loss is the ranks' sum (a sum over a fixed normaliser, or a count all-reduced without
+    the world size): only the probe tells them apart. A mean, a loss never kept, or losses whose sum and
+    mean coincide (zero) ask for nothing."""
+    ranks = [_losses([1.0, 2.0]), _losses([3.0, 4.0])]
+    assert wants_loss_probe(ranks, _losses([4.0, 6.0]), W2)
+    assert not wants_loss_probe(ranks, _losses([2.0, 3.0]), W2)  # the mean
+    assert not wants_loss_probe(ranks, _losses([4.0, 3.0]), W2)  # one step a sum, one a mean: no rule
+    assert not wants_loss_probe([_losses([0.0]), _losses([0.0])], _losses([0.0]), W2)
+    unkept = [trace([((1.0,), [micro()])]) for _ in range(2)]
+    assert not wants_loss_probe(unkept, trace([((1.0,), [micro()])]), W2)
+    assert not wants_loss_probe(ranks, replace(_losses([4.0, 6.0]), loss_scale="mean"), W2)  # probed
+
+
+def test_the_probe_reads_twice_the_loss_as_a_sum_and_the_same_loss_as_a_mean() -> None:
+    replay = _losses([4.0, 6.0])
+    assert loss_scale(replay, _losses([8.0, 12.0])) == "sum"
+    assert loss_scale(replay, _losses([4.0, 6.0])) == "mean"
+    assert loss_scale(replay, _losses([8.0, 6.0])) == ""  # neither throughout
+    assert loss_scale(replay, trace([((1.0,), [micro()])])) == ""  # no loss kept

@@ -82,6 +82,8 @@ CAUSES = {  # fixture -> what the failing step check must name
     "good_seed_by_rank_workers": "",
     "bug_augment_main_same_seed": "the ranks load with the same torch state",
     "good_shard_shuffle_same_seed": "",  # the samplers' seed draws alike are the order, not loading
+    "bug_global_count_no_world": "1 / the world size",  # the loss probe finds a mean: the factor stays
+    "good_sum_fixed_norm": "",  # the loss probe finds a sum: compared with the replay / world size
 }
 
 

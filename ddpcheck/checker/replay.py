@@ -433,3 +433,18 @@ def read_window(replay: str, name: str) -> RecordedWindow | None:
         payload = load(weights)
         found.params, found.buffers = payload["params"], payload.get("buffers")
     return found
+
+
+def twice(window: RecordedWindow) -> RecordedWindow:
+    """The window as if every rank had run twice: the union holds each rank's batch and draws twice. A
+    loss that is a mean answers with the same value, one summed over a fixed normaliser with twice it."""
+    return RecordedWindow(
+        window.name,
+        window.ranks * 2,
+        window.handoffs * 2,
+        window.batches * 2,
+        window.draws * 2,
+        window.notes * 2,
+        window.params,
+        window.buffers,
+    )

@@ -43,6 +43,7 @@ class StepOptions:
     tail_batches: int = 0  # and windows starting in its last N batches (where the loader has a len)
     keep: int = KEEP_LIMIT  # gradient coordinates kept per step
     fetch: bool = True  # watch the random streams each fetch consumes
+    twice: bool = False  # a replay fed every rank's batch (and draws) twice: how the loss scales
 
 
 Handoff = tuple[str, int, int]  # (loader, epoch, position)
@@ -200,6 +201,7 @@ class StepWatcher:
             dropout_off=self.dropout_off,
             replay=self.options.replay,
             notes=tuple(dict.fromkeys(self.notes)),
+            twice=self.options.twice,
         )
 
     # --- windows -------------------------------------------------------------------------------------
@@ -262,7 +264,11 @@ class StepWatcher:
         reasons = list(window.reasons)
         if window.armed:
             reasons += self.draws.unexplained + self.draws.failures
-            if self.options.replay:
+            if self.options.replay and window.recorded is None and window.backwards:
+                # no batch of its own was handed in this window (a loader that fetches ahead handed it
+                # in the previous one): nothing loaded the run's weights here, so it starts elsewhere
+                reasons.append("the step's batches were handed in an earlier step: the replay has no weights")
+            elif self.options.replay:
                 reasons += self._replay_mismatch(window)
             elif self.options.out:
                 self._save_window(window)
@@ -281,7 +287,7 @@ class StepWatcher:
 
     # --- events --------------------------------------------------------------------------------------
 
-    def before_backward(self) -> None:
+    def before_backward(self, loss: Any = None) -> None:
         window, pending = self.window, self.pending
         if window.armed:
             self.draws.check("the backward")
@@ -295,6 +301,7 @@ class StepWatcher:
                 supervised=pending.supervised,
                 forwards=tuple(sorted(pending.forwards.items())),
                 draws=_marked(self.draws.take_loop_draws(), pending.draws_before) if window.armed else (),
+                loss=_scalar(loss) if window.armed else None,
             )
         )
         window.parts.append(pending.parts)
@@ -344,6 +351,8 @@ class StepWatcher:
         recorded = rp.read_window(self.options.replay, window.name)
         if recorded is None:
             return False
+        if self.options.twice:
+            recorded = rp.twice(recorded)
         window.recorded = recorded
         if self.draws.seq:
             early = self.draws.seq[0].draw
@@ -539,6 +548,17 @@ def install_watcher(options: StepOptions) -> StepWatcher:
     return watcher
 
 
+def _scalar(loss: Any) -> float | None:
+    """The value of a one-element loss tensor (None: several elements, or no tensor)."""
+    import torch
+
+    if isinstance(loss, (list, tuple)) and len(loss) == 1:
+        loss = loss[0]
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        return None
+    return float(loss.detach().float().cpu().reshape(()))
+
+
 def _marked(draws: tuple[Draw, ...], before: int) -> tuple[Draw, ...]:
     """The micro-step's loop draws, the first ``before`` marked as made before its batch arrived."""
     return tuple(replace(d, before_batch=True) if i < before else d for i, d in enumerate(draws))
@@ -562,7 +582,7 @@ def _install() -> None:
         watcher = ACTIVE
         if watcher is None or watcher.in_backward:
             return original_backward(*args, **kwargs)
-        watcher.before_backward()
+        watcher.before_backward(args[0] if args else kwargs.get("tensors"))
         watcher.in_backward = True
         try:
             return original_backward(*args, **kwargs)

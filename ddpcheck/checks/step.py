@@ -13,7 +13,9 @@ of ``fixtures/steps`` under torchrun (float32, CPU, 2 ranks, 37 exact steps of 9
 bf16 autocast on CPU (exact splits of the same models) shows up to 3.7e-3, float16 4.6e-4: their bounds
 are 5e-2 and 1e-2 (no GPU was lent to measure CUDA's). A loss that sums over a fixed normaliser (the
 replay's ``loss_scale`` is ``sum``) is compared with the replay's gradient divided by the world size: fed
-every rank's batch, one process takes a step that many times larger.
+every rank's batch, one process takes a step that many times larger. ``ddpcheck run`` learns the scale
+where the replay's loss is the ranks' sum (:func:`wants_loss_probe`): a second replay feeds every batch
+twice, and a loss that doubles is a sum (:func:`loss_scale`), one that stays is a mean.
 
 Causes, from the evidence: a NaN gradient spread by the all-reduce; ranks holding different gradients after
 it; an exact scalar factor (``c = <g, r> / <r, r>`` with a tiny residual: the world size, its inverse, the
@@ -225,6 +227,55 @@ def _per_micro(steps: Sequence[OptimizerStep], labelled: bool) -> tuple[tuple[in
 
     width = max((len(s.micro) for s in steps), default=0)
     return tuple(tuple(count(s, m) for s in steps) for m in range(width))
+
+
+LOSS_SLACK = 0.01  # relative: losses at the same weights agree far closer; sum and mean differ 2x
+
+
+def wants_loss_probe(run: Sequence[StepTrace | None], replay: StepTrace, layout: Layout) -> bool:
+    """Whether only a probe can say how the loss scales: at every compared micro-step with losses, the
+    replay's loss on the union is the sum of the data-parallel ranks' losses (a mean gives their mean). A
+    sum over a fixed per-rank normaliser and a mean over a count all-reduced without the world size both
+    show that; fed every batch twice, the first doubles and the second does not (:func:`loss_scale`)."""
+    heads = [t for t in _heads(run, layout) if t is not None]
+    if replay.loss_scale or len(heads) < 2:
+        return False
+    sums = []
+    for index in _compared(heads, replay):
+        steps = [next(s for s in t.steps if s.index == index) for t in (*heads, replay)]
+        if any(s.not_comparable or len(s.micro) != len(steps[-1].micro) for s in steps):
+            continue
+        for micro in zip(*(s.micro for s in steps), strict=True):
+            losses = [m.loss for m in micro]
+            if any(x is None or not math.isfinite(x) for x in losses):
+                continue
+            ranks, union = [float(x) for x in losses[:-1] if x is not None], float(losses[-1] or 0.0)
+            total = sum(ranks)
+            if abs(total - total / len(ranks)) <= LOSS_SLACK * abs(total):  # sum and mean alike: no answer
+                continue
+            sums.append(abs(union - total) <= LOSS_SLACK * abs(total))
+    return bool(sums) and all(sums)
+
+
+def loss_scale(replay: StepTrace, twice: StepTrace) -> str:
+    """How the loss answers every rank's batch given twice, from a replay and its probe (``twice``) at the
+    same weights: ``sum`` (twice the loss), ``mean`` (the same loss), "" (no losses, or neither)."""
+    probe = {s.index: s for s in twice.steps}
+    ratios = []
+    for step in replay.steps:
+        other = probe.get(step.index)
+        if other is None or step.not_comparable or other.not_comparable:
+            continue
+        for a, b in zip(step.micro, other.micro, strict=False):
+            if a.loss is None or b.loss is None or not math.isfinite(a.loss) or not math.isfinite(b.loss):
+                continue
+            if abs(a.loss) > 1e-12:
+                ratios.append(b.loss / a.loss)
+    if ratios and all(abs(r - 2.0) <= 2 * LOSS_SLACK for r in ratios):
+        return "sum"
+    if ratios and all(abs(r - 1.0) <= LOSS_SLACK for r in ratios):
+        return "mean"
+    return ""
 
 
 def _heads(run: Sequence[StepTrace | None], layout: Layout) -> list[StepTrace | None]:

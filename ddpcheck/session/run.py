@@ -136,6 +136,8 @@ class _Session:
         scenarios = build_scenarios(self.spec, self.options, defined_names(self.spec.path))
         for layout in plan.layouts:
             beside = rerun if layout.layout.world_size == 1 else None
+            if beside is not None:
+                rerun = None  # world size 1's alone: not held through the larger layouts (N ids each epoch)
             self.single = plan.reference.layout
             result, notes = self._check_layout(layout, beside, scenarios)
             self.runs.append(result)

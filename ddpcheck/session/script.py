@@ -36,20 +36,18 @@ from ddpcheck.checks.scripts import (
     standin_reference,
     told_cause,
 )
+from ddpcheck.checks.step import loss_scale, wants_loss_probe
 from ddpcheck.checks.step_judge import StepRecord, fed_loader, judge_step, merged
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.figures import figure_data
-
-# local names kept for the replay launch being changed beside this split (rename once it has merged)
-from ddpcheck.launch.recorded import Recorded as _Recorded
-from ddpcheck.launch.recorded import launch_failure, read_launch, read_trace_dir
-from ddpcheck.launch.recorded import launch_problem as _launch_problem
+from ddpcheck.launch.recorded import Recorded, launch_failure, launch_problem, read_launch, read_trace_dir
 from ddpcheck.launch.script import launch_script
 from ddpcheck.launch.workdir import WorkdirGuard, WorkdirUnavailable
 from ddpcheck.layout import Layout, LayoutError, check_ranks
 from ddpcheck.messages import count_text, one_line
 from ddpcheck.options import IGNORE_INDEX, TEST_WORLD_SIZES, BadInput, CheckOptions, mesh_layouts, validate
 from ddpcheck.result import CheckResult, WorldResult
+from ddpcheck.session.fingerprinted import is_fingerprinted, judge_fingerprinted
 from ddpcheck.session.run import Interrupted, allowed, jsonable_options, judge_world, layout_name, status_text
 from ddpcheck.trace import EpochTrace, RunTrace, ScriptLoader
 
@@ -216,7 +214,7 @@ class _ScriptSession:
         self.guard = guard
         self.runs: list[WorldResult] = []
         self.notes: list[str] = []
-        self.reference: _Recorded | None = None
+        self.reference: Recorded | None = None
         self.launches = 0
 
     def result(self, *, interrupted: bool = False) -> CheckResult:
@@ -251,7 +249,7 @@ class _ScriptSession:
         nothing = nothing_iterated(list(reference.traces.values()), printed, self.options.batches)
         if nothing:
             raise BadInput(nothing)
-        problem = _launch_problem(reference)
+        problem = launch_problem(reference)
         if problem:
             self.runs.append(
                 WorldResult(
@@ -302,25 +300,37 @@ class _ScriptSession:
             return ["--compare-batches", str(COMPARED_BATCHES), "--tail-batches", str(TAIL_BATCHES)]
         return ["--compare-batches", str(self.options.model_steps)]
 
-    def _step_record(self, run: _Recorded, layout: Layout) -> StepRecord | None:
+    def _step_record(self, run: Recorded, layout: Layout) -> StepRecord | None:
         """The run's step recordings and, where data-parallel ranks split the step, the one-process replay
         of what they received (one more launch); None without ``--step``."""
         if not self.options.step:
             return None
         record = step_record(run, self.options.ignore_index)
-        if layout.dp_world_size < 2 or not record.backward or _launch_problem(run):
+        if layout.dp_world_size < 2 or not record.backward or launch_problem(run):
             return record
         self.say(f"{layout_name(layout)}: replaying its first steps at 1 process")
         replay = self._launch(Layout.plain(1), replay=run.out)
         traces = [t.steps for t in replay.traces.values() if t.steps is not None]
-        if traces and not _launch_problem(replay):
-            return replace(record, replay=traces[0])
-        problem = _launch_problem(replay) or "it recorded no step"
-        return replace(record, no_replay=f"the one-process replay failed ({problem})")
+        if not traces or launch_problem(replay):
+            problem = launch_problem(replay) or "it recorded no step"
+            return replace(record, no_replay=f"the one-process replay failed ({problem})")
+        replayed = traces[0]
+        if wants_loss_probe(record.steps, replayed, layout):
+            self.say(f"{layout_name(layout)}: the loss adds up over the ranks: replaying every batch twice")
+            probe = self._launch(Layout.plain(1), replay=run.out, twice=True)
+            probes = [t.steps for t in probe.traces.values() if t.steps is not None]
+            if probes and not launch_problem(probe):
+                replayed = replace(replayed, loss_scale=loss_scale(replayed, probes[0]))
+        return replace(record, replay=replayed)
 
     def _launch(
-        self, layout: Layout, steps: int | None = None, replay: str = "", compare: bool = False
-    ) -> _Recorded:
+        self,
+        layout: Layout,
+        steps: int | None = None,
+        replay: str = "",
+        compare: bool = False,
+        twice: bool = False,
+    ) -> Recorded:
         """One launch of the script at ``layout``; ``compare``: keep the compared steps' gradients and save
         their batches for a replay (the run that is replayed, and the replay)."""
         self.launches += 1
@@ -332,7 +342,7 @@ class _ScriptSession:
             if self.options.ignore_index != IGNORE_INDEX:
                 command += ["--ignore-index", str(self.options.ignore_index)]
         if replay:
-            command += ["--replay", replay]
+            command += ["--replay", replay, *(["--replay-twice"] if twice else [])]
         command += [
             "--model-steps",
             "all" if self.options.model_steps is None else str(self.options.model_steps),
@@ -367,13 +377,13 @@ class _ScriptSession:
 
     def _judge(
         self,
-        reference: _Recorded,
-        run: _Recorded,
-        rerun: _Recorded | None,
+        reference: Recorded,
+        run: Recorded,
+        rerun: Recorded | None,
         layout: Layout,
         step: StepRecord | None = None,
     ) -> list[WorldResult]:
-        problem = _launch_problem(run)
+        problem = launch_problem(run)
         gpus = run.environment.get(GPUS_ENV)
         if problem and NEEDS_CUDA in problem and gpus not in (None, "0"):
             # the GPUs that exist ran the smaller layouts; this one is a GPU count, not a bug
@@ -413,7 +423,7 @@ def rank_environment(world_size: int, gpus: int | None = None) -> dict[str, str]
     return {"CUDA_VISIBLE_DEVICES": "", "ACCELERATE_USE_CPU": "true", GPUS_ENV: str(gpus)}
 
 
-def _trace_notes(recorded: _Recorded) -> list[str]:
+def _trace_notes(recorded: Recorded) -> list[str]:
     notes: list[str] = []
     for trace in recorded.traces.values():
         notes.extend(trace.notes)
@@ -430,9 +440,9 @@ def _trace_notes(recorded: _Recorded) -> list[str]:
 
 
 def judge_launch(
-    reference: _Recorded,
-    run: _Recorded,
-    rerun: _Recorded | None,
+    reference: Recorded,
+    run: Recorded,
+    rerun: Recorded | None,
     layout: Layout,
     options: CheckOptions,
     *,
@@ -458,7 +468,7 @@ def judge_launch(
     return results
 
 
-def step_record(run: _Recorded, ignore_index: int = IGNORE_INDEX) -> StepRecord:
+def step_record(run: Recorded, ignore_index: int = IGNORE_INDEX) -> StepRecord:
     """What the step checks read from one launch: each rank's steps, each loader's epochs per rank."""
     ranks = range(run.layout.world_size)
     steps = tuple(run.traces[r].steps if r in run.traces else None for r in ranks)
@@ -475,9 +485,9 @@ def step_record(run: _Recorded, ignore_index: int = IGNORE_INDEX) -> StepRecord:
 
 
 def _judge_loaders(
-    reference: _Recorded,
-    run: _Recorded,
-    rerun: _Recorded | None,
+    reference: Recorded,
+    run: Recorded,
+    rerun: Recorded | None,
     layout: Layout,
     options: CheckOptions,
     standin: str,
@@ -526,14 +536,14 @@ def _judge_loaders(
     return results
 
 
-def _grouped(run: _Recorded) -> tuple[bool, tuple[str, ...]]:
+def _grouped(run: Recorded) -> tuple[bool, tuple[str, ...]]:
     """(whether the ranks ran in a process group, the frameworks they imported), for :func:`alone`."""
     traces = run.traces.values()
     joined = run.layout.world_size == 1 or any(t.joined_group for t in traces)
     return joined, tuple(sorted({f for t in traces for f in t.frameworks}))
 
 
-def _loader_names(reference: _Recorded, run: _Recorded) -> list[str]:
+def _loader_names(reference: Recorded, run: Recorded) -> list[str]:
     names: dict[str, None] = {}
     for recorded in (reference, run):
         for rank in sorted(recorded.traces):
@@ -542,12 +552,12 @@ def _loader_names(reference: _Recorded, run: _Recorded) -> list[str]:
     return list(names)
 
 
-def _missing_ranks(recorded: _Recorded, name: str) -> list[int]:
+def _missing_ranks(recorded: Recorded, name: str) -> list[int]:
     having = {r for r, t in recorded.traces.items() if any(lo.name == name for lo in t.loaders)}
     return [r for r in range(recorded.layout.world_size) if r not in having] if having else []
 
 
-def _run_trace(recorded: _Recorded | None, name: str, world_size: int) -> RunTrace | None:
+def _run_trace(recorded: Recorded | None, name: str, world_size: int) -> RunTrace | None:
     if recorded is None:
         return None
     found: list[tuple[int, ScriptLoader]] = []
@@ -583,6 +593,8 @@ def judge_directory(
     launch's one-process replay (``python -m ddpcheck.record --replay DIR``), for ``step_equivalence``.
     The step checks are judged where the launch was recorded with ``--step``."""
     options = options or CheckOptions()
+    if is_fingerprinted(directory):  # recorded with --fingerprint: the ranks' own verdict, no ids
+        return judge_fingerprinted(directory, options, reference=reference, replay=replay, layout=layout)
     run = read_trace_dir(directory, layout)
     step = _recorded_step(run, replay)
     notes = _trace_notes(run)
@@ -596,7 +608,7 @@ def judge_directory(
         ref = run
         standin = "no --reference given (record the script at one process and pass that directory)"
         notes.append(f"coverage and single-process equivalence are not judged: {standin}")
-    problem = _launch_problem(run)
+    problem = launch_problem(run)
     if problem:
         runs.append(
             WorldResult(
@@ -620,7 +632,7 @@ def judge_directory(
     )
 
 
-def _recorded_step(run: _Recorded, replay: str | Path | None) -> StepRecord | None:
+def _recorded_step(run: Recorded, replay: str | Path | None) -> StepRecord | None:
     """The step recordings of a launch recorded with ``--step`` (None: recorded without), with its replay's
     step when one is given."""
     if not any(t.steps is not None for t in run.traces.values()):
