@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from ddpcheck import trace as trace_module
 from ddpcheck.checks import run_checks, tally
 from ddpcheck.checks.ranges import find_overflow
-from ddpcheck.checks.tally import EpochTally, same_set
 from ddpcheck.checks.scripts import standin_reference
+from ddpcheck.checks.tally import EpochTally, same_set
 from ddpcheck.trace import (
     EpochTrace,
     IdArray,
