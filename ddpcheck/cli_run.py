@@ -125,6 +125,13 @@ def build_judge_parser(command: LoaderCommand) -> argparse.ArgumentParser:
         help="the launch's one-process replay (python -m ddpcheck.record --replay DIR --out DIR1), for "
         "step_equivalence",
     )
+    parser.add_argument(
+        "--replay-twice",
+        default=None,
+        metavar="DIR2",
+        help="the same replay fed every batch twice (... --replay DIR --replay-twice --out DIR2): says "
+        "whether the loss is a sum over a fixed normaliser, compared with the replay / world size",
+    )
     _copy_options(parser, JUDGE_SHARED, command)
     return parser
 
@@ -255,7 +262,9 @@ def _judge(args: argparse.Namespace) -> tuple[CheckResult, bool]:
     if len(meshes) > 1:
         raise BadInput("a recorded launch is one layout: give at most one --mesh")
     layout = meshes[0] if meshes else None
-    result = judge_directory(args.directory, args.reference, options, layout, replay=args.replay)
+    result = judge_directory(
+        args.directory, args.reference, options, layout, replay=args.replay, twice=args.replay_twice
+    )
     return result, False
 
 

@@ -160,3 +160,31 @@ def test_a_launch_recorded_under_torchrun_and_its_replay_are_judged_later(tmp_pa
     assert without.returncode == 0, without.stdout + without.stderr
     wrong = subprocess.run([*judge, "--replay", str(run)], capture_output=True, text=True, timeout=120)
     assert wrong.returncode == 2 and "holds no one-process replay" in wrong.stderr
+
+
+def test_a_users_own_launch_judged_with_the_loss_probe(tmp_path: Path) -> None:
+    """``good_sum_fixed_norm`` (a loss summed over a fixed per-rank normaliser, correct) under a real
+    torchrun: judged with its replay alone, the exact factor 1/2 is a failure that says the loss was not
+    probed; with the replay fed every batch twice as well (``--replay-twice``) it passes, as its truth."""
+    name = "good_sum_fixed_norm"
+    run, replay, twice = tmp_path / "run", tmp_path / "replay", tmp_path / "twice"
+    _torchrun(2, run, name=name)
+    _torchrun(1, replay, "--replay", str(run), name=name)
+    _torchrun(1, twice, "--replay", str(run), "--replay-twice", name=name)
+    report = tmp_path / "reports"
+    judge = [sys.executable, "-m", "ddpcheck", "judge", str(run), "--report-dir", str(report), "-q"]
+    judge += ["--replay", str(replay)]
+
+    def step_verdict() -> dict[str, Any]:
+        rows = json.loads((report / "ddpcheck.json").read_text())["runs"]
+        return next(r["checks"][STEP_EQUIVALENCE] for r in rows if STEP_EQUIVALENCE in r["checks"])
+
+    alone = subprocess.run(judge, capture_output=True, text=True, timeout=120)
+    assert alone.returncode == 1 and "did not probe the loss" in step_verdict()["cause"], alone.stdout
+    probe = [*judge, "--replay-twice", str(twice)]
+    probed = subprocess.run(probe, capture_output=True, text=True, timeout=120)
+    assert probed.returncode == 0, probed.stdout + probed.stderr
+    assert step_verdict()["status"] == "pass" and "fixed normaliser" in step_verdict()["detail"]
+    swapped = [*judge[:-2], "--replay", str(twice), "--replay-twice", str(replay)]
+    wrong = subprocess.run(swapped, capture_output=True, text=True, timeout=120)
+    assert wrong.returncode == 2 and "holds no one-process replay" in wrong.stderr

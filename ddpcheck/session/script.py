@@ -49,7 +49,7 @@ from ddpcheck.options import IGNORE_INDEX, TEST_WORLD_SIZES, BadInput, CheckOpti
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.session.fingerprinted import is_fingerprinted, judge_fingerprinted
 from ddpcheck.session.run import Interrupted, allowed, jsonable_options, judge_world, layout_name, status_text
-from ddpcheck.trace import EpochTrace, RunTrace, ScriptLoader
+from ddpcheck.trace import EpochTrace, RunTrace, ScriptLoader, StepTrace
 
 Progress = Callable[[str], None]
 DEFAULT_MODEL_STEPS = 2
@@ -588,15 +588,19 @@ def judge_directory(
     options: CheckOptions | None = None,
     layout: Layout | None = None,
     replay: str | Path | None = None,
+    twice: str | Path | None = None,
 ) -> CheckResult:
     """Judge one recorded launch; ``reference``: the same script recorded at one process; ``replay``: the
-    launch's one-process replay (``python -m ddpcheck.record --replay DIR``), for ``step_equivalence``.
+    launch's one-process replay (``python -m ddpcheck.record --replay DIR``), for ``step_equivalence``;
+    ``twice``: that replay fed every batch twice (``--replay-twice``), which says how the loss scales.
     The step checks are judged where the launch was recorded with ``--step``."""
     options = options or CheckOptions()
     if is_fingerprinted(directory):  # recorded with --fingerprint: the ranks' own verdict, no ids
-        return judge_fingerprinted(directory, options, reference=reference, replay=replay, layout=layout)
+        return judge_fingerprinted(
+            directory, options, reference=reference, replay=replay or twice, layout=layout
+        )
     run = read_trace_dir(directory, layout)
-    step = _recorded_step(run, replay)
+    step = _recorded_step(run, replay, twice)
     notes = _trace_notes(run)
     runs: list[WorldResult] = []
     if reference is not None:
@@ -632,19 +636,33 @@ def judge_directory(
     )
 
 
-def _recorded_step(run: Recorded, replay: str | Path | None) -> StepRecord | None:
+def _recorded_step(
+    run: Recorded, replay: str | Path | None, twice: str | Path | None = None
+) -> StepRecord | None:
     """The step recordings of a launch recorded with ``--step`` (None: recorded without), with its replay's
-    step when one is given."""
+    step when one is given (and how its loss scales, from the replay fed every batch ``twice``)."""
     if not any(t.steps is not None for t in run.traces.values()):
         if replay is not None:
             raise BadInput("--replay: the launch was recorded without --step: nothing to compare")
         return None
     record = step_record(run)
     if replay is None:
+        if twice is not None:
+            raise BadInput("--replay-twice needs --replay: the probe is read against the replay")
         why = "no --replay given (record the launch's replay: python -m ddpcheck.record --replay DIR)"
         return replace(record, no_replay=why)
-    replayed = read_trace_dir(replay)
+    steps = _replay_steps(replay, "--replay", False)
+    if twice is not None:
+        steps = replace(steps, loss_scale=loss_scale(steps, _replay_steps(twice, "--replay-twice", True)))
+    return replace(record, replay=steps)
+
+
+def _replay_steps(directory: str | Path, option: str, twice: bool) -> StepTrace:
+    """The one-process replay recorded in ``directory`` (fed every batch twice, or not), or BadInput."""
+    replayed = read_trace_dir(directory)
     steps = [t.steps for t in replayed.traces.values() if t.steps is not None and t.steps.replay]
-    if replayed.layout.world_size != 1 or not steps:
-        raise BadInput(f"--replay {replay} holds no one-process replay (record it with --replay DIR)")
-    return replace(record, replay=steps[0])
+    if replayed.layout.world_size != 1 or not steps or steps[0].twice != twice:
+        how = "--replay DIR --replay-twice" if twice else "--replay DIR"
+        what = "one-process replay fed every batch twice" if twice else "one-process replay"
+        raise BadInput(f"{option} {directory} holds no {what} (record it with {how})")
+    return steps[0]
