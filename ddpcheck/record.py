@@ -114,8 +114,6 @@ def positive(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ddpcheck.options import IGNORE_INDEX
-
     parser = argparse.ArgumentParser(
         prog="python -m ddpcheck.record",
         usage="python -m ddpcheck.record --out DIR [OPTIONS] -- SCRIPT [ARGS...] | -m MODULE [ARGS...]",
@@ -150,6 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
         "every dataset index was yielded once, naming the ids that were not (every process a "
         "data-parallel rank); writes OUT/fingerprint-rankR.json, exit 1 when an epoch fails",
     )
+    _step_arguments(parser)
+    return parser
+
+
+def _step_arguments(parser: argparse.ArgumentParser) -> None:
+    """The training step's options (issue 35)."""
+    from ddpcheck.options import IGNORE_INDEX
+
     step = parser.add_argument_group("the training step (issue 35)")
     step.add_argument(
         "--step",
@@ -193,7 +199,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="also compare windows that start in an epoch's last N batches",
     )
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
