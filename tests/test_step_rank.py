@@ -386,6 +386,38 @@ def test_batchnorm_normalises_over_the_rank(watch: Any) -> None:
     assert watcher.finish().per_rank_norm == ("1",)
 
 
+def test_a_loader_one_batch_ahead_gives_each_backward_the_batch_it_consumed() -> None:
+    """Accelerate's DataLoaderShard hands batch k+1 before the loop gets batch k: handed, the first backward
+    holds two batches and the epoch's last none. Read in order, each backward gets its own (an all-masked
+    batch 1 is no longer hidden beside batch 0). A peek before the loop, two loaders at once, or a backward
+    with no batch fetched for it keep what was handed."""
+    from ddpcheck.checker.step import fetched_ahead
+    from ddpcheck.trace import MicroStep
+
+    def part(epoch: int, position: int, labelled: int) -> Any:
+        return (("train", epoch, position), 4, labelled)
+
+    handed = [[part(0, 0, 7), part(0, 1, 0)], [part(0, 2, 5)], [], [part(1, 0, 3), part(1, 1, 9)], []]
+    micro = [MicroStep("train", 0, (), 0, None) for _ in handed]
+    ahead = fetched_ahead(micro, handed)
+    assert ahead is not None
+    assert [(m.epoch, m.batches, m.supervised) for m in ahead] == [
+        (0, (0,), 7), (0, (1,), 0), (0, (2,), 5), (1, (0,), 3), (1, (1,), 9)
+    ]  # fmt: skip
+    cut = [[part(0, 0, 7), part(0, 1, 0)], []]  # the epoch cut after 2 batches (--model-steps 2)
+    assert [m.batches for m in fetched_ahead(micro[:2], cut) or ()] == [(0,), (1,)]
+    left = [[part(0, 0, 7), part(0, 1, 0)], [part(0, 2, 5)]]  # the loop broke off: batch 2 never consumed
+    assert [m.batches for m in fetched_ahead(micro[:2], left) or ()] == [(0,), (1,)]
+    peek = [[(("train", 0, 0), 4, 1), part(1, 0, 7)], [part(1, 1, 5)]]  # the tutorial's peek, then epoch 1
+    assert fetched_ahead(micro[:2], peek) is None
+    plain = [[part(0, 0, 7)], [part(0, 1, 5)]]
+    assert fetched_ahead(micro[:2], plain) is None
+    behind = [[], [part(0, 0, 7), part(0, 1, 5)]]  # a backward before any batch
+    assert fetched_ahead(micro[:2], behind) is None
+    pairs = [[part(0, 0, 7), part(0, 1, 5)], [part(0, 2, 5), part(0, 3, 1)]]  # two batches per backward
+    assert fetched_ahead(micro[:2], pairs) is None
+
+
 def test_a_window_fetched_ahead_gives_each_backward_its_own_batch() -> None:
     from ddpcheck.checker.step import one_batch_each
     from ddpcheck.trace import MicroStep

@@ -83,6 +83,7 @@ CAUSES = {  # fixture -> what the failing step check must name
     "bug_augment_main_same_seed": "the ranks load with the same torch state",
     "good_shard_shuffle_same_seed": "",  # the samplers' seed draws alike are the order, not loading
     "bug_global_count_no_world": "1 / the world size",  # the loss probe finds a mean: the factor stays
+    "bug_sft_masked_accelerate": "every label is the ignore index",  # fetched one ahead by Accelerate
     "good_sum_fixed_norm": "",  # the loss probe finds a sum: compared with the replay / world size
 }
 

@@ -104,6 +104,51 @@ def one_batch_each(micro: Sequence[MicroStep], parts: Sequence[Sequence[Part]]) 
     )
 
 
+def fetched_ahead(
+    micro: Sequence[MicroStep], parts: Sequence[Sequence[Part]]
+) -> tuple[MicroStep, ...] | None:
+    """Every micro-step of the run with the batch its backward consumed, where the loader fetched ahead
+    across steps (None: not that shape; each keeps what was handed since the backward before).
+
+    A loader wrapped to look one batch ahead (Accelerate's ``DataLoaderShard``, Lightning's prefetching
+    fetcher) hands batch k+1 before the loop receives batch k: the first backward sees two handoffs, the
+    others one, the epoch's last none. Where the handoffs so far never fall behind the backward passes and
+    the run handed exactly one batch per backward (or one more, fetched and never consumed, after a first
+    backward that saw several), the batches go to the backward passes in order."""
+    flat = [part for handed in parts for part in handed]
+    count = len(micro)
+    if count < 2 or len(parts) != count or all(len(p) == 1 for p in parts):
+        return None
+    if len(flat) != count and not (len(flat) == count + 1 and len(parts[0]) > 1):
+        return None
+    seen = 0
+    for i, handed in enumerate(parts):
+        seen += len(handed)
+        if seen < i + 1 or len({h[:2] for h, _, _ in handed}) > 1:
+            return None
+    if not _one_stream([h for h, _, _ in flat]):
+        return None
+    return tuple(
+        replace(m, loader=h[0], epoch=h[1], batches=(h[2],), samples=n, supervised=labelled)
+        for m, (h, n, labelled) in zip(micro, flat, strict=False)
+    )
+
+
+def _one_stream(handoffs: Sequence[Handoff]) -> bool:
+    """Whether the handoffs are whole epochs read in order: each epoch from position 0, one position at a
+    time, never returned to (a peek at a batch before the loop, or two loaders at once, is not)."""
+    done: set[tuple[str, int]] = set()
+    for before, after in zip([None, *handoffs], handoffs, strict=False):
+        if before is not None and before[:2] == after[:2]:
+            if after[2] != before[2] + 1:
+                return False
+            continue
+        if after[2] != 0 or after[:2] in done:
+            return False
+        done.add(after[:2])
+    return True
+
+
 def handoff_key(handoff: Handoff) -> str:
     return f"{handoff[0]}|{handoff[1]}|{handoff[2]}"
 
@@ -120,6 +165,7 @@ class StepWatcher:
     def __init__(self, options: StepOptions) -> None:
         self.options = options
         self.steps: list[OptimizerStep] = []
+        self.handed_log: list[tuple[MicroStep, list[Part]]] = []  # every micro-step as handed, in order
         self.pending = _Pending()
         self.window = _Window()
         self.draws = DrawRecorder()
@@ -191,9 +237,10 @@ class StepWatcher:
         if self.fetch is not None:
             self.fetch.close()
         kept = self.last_kept
+        steps, open_micro = self._consumed()
         return StepTrace(
-            steps=tuple(self.steps),
-            open_micro=tuple(self.window.micro),
+            steps=steps,
+            open_micro=open_micro,
             parameters=kept.parameters if kept else sum(p.numel() for p in self.models.params()),
             kept=len(kept.values) if kept else 0,
             grad_dtype=kept.dtype if kept else "",
@@ -203,6 +250,19 @@ class StepWatcher:
             notes=tuple(dict.fromkeys(self.notes)),
             twice=self.options.twice,
         )
+
+    def _consumed(self) -> tuple[tuple[OptimizerStep, ...], tuple[MicroStep, ...]]:
+        """The steps and the open window's micro-steps, each micro-step with the batch it consumed where the
+        loader fetched ahead across steps (:func:`fetched_ahead`)."""
+        steps, open_micro = tuple(self.steps), tuple(self.window.micro)
+        ahead = fetched_ahead([m for m, _ in self.handed_log], [p for _, p in self.handed_log])
+        if ahead is None or len(ahead) != sum(len(s.micro) for s in steps) + len(open_micro):
+            return steps, open_micro
+        out, at = [], 0
+        for step in steps:
+            out.append(replace(step, micro=ahead[at : at + len(step.micro)]))
+            at += len(step.micro)
+        return tuple(out), ahead[at:]
 
     # --- windows -------------------------------------------------------------------------------------
 
@@ -305,6 +365,7 @@ class StepWatcher:
             )
         )
         window.parts.append(pending.parts)
+        self.handed_log.append((window.micro[-1], pending.parts))
         window.kept = {}
         self.pending = _Pending()
 
