@@ -275,14 +275,9 @@ def _fingerprinted(out: str, target: ScriptTarget, options: ScriptRecordOptions,
     import shutil
     import tempfile
 
-    from ddpcheck.checker.fingerprint import (
-        HELD_IDS,
-        REPORT_NAME,
-        FingerprintReport,
-        exchange,
-        teardown_deferred,
-    )
+    from ddpcheck.checker.fingerprint import HELD_IDS, REPORT_NAME, exchange, teardown_deferred
     from ddpcheck.checker.script import record_script
+    from ddpcheck.checks.fingerprint import FingerprintReport
     from ddpcheck.trace import spill_every
     from ddpcheck.tracefile import spill_to
 

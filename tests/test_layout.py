@@ -136,7 +136,8 @@ LEVELS = (
     ("ddpcheck.checker",),
     ("ddpcheck.launch", "ddpcheck.checks", "ddpcheck.reference", "ddpcheck.report"),
     ("ddpcheck.trace", "ddpcheck.tracefile", "ddpcheck.result", "ddpcheck.restores", "ddpcheck.figures",
-     "ddpcheck.layout", "ddpcheck.messages", "ddpcheck.options", *CHECK_DATA, "ddpcheck"),
+     "ddpcheck.layout", "ddpcheck.messages", "ddpcheck.options", "ddpcheck.recorded", *CHECK_DATA,
+     "ddpcheck"),
 )  # fmt: skip
 
 

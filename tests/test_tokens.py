@@ -25,6 +25,7 @@ from ddpcheck.checks.ids import (
     TRAINING_EQUIVALENCE,
     WORK_BALANCE,
 )
+from ddpcheck.checks.training import LOCAL_NORMALISATION
 from ddpcheck.checks.work import (
     BUCKETS_PER_RANK,
     PACKED_PER_RANK,
@@ -38,7 +39,6 @@ from ddpcheck.checks.work import (
 )
 from ddpcheck.options import CheckOptions
 from ddpcheck.result import CheckResult
-from ddpcheck.scenarios.training import LOCAL_NORMALISATION
 from ddpcheck.session import check_loader
 from ddpcheck.trace import PADDED_WIDTH, EpochTrace, LoaderFacts, RankTrace, RunTrace
 from tests.conftest import FIXTURES

@@ -2,7 +2,8 @@
 
 The passing fixture (strided split) must match to 1e-10 in float64 after every step, plain and with
 gradient accumulation under ``no_sync``; a contiguous-block split and a summed loss must fail, each
-with its own cause. ``judge_training`` is also tested alone on hand-made weights.
+with its own cause. ``judge_training`` (checks/training.py) is also tested alone on hand-made
+weights, compared as the scenario compares them.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import pytest
 import torch
 
 from ddpcheck.checks.ids import TRAINING_EQUIVALENCE
+from ddpcheck.checks.training import judge_training
 from ddpcheck.checks.verdict import Verdict
 from ddpcheck.options import BadInput, CheckOptions
 from ddpcheck.result import CheckResult, WorldResult
-from ddpcheck.scenarios.training import RankTraining, ReferenceTraining, judge_training, relative_difference
+from ddpcheck.scenarios.training import RankTraining, ReferenceTraining, compared, relative_difference
 from ddpcheck.session import check_loader
 from tests.conftest import FIXTURES, ROOT
 
@@ -61,12 +63,12 @@ def test_judge_training_reports_the_first_parting_step_and_the_composition() -> 
     same = ReferenceTraining(
         batch_ids=((0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11)), weights=_weights(1, 2, 3)
     )
-    verdict = judge_training(ranks, same, 2)
+    verdict = judge_training(compared(ranks, same), 2)
     assert verdict.status == "pass", verdict.detail
     assert "2 ranks x batch 2 trains like one process with batch 4 for 3 SGD steps" in verdict.detail
 
     later = ReferenceTraining(batch_ids=same.batch_ids, weights=_weights(1, 2, 3.5))
-    verdict = judge_training(ranks, later, 2)
+    verdict = judge_training(compared(ranks, later), 2)
     assert verdict.failed and verdict.data["first_parting_step"] == 3
     assert verdict.detail.startswith("weights part at step 3 of 3")
     assert "loss is not a mean" in verdict.cause  # the batches were right
@@ -74,7 +76,7 @@ def test_judge_training_reports_the_first_parting_step_and_the_composition() -> 
     blocks = ReferenceTraining(
         batch_ids=((0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 12)), weights=_weights(1, 9, 9)
     )
-    verdict = judge_training(ranks, blocks, 2)
+    verdict = judge_training(compared(ranks, blocks), 2)
     assert verdict.data["first_parting_step"] == 2
     assert "step 3: 1 of its 4 samples are on no rank" in verdict.cause
 

@@ -6,7 +6,8 @@ a script whose ranks never joined a process group is told to start them with its
 make a framework believe in another number of processes, are named. Once the checks have judged, the
 rules only a script needs turn verdicts around: a loop that never calls ``set_epoch``, a framework that
 builds another sampler at one process (:func:`framework_sampler`), a launch judged without a
-single-process run (:func:`standin_reference`, :func:`script_cause`) or recorded once (:func:`no_rerun`).
+single-process run (:func:`standin_reference`, :func:`script_cause`) or recorded once (:data:`RECORDED_ONCE`).
+The judge (:mod:`ddpcheck.checks.judge`) applies them in its one order.
 """
 
 from __future__ import annotations
@@ -227,9 +228,4 @@ def repeats_without_set_epoch(run: RunTrace) -> tuple[int, int] | None:
     return None
 
 
-def no_rerun(verdict: Verdict) -> Verdict:
-    if verdict.check == DETERMINISM and verdict.status in ("skip", "n/a"):
-        return Verdict(
-            DETERMINISM, "skip", "a recorded launch runs once: record it twice to check determinism"
-        )
-    return verdict
+RECORDED_ONCE = "a recorded launch runs once: record it twice to check determinism"

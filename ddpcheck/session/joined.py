@@ -5,9 +5,10 @@ judges them against a single-process reference that rank 0 computed in a fresh l
 joining, and writes the report; every rank then exits with the code rank 0 decided. This is how a
 multi-node check runs: ``torchrun --nnodes=2 --nproc-per-node=8 -m ddpcheck loader.py``.
 
-Judging is the local runs' own (:func:`ddpcheck.session.run.judge_world`: the data checks,
-``--max-idle``, ``--allow``). What a joined launch cannot do is said in the result: ``determinism``
-(the launch runs once) and the checks that start process groups of their own (:data:`SCENARIOS_NOTE`).
+Judging is the local runs' own (:func:`ddpcheck.session.run.judge_world`, which hands the recordings
+to :func:`ddpcheck.checks.judge.judge`: the data checks, ``--max-idle``, ``--allow``). What a joined
+launch cannot do is said in the result: ``determinism`` (the launch runs once) and the checks that
+start process groups of their own (:data:`SCENARIOS_NOTE`).
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ def check_joined(path: str, options: CheckOptions, target: JoinTarget) -> tuple[
                 f"mesh {layout.spec} has {layout.world_size} ranks, but the launch has {info.world_size}: "
                 "--mesh describes the launch's own ranks"
             )
-        payload: tuple[str, Any] = ("skip", None)
+        payload: tuple[str, Any] = ("refused", None)  # rank 0 refused the loader: nothing recorded
         if not _broadcast(bad, info.rank):
             try:
                 payload = (
@@ -221,7 +222,7 @@ def _judge(
         failures=failures,
     )
     figures = figure_data(reference, data_parallel_view(layout, run))
-    judged = judge_world(reference, run, None, layout, options, figures=figures, no_rerun=DETERMINISM_SKIP)
+    judged = judge_world(reference, run, None, layout, options, figures=figures, once=DETERMINISM_SKIP)
     world = timed(judged, started)
     return CheckResult(
         loader=str(path),

@@ -1,7 +1,8 @@
 """Carrying a plan out: the reference, then each layout's recordings, checks and scenarios.
 
 The one place that knows the whole data path: it records (through :mod:`ddpcheck.session.record`),
-hands traces to the pure checks, runs the scenarios, and never renders anything.
+runs the scenarios, hands what came back to the judge (:mod:`ddpcheck.checks.judge`) and wraps its
+verdicts; it never decides a verdict and never renders anything.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from typing import Any
 
 from ddpcheck.checker.identity import OBJECT_ITEMS
 from ddpcheck.checker.loaderfile import BadLoaderFile, LoaderSpec, defined_names, precheck
-from ddpcheck.checks.ids import DETERMINISM, REPLICA_CONSISTENCY
-from ddpcheck.checks.replicas import data_parallel_view, judge_layout
-from ddpcheck.checks.verdict import Verdict, allow, skipped
-from ddpcheck.checks.work import with_max_idle
+from ddpcheck.checks.ids import REPLICA_CONSISTENCY
+from ddpcheck.checks.judge import Launch, LoaderRecord, Rules, judge, judge_finished
+from ddpcheck.checks.replicas import data_parallel_view
+from ddpcheck.checks.verdict import Verdict
 from ddpcheck.figures import FigureData, ReplicaGroup, figure_data
 from ddpcheck.launch import shared_tmp
 from ddpcheck.launch.preload import frozen_heap, preload_imports
@@ -146,7 +147,7 @@ class _Session:
             for label, outcome in scenario.finish().items():
                 for i, run in enumerate(self.runs):
                     if run.label == label:
-                        self.runs[i] = with_outcome(run, outcome, self.options.allow)
+                        self.runs[i] = with_outcome(run, outcome, self.options)
                         if run.ok and not self.runs[i].ok:  # said "ok so far" before: say what changed
                             self.say(f"{layout_name(run.layout or Layout.plain(run.world_size))}: "
                                      f"{status_text(self.runs[i])}")  # fmt: skip
@@ -225,32 +226,29 @@ def judge_world(
     scenarios: Sequence[Scenario] = (),
     *,
     figures: FigureData | None = None,
-    no_rerun: str = "",
+    once: str = "",
 ) -> WorldResult:
-    """One layout's result from its recordings: the one judging path of local and joined runs.
-
-    The data checks (``judge_layout``), ``--max-idle`` on ``work_balance``, the scenarios' checks (their
-    own rank-side runs: metric, training, resume; only when the run is ok), then ``--allow`` over all
-    of them. ``no_rerun``: why there is no determinism rerun, when none could be recorded (a joined
-    launch runs once). Its ``seconds`` are the caller's to time (:func:`timed`).
+    """One layout's result from its recordings, for local and joined runs alike: the scenarios run (their
+    own rank-side runs: metric, training, resume; only when the run is ok), then the judge decides every
+    verdict (:func:`ddpcheck.checks.judge.judge`), and this wraps them with the failures and rows.
+    ``once``: why there is no determinism rerun, when none could be recorded (a joined launch runs once).
+    Its ``seconds`` are the caller's to time (:func:`timed`).
     """
-    verdicts = judge_layout(reference, run, rerun, layout)
-    if no_rerun and rerun is None:
-        verdicts = [skipped(DETERMINISM, no_rerun) if v.check == DETERMINISM else v for v in verdicts]
-    verdicts = [with_max_idle(v, options.max_idle) for v in verdicts]
     failures = run.failures + (rerun.failures if rerun is not None else ())
     extra = Outcome()
     for scenario in scenarios if run.ok else ():
         extra += scenario.world(DataRun(layout.world_size, run, reference, layout=layout))
+    launch = Launch(layout, (LoaderRecord("", reference, run, rerun),), once=once, extra=extra.verdicts)
+    (judged,) = judge(launch, Rules.of(options))
     return WorldResult(
         layout=layout,
         world_size=layout.world_size,
         backend=run.backend,
-        verdicts=tuple(allowed(verdicts + list(extra.verdicts), options.allow)),
+        verdicts=judged.verdicts,
         failures=failures + extra.failures,
         divergence=extra.divergence,
         resume=extra.resume,
-        figures=with_replicas(figures, layout, verdicts) if figures is not None else None,
+        figures=with_replicas(figures, layout, judged.verdicts) if figures is not None else None,
     )
 
 
@@ -369,16 +367,11 @@ def layout_name(layout: Layout) -> str:
     return f"mesh {layout.label}" if layout.mesh else f"world size {layout.world_size}"
 
 
-def allowed(verdicts: Sequence[Verdict], allow_checks: Sequence[str]) -> list[Verdict]:
-    """``--allow CHECK``: that check's failure is reported as ``allowed``."""
-    return [allow(v) if v.check in allow_checks else v for v in verdicts]
-
-
-def with_outcome(result: WorldResult, outcome: Outcome, allow_checks: Sequence[str]) -> WorldResult:
-    """``result`` with what a scenario added once every layout had run (elastic resume)."""
+def with_outcome(result: WorldResult, outcome: Outcome, options: CheckOptions) -> WorldResult:
+    """``result`` with what a scenario added once every layout had run (elastic resume), judged."""
     return replace(
         result,
-        verdicts=result.verdicts + tuple(allowed(outcome.verdicts, allow_checks)),
+        verdicts=result.verdicts + judge_finished(outcome.verdicts, Rules.of(options)),
         failures=result.failures + outcome.failures,
         divergence=result.divergence + outcome.divergence,
         resume=result.resume + outcome.resume,
