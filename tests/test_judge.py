@@ -8,17 +8,6 @@ from dataclasses import replace
 from ddpcheck.checks.diagnose import IGNORES_RANK
 from ddpcheck.checks.diagnose import SAME_STREAM as SAME_STREAM_CAUSE
 from ddpcheck.checks.fingerprint import EpochCheck
-from ddpcheck.checks.ids import (
-    ALL_CHECKS,
-    COVERAGE,
-    DATA_CHECKS,
-    DETERMINISM,
-    EQUAL_MICROSTEPS,
-    NO_OVERLAP,
-    RNG_INDEPENDENCE,
-    STEP_EQUIVALENCE,
-    TRAINING_EQUIVALENCE,
-)
 from ddpcheck.checks.judge import (
     LAUNCH_CHECKS,
     LOADER_CHECKS,
@@ -33,8 +22,20 @@ from ddpcheck.checks.judge import (
 )
 from ddpcheck.checks.scripts import ALONE
 from ddpcheck.checks.step_judge import StepRecord
-from ddpcheck.checks.verdict import Verdict, failed
 from ddpcheck.layout import Layout
+from ddpcheck.verdict import (
+    ALL_CHECKS,
+    COVERAGE,
+    DATA_CHECKS,
+    DETERMINISM,
+    EQUAL_MICROSTEPS,
+    NO_OVERLAP,
+    RNG_INDEPENDENCE,
+    STEP_EQUIVALENCE,
+    TRAINING_EQUIVALENCE,
+    Verdict,
+    failed,
+)
 from tests.trace_builders import ddp_run, permutations, reference, run
 
 ORDERS = permutations(24, 2, seed=3)

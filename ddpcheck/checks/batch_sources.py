@@ -26,16 +26,20 @@ from itertools import pairwise
 from math import gcd
 from typing import Any
 
-from ddpcheck.checks.ids import (
+from ddpcheck.layout import Layout
+from ddpcheck.trace import ScriptRankTrace, SourceTrace
+from ddpcheck.verdict import (
     COVERAGE,
     DATA_CHECKS,
     DETERMINISM,
     EQUAL_STEPS,
     NO_OVERLAP,
+    Verdict,
+    failed,
+    not_applicable,
+    passed,
+    skipped,
 )
-from ddpcheck.checks.verdict import Verdict, failed, not_applicable, passed, skipped
-from ddpcheck.layout import Layout
-from ddpcheck.trace import ScriptRankTrace, SourceTrace
 
 MIN_UNIT = 8  # tokens: a shorter common unit would call any repeated phrase a shared read
 SHARED_SHARE = 50  # no_overlap tolerates one unit in this many (chance draws of a sampler), and one

@@ -14,9 +14,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ddpcheck.checks.ids import COVERAGE, DATA_CHECKS, NO_OVERLAP, PADDING_BOUND, REPLICA_CONSISTENCY
-from ddpcheck.checks.verdict import Verdict, not_applicable
+from ddpcheck.evidence import FingerprintCopies, FingerprintCounts
 from ddpcheck.messages import count_text
+from ddpcheck.verdict import (
+    COVERAGE,
+    DATA_CHECKS,
+    NO_OVERLAP,
+    PADDING_BOUND,
+    REPLICA_CONSISTENCY,
+    Verdict,
+    not_applicable,
+)
 
 JUDGED = (COVERAGE, NO_OVERLAP, PADDING_BOUND)
 NOT_KEPT = (
@@ -177,7 +185,7 @@ def _coverage(checks: Sequence[EpochCheck]) -> Verdict:
         "; ".join(parts),
         epochs=tuple(c.epoch for c in bad),
         examples=tuple(first.outside or first.never),
-        data={"missing": [c.missing for c in bad], "exact": all(c.exact for c in bad)},
+        evidence=FingerprintCounts(tuple(c.missing for c in bad), all(c.exact for c in bad)),
     )
 
 
@@ -206,7 +214,7 @@ def _overlap(checks: Sequence[EpochCheck], world: int) -> Verdict:
         ranks=tuple(ranks),
         epochs=tuple(c.epoch for c in bad),
         examples=tuple(x for x, _ in first.twice),
-        data={"extra": [c.extra for c in bad], "exact": all(c.exact for c in bad)},
+        evidence=FingerprintCopies(tuple(c.extra for c in bad), all(c.exact for c in bad)),
     )
 
 

@@ -23,14 +23,14 @@ data) and wraps the :class:`Judged` it gets; it decides nothing. :func:`judge` r
 Where a new check plugs in:
 
 - a pure check of one loader's traces (reference, run, rerun): ``REGISTRY`` in
-  :mod:`ddpcheck.checks.registry`, its id in :data:`ddpcheck.checks.ids.DATA_CHECKS`;
+  :mod:`ddpcheck.checks.registry`, its id in :data:`ddpcheck.verdict.DATA_CHECKS`;
 - a check of one loader that needs more than that (the layout: a mesh's sequence dimensions, groups that
   span ranks): a line in :data:`LOADER_CHECKS`, a function of :class:`Seen` returning its verdicts;
 - a check of the whole launch (the step, a script's evaluation): a line in :data:`LAUNCH_CHECKS`, a
   function of :class:`Launch` returning the loader it concerns and its verdicts (None: nothing to judge);
 - a rewrite only some runs need: a line in :data:`REWRITES`, where it applies in the order.
 
-Its id goes in :mod:`ddpcheck.checks.ids` (``ALL_CHECKS`` orders the report's columns).
+Its id goes in :mod:`ddpcheck.verdict` (``ALL_CHECKS`` orders the report's columns).
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from dataclasses import dataclass, replace
 
 from ddpcheck.checks.batch_sources import judge_sources
 from ddpcheck.checks.fingerprint import EpochCheck, fingerprint_verdicts
-from ddpcheck.checks.ids import COVERAGE, DETERMINISM
 from ddpcheck.checks.replicas import judge_layout
 from ddpcheck.checks.scripts import (
     alone,
@@ -52,12 +51,12 @@ from ddpcheck.checks.scripts import (
     told_cause,
 )
 from ddpcheck.checks.step_judge import StepRecord, fed_loader, judge_step, merged
-from ddpcheck.checks.verdict import Verdict, allow, not_applicable, skipped
 from ddpcheck.checks.work import with_max_idle
 from ddpcheck.layout import Layout
 from ddpcheck.options import CheckOptions
 from ddpcheck.recorded import Recorded
 from ddpcheck.trace import RunTrace, ScriptLoader, ScriptRankTrace
+from ddpcheck.verdict import COVERAGE, DETERMINISM, Verdict, allow, not_applicable, skipped
 
 NOT_ITERATED = "the single-process run did not iterate this loader"
 

@@ -18,7 +18,6 @@ from typing import Any
 
 from ddpcheck.checks.diagnose import IGNORES_RANK, TOLD_REPLICAS
 from ddpcheck.checks.fixes import FIXES
-from ddpcheck.checks.ids import COVERAGE, DETERMINISM, RESHUFFLE, RNG_INDEPENDENCE, SINGLE_PROCESS_EQUIVALENCE
 from ddpcheck.checks.mixture import NO_SOURCE
 from ddpcheck.checks.replicas import (
     GLOBAL_RANK,
@@ -30,10 +29,18 @@ from ddpcheck.checks.replicas import (
     told_split,
 )
 from ddpcheck.checks.reshuffle import NOT_FORWARDED, STALE_EPOCH, evaluation_order
-from ddpcheck.checks.verdict import Verdict
 from ddpcheck.checks.work import NO_WORK
+from ddpcheck.evidence import IndexOverflow
 from ddpcheck.layout import Layout
 from ddpcheck.trace import EpochTrace, RankTrace, RunTrace, UnionIds
+from ddpcheck.verdict import (
+    COVERAGE,
+    DETERMINISM,
+    RESHUFFLE,
+    RNG_INDEPENDENCE,
+    SINGLE_PROCESS_EQUIVALENCE,
+    Verdict,
+)
 
 _NOT_FORWARDED_FIX = next(fix for text, fix in FIXES if text == NOT_FORWARDED.split("{")[0])
 SCRIPT_WORDS: dict[str, str] = {
@@ -185,7 +192,7 @@ def framework_sampler(verdict: Verdict, reference: RunTrace, run: RunTrace) -> V
 def script_cause(verdict: Verdict, run: RunTrace, name: str, standin: str, single: bool) -> Verdict:
     """Causes said of the script; checks a stand-in reference cannot decide, skipped with the reason."""
     if (
-        standin and verdict.check in NEEDS_REFERENCE and not verdict.data.get("overflow")
+        standin and verdict.check in NEEDS_REFERENCE and not isinstance(verdict.evidence, IndexOverflow)
     ):  # the dataset decides
         return Verdict(verdict.check, "skip", f"not judged without a single-process run: {standin}")
     if verdict.check == DETERMINISM and verdict.status == "skip" and not single:

@@ -12,15 +12,21 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ddpcheck.checks.ids import EQUAL_MICROSTEPS, RNG_INDEPENDENCE, STEP_EQUIVALENCE, SUPERVISION
 from ddpcheck.checks.rng import check_rng_independence
 from ddpcheck.checks.step import check_equal_microsteps, check_step_equivalence
 from ddpcheck.checks.supervision import check_step_supervision
-from ddpcheck.checks.verdict import Verdict, not_applicable
 from ddpcheck.layout import Layout
 from ddpcheck.options import IGNORE_INDEX
 from ddpcheck.recorded import Recorded
 from ddpcheck.trace import EpochTrace, StepTrace
+from ddpcheck.verdict import (
+    EQUAL_MICROSTEPS,
+    RNG_INDEPENDENCE,
+    STEP_EQUIVALENCE,
+    SUPERVISION,
+    Verdict,
+    not_applicable,
+)
 
 NO_BACKWARD = "the script ran no backward pass while it was recorded"
 

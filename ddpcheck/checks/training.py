@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ddpcheck.checks.ids import TRAINING_EQUIVALENCE
-from ddpcheck.checks.verdict import Verdict, skipped
+from ddpcheck.evidence import TrainingDiffs
 from ddpcheck.messages import count_text
+from ddpcheck.verdict import TRAINING_EQUIVALENCE, Verdict, skipped
 
 TOLERANCE = 1e-10
 ACCUMULATION = 2
@@ -56,45 +56,46 @@ def judge_training(
     plain, grouped = list(run.plain), list(run.accumulated)
     b = run.batch_size
     global_batch = b * world_size
-    data: dict[str, object] = {
-        "steps": len(plain),
-        "per_rank_batch": b,
-        "global_batch": global_batch,
-        "accumulation": accumulation,
-        "tolerance": tolerance,
-        "max_relative_difference": plain,
-        "accumulation_max_relative_difference": grouped,
-        "first_parting_step": None,
-        "accumulation_first_parting_step": None,
-    }
+    diffs = TrainingDiffs(
+        steps=len(plain),
+        per_rank_batch=b,
+        global_batch=global_batch,
+        accumulation=accumulation,
+        tolerance=tolerance,
+        max_relative_difference=tuple(plain),
+        accumulation_max_relative_difference=tuple(grouped),
+    )
     setup = f"DDP {world_size} ranks x batch {b} vs one process with batch {global_batch}"
     if not plain:
         return skipped(TRAINING_EQUIVALENCE, "no step could be compared (the loaders yield no batch)")
     parted = _first_over(plain, tolerance)
     parted_acc = _first_over(grouped, tolerance)
-    data["first_parting_step"] = None if parted is None else parted + 1
-    data["accumulation_first_parting_step"] = None if parted_acc is None else parted_acc + 1
+    diffs = replace(
+        diffs,
+        first_parting_step=None if parted is None else parted + 1,
+        accumulation_first_parting_step=None if parted_acc is None else parted_acc + 1,
+    )
     if parted is None and parted_acc is None:
         detail = _passing_detail(run, world_size, plain, grouped, accumulation)
-        return Verdict(TRAINING_EQUIVALENCE, "pass", detail, data=data)
+        return Verdict(TRAINING_EQUIVALENCE, "pass", detail, evidence=diffs)
     if parted is not None:
-        step, diffs, what = parted, plain, setup
+        step, parting, what = parted, plain, setup
         shape = _composition(run.rank_batches, run.batches, 1)
     else:
         assert parted_acc is not None
-        step, diffs = parted_acc, grouped
+        step, parting = parted_acc, grouped
         what = (
             f"DDP {world_size} ranks x {accumulation} accumulated micro-batches of {b} under no_sync vs one "
             f"process with batch {global_batch * accumulation}"
         )
         shape = _composition(run.rank_batches, run.accumulated_batches, accumulation)
     detail = (
-        f"weights part at step {step + 1} of {len(diffs)}: max relative difference {diffs[step]:.3g} > "
+        f"weights part at step {step + 1} of {len(parting)}: max relative difference {parting[step]:.3g} > "
         f"{tolerance:g} ({what})"
     )
     if run.pair and parted is not None:
         local_only = list(run.global_count)
-        data["global_normalisation_max_relative_difference"] = local_only
+        diffs = replace(diffs, global_normalisation_max_relative_difference=tuple(local_only))
         if local_only and _first_over(local_only, tolerance) is None:
             detail += "; dividing by the token count over all ranks matches"
             return Verdict(
@@ -102,10 +103,10 @@ def judge_training(
                 "fail",
                 detail,
                 LOCAL_NORMALISATION,
-                data=data,
+                evidence=diffs,
                 fix=LOCAL_NORMALISATION_FIX,
             )
-    return Verdict(TRAINING_EQUIVALENCE, "fail", detail, _parting_cause(shape), data=data)
+    return Verdict(TRAINING_EQUIVALENCE, "fail", detail, _parting_cause(shape), evidence=diffs)
 
 
 def _first_over(diffs: Sequence[float], tolerance: float) -> int | None:

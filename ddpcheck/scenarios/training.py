@@ -46,12 +46,11 @@ from typing import TYPE_CHECKING, Any
 from ddpcheck.checker.face import OpenedLoader, open_loader
 from ddpcheck.checker.loaderfile import LoaderSpec
 from ddpcheck.checker.recipe import LoaderRecipe, group_position
-from ddpcheck.checks.ids import TRAINING_EQUIVALENCE
 from ddpcheck.checks.training import ACCUMULATION, TOLERANCE, Batches, TrainingRun, judge_training
-from ddpcheck.checks.verdict import skipped
 from ddpcheck.launch import GroupCall, TargetRef, report_progress, run_ranks
 from ddpcheck.layout import Layout, shaped_like
 from ddpcheck.scenarios.protocol import DataRun, Outcome, rank_failures
+from ddpcheck.verdict import TRAINING_EQUIVALENCE, skipped
 
 if TYPE_CHECKING:
     import torch

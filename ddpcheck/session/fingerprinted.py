@@ -19,8 +19,7 @@ from ddpcheck.checks.fingerprint import EpochCheck, unjudged_note
 from ddpcheck.checks.judge import Launch, LoaderRecord, Rules, judge
 from ddpcheck.layout import Layout
 from ddpcheck.options import BadInput, CheckOptions
-from ddpcheck.result import CheckResult, WorldResult
-from ddpcheck.session.run import jsonable_options
+from ddpcheck.result import CheckResult, RunRecord, WorldResult
 from ddpcheck.tracefile import TRACE_GLOB
 
 
@@ -70,7 +69,7 @@ def judge_fingerprinted(
         loader=str(directory),
         runs=tuple(runs),
         epochs=options.epochs,
-        options={**jsonable_options(options), "judged": str(directory), "fingerprint": True},
+        options=RunRecord(options, judged=str(directory), fingerprint=True),
         notes=tuple(notes),
     )
 

@@ -25,14 +25,15 @@ from ddpcheck.checker.loaderfile import BadLoaderFile, LoaderSpec, precheck
 from ddpcheck.checker.recipe import record_options
 from ddpcheck.checker.recording import RankRecording, record_rank
 from ddpcheck.checks.replicas import data_parallel_view
+from ddpcheck.exits import EXIT_BAD_INPUT
 from ddpcheck.figures import figure_data
 from ddpcheck.launch.rank import error_message
 from ddpcheck.layout import Layout
 from ddpcheck.options import BadInput, CheckOptions
-from ddpcheck.result import EXIT_BAD_INPUT, CheckResult
+from ddpcheck.result import CheckResult, RunRecord
 from ddpcheck.session.plan import reference_layout
 from ddpcheck.session.record import Job, record
-from ddpcheck.session.run import jsonable_options, judge_world, raise_if_bad_input, reference_notes, timed
+from ddpcheck.session.run import judge_world, raise_if_bad_input, reference_notes, timed
 from ddpcheck.trace import RankFailure, RunTrace
 
 DETERMINISM_SKIP = "a joined launch runs once: start the launch twice and compare to check determinism"
@@ -229,6 +230,6 @@ def _judge(
         runs=(world,),
         id_source=reference.id_source,
         epochs=options.epochs,
-        options={**jsonable_options(options), "joined": True},
+        options=RunRecord(options, joined=True),
         notes=(*reference_notes(reference, (layout.dp_world_size,)), SCENARIOS_NOTE),
     )

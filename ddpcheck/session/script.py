@@ -37,9 +37,9 @@ from ddpcheck.layout import Layout, LayoutError, check_ranks
 from ddpcheck.messages import count_text, one_line
 from ddpcheck.options import IGNORE_INDEX, TEST_WORLD_SIZES, BadInput, CheckOptions, mesh_layouts, validate
 from ddpcheck.recorded import Recorded, launch_failure, launch_problem
-from ddpcheck.result import CheckResult, WorldResult
+from ddpcheck.result import CheckResult, RunRecord, ScriptRun, WorldResult
 from ddpcheck.session.fingerprinted import is_fingerprinted, judge_fingerprinted
-from ddpcheck.session.run import Interrupted, jsonable_options, layout_name, status_text, with_replicas
+from ddpcheck.session.run import Interrupted, layout_name, status_text, with_replicas
 from ddpcheck.trace import StepTrace
 
 Progress = Callable[[str], None]
@@ -209,13 +209,7 @@ class _ScriptSession:
         self.launches = 0
 
     def result(self, *, interrupted: bool = False) -> CheckResult:
-        options = {
-            **jsonable_options(self.options.check),
-            "script": self.target.shown,
-            "script_args": list(self.target.args),
-            "model_steps": "all" if self.options.model_steps is None else self.options.model_steps,
-            "cwd": self.cwd,
-        }
+        script = ScriptRun(self.target.shown, tuple(self.target.args), self.options.model_steps, self.cwd)
         source = "index"
         if self.reference is not None and self.reference.traces:
             loaders = next(iter(self.reference.traces.values())).loaders
@@ -225,7 +219,7 @@ class _ScriptSession:
             runs=tuple(self.runs),
             id_source=source,
             epochs=self.options.check.epochs,
-            options=options,
+            options=RunRecord(self.options.check, script=script),
             notes=tuple(dict.fromkeys([*self.notes, *(self.guard.notes() if self.guard else [])])),
             interrupted=interrupted,
         )
@@ -520,7 +514,7 @@ def judge_directory(
         loader=str(directory),
         runs=tuple(runs),
         epochs=options.epochs,
-        options={**jsonable_options(options), "judged": str(directory)},
+        options=RunRecord(options, judged=str(directory)),
         notes=tuple(dict.fromkeys(notes)),
     )
 
