@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from ddpcheck import cli_values as values
 from ddpcheck import hygiene
+from ddpcheck.exits import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 from ddpcheck.layout import MAX_REAL_RANKS, MAX_SIMULATED_RANKS
 from ddpcheck.messages import one_line
 from ddpcheck.report.formats import PRINTED as PRINTED_FORMATS
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
     from ddpcheck.result import CheckResult
 
 __all__ = ["MAX_REAL_RANKS", "MAX_SIMULATED_RANKS", "build_parser", "main", "parse"]
-EXIT_BAD_INPUT = 2  # == ddpcheck.result.EXIT_BAD_INPUT (not imported: it pulls in the checks package)
-EXIT_INTERRUPTED = 130
 OWN_REPORT_SUFFIXES = (".json", ".md", ".html", ".txt")
 
 
@@ -558,7 +557,6 @@ def _options(args: argparse.Namespace) -> CheckOptions:
 
 def _run(args: argparse.Namespace) -> int | tuple[CheckResult, bool]:
     """Run the checker; an int is an exit code with nothing to publish."""
-    from dataclasses import replace
 
     from ddpcheck.checker.loaderfile import BadLoaderFile, LoaderSpec, precheck
 
@@ -595,8 +593,7 @@ def _run(args: argparse.Namespace) -> int | tuple[CheckResult, bool]:
             if joined is None:  # not rank 0: rank 0 reports for everyone
                 return code
             return joined, False
-        watched = replace(options, on_progress=display.update)
-        return check_loader(args.loader, watched, progress=progress), False
+        return check_loader(args.loader, options, progress=progress, on_progress=display.update), False
     except BadInput as exc:
         return _error(str(exc), exc, args.verbose)
     except Interrupted as exc:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ddpcheck import hygiene
+from ddpcheck.exits import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 from ddpcheck.options import IGNORE_INDEX
 from ddpcheck.record import batch_function, model_steps, split_command
 
@@ -26,8 +27,6 @@ if TYPE_CHECKING:
     from ddpcheck.result import CheckResult
 
 BATCH_WINDOW = 8  # calls of a --batches function per window, without --steps
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
 MESH_OPTIONS = ("--mesh", "--data-dims", "--sequence-dims")
 JUDGING_OPTIONS = ("--allow", "--max-idle")
 REPORT_OPTIONS = ("--format", "--report-dir", "--junit", "--quiet", "--verbose", "--color")

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from ddpcheck.checks.ids import DATA_CHECKS
 from ddpcheck.cli import build_parser, main, parse
 from ddpcheck.progress import PlainDisplay
+from ddpcheck.verdict import DATA_CHECKS
 from tests.conftest import GOOD, ROOT
 
 

@@ -24,7 +24,9 @@ from typing import Any
 
 import pytest
 
-from ddpcheck.checks.ids import (
+from ddpcheck.cli import main
+from ddpcheck.tracefile import read_rank
+from ddpcheck.verdict import (
     COVERAGE,
     DETERMINISM,
     NO_OVERLAP,
@@ -34,8 +36,6 @@ from ddpcheck.checks.ids import (
     SINGLE_PROCESS_EQUIVALENCE,
     STEP_EQUIVALENCE,
 )
-from ddpcheck.cli import main
-from ddpcheck.tracefile import read_rank
 from tests.conftest import FIXTURES
 
 SCRIPTS = FIXTURES / "scripts" / "frameworks"

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ddpcheck.checks.ids import (
+from ddpcheck.verdict import (
     COVERAGE,
     REPLICA_CONSISTENCY,
     SINGLE_PROCESS_EQUIVALENCE,

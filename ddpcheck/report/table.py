@@ -16,7 +16,6 @@ from typing import Literal
 import tabulate as tabulate_module
 from tabulate import tabulate
 
-from ddpcheck.checks.ids import NO_OVERLAP, SHORT_LABELS
 from ddpcheck.messages import short_hash_ids
 from ddpcheck.report.rows import Row
 from ddpcheck.report.view import (
@@ -36,6 +35,7 @@ from ddpcheck.report.view import (
     trim_stack,
 )
 from ddpcheck.result import CheckResult
+from ddpcheck.verdict import NO_OVERLAP, SHORT_LABELS
 
 Layout = Literal["auto", "wide", "tall"]
 Paint = Callable[[str, str], str]
