@@ -144,3 +144,25 @@ def test_a_fingerprint_launch_is_judged_through_the_same_judge() -> None:
     (allowed,) = judge(Launch(TWO, record), Rules(allow=(NO_OVERLAP,)))
     assert {v.check: v.status for v in allowed.verdicts}[NO_OVERLAP] == "allowed"
     assert replace(copied, status="pass").status == "pass"
+
+
+def test_why_a_check_with_its_own_launch_is_not_judged_is_decided_in_the_checks() -> None:
+    """The scenarios ask these and launch nothing when they answer; each answers None when the check
+    is launched (the neighbour a wrong rule would skip)."""
+    from ddpcheck.checks.metric import metric_unjudged
+    from ddpcheck.checks.resume import resume_unjudged
+    from ddpcheck.checks.resume_elastic import workers_unjudged
+    from ddpcheck.checks.training import training_unjudged
+    from ddpcheck.verdict import ELASTIC_RESUME, METRIC_EQUIVALENCE, NOT_APPLICABLE, RESUME, SKIP
+
+    assert training_unjudged() is None and metric_unjudged() is None
+    assert training_unjudged(simulate=True).status == SKIP  # type: ignore[union-attr]
+    assert training_unjudged(skip="no optimizer step").detail == "no optimizer step"  # type: ignore[union-attr]
+    assert metric_unjudged(reference_failed=True).check == METRIC_EQUIVALENCE  # type: ignore[union-attr]
+    assert resume_unjudged("state_dict") is None
+    assert resume_unjudged("").status == NOT_APPLICABLE  # type: ignore[union-attr]
+    assert resume_unjudged("state_dict", window=True).check == RESUME  # type: ignore[union-attr]
+    assert resume_unjudged("state_dict", simulate=True).status == SKIP  # type: ignore[union-attr]
+    assert workers_unjudged(True, "make_loader") is None
+    elastic = workers_unjudged(False, "make_loader")
+    assert elastic is not None and elastic.check == ELASTIC_RESUME and "make_loader()" in elastic.detail

@@ -219,34 +219,66 @@ def test_the_floor_imports_nothing_of_ddpcheck() -> None:
     assert "ddpcheck.evidence" in _imports(typing=True)["ddpcheck.verdict"]  # the walk sees the type
 
 
-# the rank side and the session launch, read and wrap: a verdict is built and rewritten in checks/ only
-NO_VERDICTS = ("ddpcheck.session", "ddpcheck.checker", "ddpcheck.scenarios")
+# the front ends, the session, the scenarios, the rank side and the launcher launch, read and wrap: a verdict
+# is built and rewritten in checks/ only
+NO_VERDICTS = ("ddpcheck.session", "ddpcheck.checker", "ddpcheck.scenarios", "ddpcheck.launch", *LEVELS[0])
 STATUS_WORDS = frozenset({"pass", "fail", "skip", "n/a", "allowed"})
+STATUS_NAMES = frozenset({"PASS", "FAIL", "SKIP", "NOT_APPLICABLE", "ALLOWED"})
+BUILDERS = frozenset({"Verdict", "passed", "skipped", "failed", "not_applicable", "allow"})
+VERDICT_FIELDS = frozenset({"status", "detail", "cause", "fix", "evidence"})  # replace(v, status=...)
 
 
 def _verdicts_made(module: str) -> list[str]:
-    """``Verdict(`` calls and status literals in ``module``'s source, as ``module:line what``."""
+    """What builds or rewrites a verdict in ``module``'s source, as ``module:line what``: a call of
+    ``Verdict`` or of a builder of :mod:`ddpcheck.verdict`, a ``replace(`` of a verdict's fields, a status
+    assigned (``.status =``, ``status=PASS``) or written as a literal (a rank's own ``status`` of its run,
+    "ok" or "error", is not a verdict's)."""
     path = PACKAGE.parent / (module.replace(".", "/") + ".py")
     path = path if path.exists() else path.with_suffix("") / "__init__.py"
+    tree = ast.parse(path.read_bytes())
+    builders = {  # the builders this module imports from the floor (``failed`` is a common local name)
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module in ("ddpcheck.verdict", "ddpcheck.checks.verdict")
+        for alias in node.names
+        if alias.name in BUILDERS
+    }
     found = []
-    for node in ast.walk(ast.parse(path.read_bytes())):
+    for node in ast.walk(tree):
         call = node.func if isinstance(node, ast.Call) else None
         name = call.id if isinstance(call, ast.Name) else call.attr if isinstance(call, ast.Attribute) else ""
-        if name == "Verdict":
-            found.append(f"{module}:{node.lineno} Verdict(")
+        if isinstance(node, ast.Call) and (name == "Verdict" or name in builders):
+            found.append(f"{module}:{node.lineno} {name}(")
+        if (
+            isinstance(node, ast.Call)
+            and name == "replace"
+            and VERDICT_FIELDS & {k.arg for k in node.keywords}
+        ):
+            found.append(f"{module}:{node.lineno} replace(")
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Attribute) and t.attr == "status" for t in targets):
+                found.append(f"{module}:{node.lineno} .status =")
         if isinstance(node, ast.Constant) and node.value in STATUS_WORDS:
             found.append(f"{module}:{node.lineno} {node.value!r}")
+        if (
+            isinstance(node, ast.keyword)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in STATUS_NAMES
+        ):
+            found.append(f"{module}:{node.value.lineno} {node.arg}={node.value.id}")
     return found
 
 
 def test_no_verdict_is_built_or_rewritten_outside_the_checks() -> None:
     modules = [m for m in _imports() if m.startswith(NO_VERDICTS)]
-    assert len(modules) > 40  # the walk really saw the session, the rank side and the scenarios
+    assert len(modules) > 60  # the walk really saw the front ends, the session, scenarios and rank side
     assert [hit for m in modules for hit in _verdicts_made(m)] == []
 
 
 def test_the_verdict_walk_finds_a_verdict_and_a_status() -> None:
     assert _verdicts_made("ddpcheck.checks.fingerprint")  # the fingerprint's rule builds them: it is a check
+    assert any(hit.endswith(" allow(") for hit in _verdicts_made("ddpcheck.checks.judge"))  # --allow, once
 
 
 def test_the_judges_take_plain_data_not_the_result() -> None:

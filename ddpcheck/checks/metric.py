@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from ddpcheck.evidence import MetricValues
 from ddpcheck.messages import count_text
 from ddpcheck.result import MetricRow, gather_effects
-from ddpcheck.verdict import METRIC_EQUIVALENCE, Verdict
+from ddpcheck.verdict import METRIC_EQUIVALENCE, Verdict, skipped
 
 DEFAULT_RELATIVE = 1e-6
 ABSOLUTE_FLOOR = 1e-12
@@ -200,6 +200,19 @@ def _gather_summary(causes: Causes) -> str:
     return ", ".join(
         gather_effects(causes.duplicated, causes.dropped, causes.extra, order_only=causes.order_only)
     )
+
+
+SIMULATED = "needs real gloo ranks (the gathers are collectives); run without --simulate"
+REFERENCE_FAILED = "the single-process evaluation failed (see its rank failure)"
+
+
+def metric_unjudged(*, simulate: bool = False, reference_failed: bool = False) -> Verdict | None:
+    """``metric_equivalence`` skipped, when it cannot be judged: under ``--simulate`` (the gathers are
+    collectives), or at a later layout once the one-process evaluation failed (its failure is reported
+    once, at the layout that ran it); else None."""
+    if simulate:
+        return skipped(METRIC_EQUIVALENCE, SIMULATED)
+    return skipped(METRIC_EQUIVALENCE, REFERENCE_FAILED) if reference_failed else None
 
 
 def judge_metrics(

@@ -38,6 +38,17 @@ from ddpcheck.restores import Batches, RankRestore, RankResume, ResumeRow, Stop,
 from ddpcheck.verdict import RESUME, Verdict, failed, not_applicable, passed, skipped
 
 
+def resume_unjudged(resumable: str, *, simulate: bool = False, window: bool = False) -> Verdict | None:
+    """``resume`` when it is not launched: n/a for a loader with no resume mechanism (``resumable`` is
+    the one its data run found, or ""), skipped under ``--simulate`` (it restores in real ranks) or in a
+    ``--steps`` window; else None."""
+    if not resumable:
+        return not_applicable(RESUME, HOW_TO_ENABLE)
+    if simulate:
+        return skipped(RESUME, "resume is checked with real ranks, not --simulate")
+    return skipped(RESUME, "resume is not checked in --steps windows") if window else None
+
+
 def stop_points(run_batches: Sequence[int], epochs: int, elastic: bool) -> tuple[Stop, ...]:
     """The first, a middle and the last step of epoch 0, and the middle of a later epoch (its order
     must be restored too). Epoch 0's middle also runs the next epoch; its last step is a boundary.

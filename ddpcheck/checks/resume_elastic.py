@@ -22,7 +22,16 @@ from ddpcheck.checks.resume_common import (
 from ddpcheck.layout import Layout
 from ddpcheck.messages import count_text
 from ddpcheck.restores import Batches, RankRestore, RankResume, ResumeRow, Stop, StopResult, Topology
-from ddpcheck.verdict import ELASTIC_RESUME, Verdict, failed, passed, skipped
+from ddpcheck.verdict import ELASTIC_RESUME, Verdict, failed, not_applicable, passed, skipped
+
+
+def workers_unjudged(workers_settable: bool, factory: str) -> Verdict | None:
+    """``elastic_resume`` across worker counts is n/a when the loader's factory takes no ``num_workers``
+    (its loader cannot be rebuilt with another count); else None."""
+    if workers_settable:
+        return None
+    why = f"{factory}() takes no num_workers: name it so its loader can be rebuilt with other counts"
+    return not_applicable(ELASTIC_RESUME, why)
 
 
 def change_text(old: Topology, new: Topology, old_workers: int) -> str:

@@ -49,6 +49,17 @@ class TrainingRun:
     accumulated_batches: Batches = ()
 
 
+SIMULATED = "needs real gloo ranks (DDP all-reduces gradients); run without --simulate"
+
+
+def training_unjudged(*, simulate: bool = False, skip: str = "") -> Verdict | None:
+    """``training_equivalence`` skipped, when it cannot be judged: under ``--simulate`` (DDP needs real
+    ranks), or for the reason a training rank or the one-process reference gave (``skip``); else None."""
+    if simulate:
+        return skipped(TRAINING_EQUIVALENCE, SIMULATED)
+    return skipped(TRAINING_EQUIVALENCE, skip) if skip else None
+
+
 def judge_training(
     run: TrainingRun, world_size: int, tolerance: float = TOLERANCE, accumulation: int = ACCUMULATION
 ) -> Verdict:

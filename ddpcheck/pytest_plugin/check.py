@@ -246,7 +246,9 @@ def record(result: CheckResult, item: Any = None, session: CheckSession | None =
 
 def result_properties(result: CheckResult, prefix: str = "ddpcheck") -> list[tuple[str, str]]:
     """``(name, value)`` pairs for JUnit: the verdict, then every check's status per world size."""
-    props = [(f"{prefix}.loader", result.loader), (f"{prefix}.result", "pass" if result.ok else "fail")]
+    from ddpcheck.verdict import FAIL, PASS
+
+    props = [(f"{prefix}.loader", result.loader), (f"{prefix}.result", PASS if result.ok else FAIL)]
     for run in result.runs:
         mesh = run.layout is not None and run.layout.mesh
         at = f"{prefix}.{run.label}" if mesh else f"{prefix}.ws{run.world_size}"

@@ -40,19 +40,18 @@ from typing import TYPE_CHECKING, Any
 from ddpcheck.checker.face import OpenedLoader, open_loader
 from ddpcheck.checker.loaderfile import LoaderSpec
 from ddpcheck.checker.recipe import LoaderRecipe
-from ddpcheck.checks.metric import Evaluation, judge_metrics, metric_rows
+from ddpcheck.checks.metric import Evaluation, judge_metrics, metric_rows, metric_unjudged
 from ddpcheck.launch import GroupCall, TargetRef, report_progress, run_ranks
 from ddpcheck.layout import Layout, shaped_like
 from ddpcheck.scenarios.protocol import DataRun, Outcome, rank_failures
 from ddpcheck.trace import RankFailure, compact_ids
-from ddpcheck.verdict import METRIC_EQUIVALENCE, skipped
+from ddpcheck.verdict import METRIC_EQUIVALENCE
 
 if TYPE_CHECKING:
     from ddpcheck.options import CheckOptions
 
 ID_KEY = "__ids__"
 METRIC_HOOKS = ("forward", "metric")
-SIMULATE_SKIP = "needs real gloo ranks (the gathers are collectives); run without --simulate"
 
 
 # --------------------------------------------------------------------------- default hooks
@@ -312,23 +311,24 @@ class MetricEquivalence:
         # on a mesh, at its data-parallel size: replicas gather nothing new (replica_consistency checks them)
         layout = (ctx.layout or Layout.plain(ctx.world_size)).without_replicas()
         world_size = layout.world_size
-        if self.simulate:
-            return Outcome(verdicts=(skipped(METRIC_EQUIVALENCE, SIMULATE_SKIP),))
+        if unjudged := metric_unjudged(simulate=self.simulate):
+            return Outcome(verdicts=(unjudged,))
         failures: tuple[RankFailure, ...] = ()
         if self._reference is None and not self._reference_failed:
             self._reference, failures = self._evaluate(shaped_like(self.meshes, 1))
             self._reference_failed = self._reference is None
             if self._reference is None:
                 return Outcome(failures=failures)
-        if self._reference is None:
-            why = "the single-process evaluation failed (see its rank failure)"
-            return Outcome(verdicts=(skipped(METRIC_EQUIVALENCE, why),))
+        reference = self._reference
+        unjudged = metric_unjudged(reference_failed=reference is None)
+        if unjudged or reference is None:
+            return Outcome(verdicts=(unjudged,) if unjudged else ())
         if world_size == 1:
-            run: Evaluation | None = self._reference
+            run: Evaluation | None = reference
         else:
             run, failures = self._evaluate(layout)
         if run is None:
             return Outcome(failures=failures)
-        rows = metric_rows(self._reference, run, self.tolerance)
-        verdict = judge_metrics(self._reference, run, rows, self.tolerance)
+        rows = metric_rows(reference, run, self.tolerance)
+        verdict = judge_metrics(reference, run, rows, self.tolerance)
         return Outcome(verdicts=(verdict,), divergence=rows, failures=failures)

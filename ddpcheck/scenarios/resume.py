@@ -11,9 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 from ddpcheck.checker.loaderfile import LoaderSpec, other_factories
 from ddpcheck.checker.recipe import LoaderRecipe
-from ddpcheck.checks.resume import judge_all, stop_points
-from ddpcheck.checks.resume_common import HOW_TO_ENABLE, NOT_ELASTIC, NOT_ELASTIC_STATE, WORKER_OFFSETS, flat
-from ddpcheck.checks.resume_elastic import change_text, judge_restore, restore_cause, topology_verdict
+from ddpcheck.checks.resume import judge_all, resume_unjudged, stop_points
+from ddpcheck.checks.resume_common import NOT_ELASTIC, NOT_ELASTIC_STATE, WORKER_OFFSETS, flat
+from ddpcheck.checks.resume_elastic import (
+    change_text,
+    judge_restore,
+    restore_cause,
+    topology_verdict,
+    workers_unjudged,
+)
 from ddpcheck.launch import GroupCall, GroupResult, TargetRef, run_groups, run_ranks
 from ddpcheck.layout import Layout
 from ddpcheck.restores import RankResume, Restore, ResumeRow, Stop, Topology
@@ -24,7 +30,7 @@ from ddpcheck.scenarios.resume_rank import (  # noqa: F401
     restore_rank,
     resume_rank,
 )
-from ddpcheck.verdict import ELASTIC_RESUME, RESUME, not_applicable, skipped
+from ddpcheck.verdict import ELASTIC_RESUME, RESUME
 
 if TYPE_CHECKING:
     from ddpcheck.options import CheckOptions
@@ -79,12 +85,10 @@ class ResumeCheck:
         self.layouts[layout.label] = layout
         if not ctx.run.ranks:
             return Outcome()
-        if not ctx.run.ranks[0].facts.resumable:  # read off the loader in the data run: nothing to launch
-            return Outcome(verdicts=(not_applicable(RESUME, HOW_TO_ENABLE),))
-        if self.options.simulate:
-            return Outcome(verdicts=(skipped(RESUME, "resume is checked with real ranks, not --simulate"),))
-        if self.options.steps is not None:
-            return Outcome(verdicts=(skipped(RESUME, "resume is not checked in --steps windows"),))
+        resumable = ctx.run.ranks[0].facts.resumable  # read off the loader in the data run
+        window = self.options.steps is not None
+        if unjudged := resume_unjudged(resumable, simulate=self.options.simulate, window=window):
+            return Outcome(verdicts=(unjudged,))  # nothing to launch
         by_rank = {r.rank: tuple(len(e.batch_sizes) for e in r.epochs) for r in ctx.run.ranks}
         per_rank = tuple(by_rank.get(rank, ()) for rank in range(layout.world_size))
         counts = [
@@ -125,10 +129,8 @@ class ResumeCheck:
 
     def _worker_outcome(self, layout: Layout, ranks: list[RankResume], unit: int) -> Outcome:
         """Restores into loaders with other numbers of workers, made in the resume group itself."""
-        if not ranks[0].workers_settable:
-            name = self.spec.factory
-            why = f"{name}() takes no num_workers: name it so its loader can be rebuilt with other counts"
-            return Outcome(verdicts=(not_applicable(ELASTIC_RESUME, why),))
+        if unjudged := workers_unjudged(ranks[0].workers_settable, self.spec.factory):
+            return Outcome(verdicts=(unjudged,))
         rows: list[ResumeRow] = []
         cause = ""
         saved = _Saved(layout, ranks, (), unit)

@@ -46,11 +46,18 @@ from typing import TYPE_CHECKING, Any
 from ddpcheck.checker.face import OpenedLoader, open_loader
 from ddpcheck.checker.loaderfile import LoaderSpec
 from ddpcheck.checker.recipe import LoaderRecipe, group_position
-from ddpcheck.checks.training import ACCUMULATION, TOLERANCE, Batches, TrainingRun, judge_training
+from ddpcheck.checks.training import (
+    ACCUMULATION,
+    TOLERANCE,
+    Batches,
+    TrainingRun,
+    judge_training,
+    training_unjudged,
+)
 from ddpcheck.launch import GroupCall, TargetRef, report_progress, run_ranks
 from ddpcheck.layout import Layout, shaped_like
 from ddpcheck.scenarios.protocol import DataRun, Outcome, rank_failures
-from ddpcheck.verdict import TRAINING_EQUIVALENCE, skipped
+from ddpcheck.verdict import TRAINING_EQUIVALENCE
 
 if TYPE_CHECKING:
     import torch
@@ -60,7 +67,6 @@ if TYPE_CHECKING:
 TRAIN_HOOKS = ("make_model", "loss")
 LEARNING_RATE = 0.1
 SEED = 0
-SIMULATE_SKIP = "needs real gloo ranks (DDP all-reduces gradients); run without --simulate"
 
 
 @dataclass(frozen=True)
@@ -442,8 +448,8 @@ class TrainingEquivalence:
         # on a mesh, at its data-parallel size: its replicas train one model shard, not more data
         layout = (ctx.layout or Layout.plain(ctx.world_size)).without_replicas()
         world_size = layout.world_size
-        if self.simulate:
-            return Outcome(verdicts=(skipped(TRAINING_EQUIVALENCE, SIMULATE_SKIP),))
+        if unjudged := training_unjudged(simulate=self.simulate):
+            return Outcome(verdicts=(unjudged,))
         target = TargetRef.of(train_rank)
         options = replace(self.options, recipe=self.options.recipe.evolve(layout=layout))
         kwargs: dict[str, Any] = {"options": options}
@@ -453,8 +459,8 @@ class TrainingEquivalence:
             return Outcome(failures=failures)
         ranks: list[RankTraining] = group.values
         lead = ranks[0]
-        if lead.skip:
-            return Outcome(verdicts=(skipped(TRAINING_EQUIVALENCE, lead.skip),))
+        if unjudged := training_unjudged(skip=lead.skip):
+            return Outcome(verdicts=(unjudged,))
         kwargs.update(
             global_batch=lead.batch_size * world_size,
             steps=lead.steps,
@@ -468,7 +474,7 @@ class TrainingEquivalence:
         if not ref_group.ok:
             return Outcome(failures=failures)
         reference: ReferenceTraining = ref_group.values[0]
-        if reference.skip:
-            return Outcome(verdicts=(skipped(TRAINING_EQUIVALENCE, reference.skip),))
+        if unjudged := training_unjudged(skip=reference.skip):
+            return Outcome(verdicts=(unjudged,))
         verdict = judge_training(compared(ranks, reference), world_size, TOLERANCE, self.options.accumulation)
         return Outcome(verdicts=(verdict,))
