@@ -232,6 +232,8 @@ def _resume_options(parser: argparse.ArgumentParser) -> None:
 
 def _work_options(parser: argparse.ArgumentParser) -> None:
     """Work balance, packing and mixture (:mod:`ddpcheck.checker.work`, :mod:`ddpcheck.checks.work`)."""
+    from ddpcheck.options import IGNORE_INDEX
+
     work = parser.add_argument_group(
         "work balance and packing",
         "measured when batches carry tokens (input_ids, attention_mask, position_ids) or the file defines "
@@ -249,6 +251,13 @@ def _work_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="FRACTION",
         help="fail work_balance when ranks would wait more than this share of their steps (e.g. 0.2)",
+    )
+    work.add_argument(
+        "--ignore-index",
+        type=int,
+        default=IGNORE_INDEX,
+        metavar="N",
+        help="the label value that supervises nothing, for supervision and the supervised tokens",
     )
     work.add_argument("--no-work", action="store_true", help="measure no work (work_balance and packing n/a)")
     work.add_argument(

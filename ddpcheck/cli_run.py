@@ -212,6 +212,7 @@ def _check_options(args: argparse.Namespace, **overrides: Any) -> Any:
         "determinism": not getattr(args, "no_determinism", False),
         "work": not getattr(args, "no_work", False),
         "work_cost": getattr(args, "work_cost", "tokens"),
+        "ignore_index": getattr(args, "ignore_index", IGNORE_INDEX),
         "meshes": tuple(getattr(args, "meshes", ()) or ()),
         "data_dims": tuple(getattr(args, "data_dims", ()) or ()),
         "sequence_dims": None if getattr(args, "sequence_dims", None) is None else tuple(args.sequence_dims),
@@ -235,7 +236,6 @@ def _run_script(args: argparse.Namespace) -> tuple[CheckResult, bool]:
         model_steps=args.model_steps,
         hooks=args.hooks,
         step=args.step,
-        ignore_index=args.ignore_index,
         batches=args.batches,
     )
     quiet = getattr(args, "quiet", False)

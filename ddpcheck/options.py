@@ -81,6 +81,7 @@ class CheckOptions:
     work: bool = True  # measure each batch's work when batches carry tokens (the data is then loaded)
     work_cost: str = "tokens"  # "tokens" | "attention": each document's length squared
     max_idle: float | None = None  # fail work_balance when a layout's idle fraction exceeds this
+    ignore_index: int = IGNORE_INDEX  # the label value that supervises nothing (supervised-token counts)
     mixture: bool = True  # read each sample's source where batches carry one (ddpcheck.checker.mixture)
     # --- device meshes: each spec a layout beside the world sizes (ddpcheck.layout) ---
     meshes: tuple[MeshLike, ...] = ()  # "dp=2,tp=2", {"dp": 2, "tp": 2} or a Layout, outermost first

@@ -262,6 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         digest=args.digest,
         work=not args.no_work,
         work_cost=args.work_cost,
+        ignore_index=args.ignore_index,
         batches=args.batches,
     )
     target = ScriptTarget(path=path, module=module, args=tuple(script_args))

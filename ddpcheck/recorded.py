@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ddpcheck.layout import Layout
+from ddpcheck.options import IGNORE_INDEX
 from ddpcheck.trace import RankFailure, ScriptRankTrace
 
 
@@ -24,6 +25,13 @@ class Recorded:
     environment: dict[str, str] = field(default_factory=dict)  # what ddpcheck set for the ranks
     outputs: dict[int, str] = field(default_factory=dict)  # the last lines each rank printed
     out: str = ""  # the launch's trace directory (a replay reads its saved steps there)
+
+    @property
+    def ignore_index(self) -> int:
+        """The label value the ranks' supervised counts left out (``--ignore-index``), as they recorded
+        it: a launch judged later (``ddpcheck judge``) is judged with it."""
+        recorded = [t.ignore_index for t in self.traces.values() if t.ignore_index is not None]
+        return recorded[0] if recorded else IGNORE_INDEX
 
 
 def launch_problem(recorded: Recorded) -> str:

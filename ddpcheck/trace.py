@@ -745,4 +745,7 @@ class ScriptRankTrace:
     first_model_call: str = ""
     inputs_from: str = ""
     sources: tuple[SourceTrace, ...] = ()  # batch functions named with --batches
+    # the label value its supervised counts left out (--ignore-index; None: recorded before it was
+    # recorded, with cross_entropy's default); ``ddpcheck judge`` judges with it
+    ignore_index: int | None = None
     version: int = SCRIPT_TRACE_VERSION

@@ -24,6 +24,7 @@ from ddpcheck.checker.loaderfile import (
     unwrap_loader,
 )
 from ddpcheck.layout import Layout
+from ddpcheck.options import IGNORE_INDEX
 
 if TYPE_CHECKING:
     from ddpcheck.options import CheckOptions
@@ -94,6 +95,7 @@ class RecordOptions:
     digest: bool = False  # digest every batch's content (replicas of a mesh must receive identical batches)
     work: bool = True  # measure each batch's work when batches carry tokens (ddpcheck.checker.work)
     work_cost: str = "tokens"  # "tokens" | "attention" (each document's length squared)
+    ignore_index: int = IGNORE_INDEX  # the label value that supervises nothing (supervised counts)
     mixture: bool = True  # read each sample's source when batches carry one (ddpcheck.checker.mixture)
 
 

@@ -301,7 +301,8 @@ def work_meter(opened: OpenedLoader, options: RecordOptions) -> WorkMeter | None
     hook, tokens = opened.hooks.work, opened.hooks.tokens
     if hook is None and tokens is None and not _sample_has_tokens(opened.loader):
         return None
-    return WorkMeter(hook=hook, token_hook=tokens, cost=options.work_cost, pad_id=pad_token_of(opened.loader))
+    pad_id = pad_token_of(opened.loader)
+    return WorkMeter(hook, tokens, options.work_cost, pad_id=pad_id, ignore_index=options.ignore_index)
 
 
 def peek(dataset: Any) -> Any:

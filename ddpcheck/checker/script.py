@@ -54,6 +54,7 @@ from ddpcheck.checker.step import active_watcher as step_watcher
 from ddpcheck.checker.subsets import base_indices, to_base
 from ddpcheck.checker.watch import drawn_at, install, mark_parts, watching
 from ddpcheck.checker.work import Measured, WorkMeter, looks_like_tokens
+from ddpcheck.options import IGNORE_INDEX
 from ddpcheck.trace import EpochTrace, LoaderFacts, RankTrace, ScriptLoader, ScriptRankTrace
 
 
@@ -68,6 +69,7 @@ class ScriptRecordOptions:
     digest: bool = False  # digest every loaded batch's content (replicas of a mesh compare it)
     work: bool = True
     work_cost: str = "tokens"
+    ignore_index: int = IGNORE_INDEX  # the label value that supervises nothing (--ignore-index)
     batches: str = ""  # a batch function to record (--batches NAME); its windows are ``steps`` calls
 
 
@@ -233,7 +235,9 @@ class ScriptEpoch:
             self.metered = options.work and (recorder.work_hooks is not None or looks_like_tokens(batch))
             if self.metered:
                 work_hook, token_hook = recorder.work_hooks or (None, None)
-                self.meter = WorkMeter(hook=work_hook, token_hook=token_hook, cost=options.work_cost)
+                self.meter = WorkMeter(
+                    work_hook, token_hook, options.work_cost, ignore_index=options.ignore_index
+                )
         return self.meter.measure(batch) if self.meter is not None else None
 
     def _guard(self) -> None:
@@ -568,6 +572,7 @@ def record_script(
         status=outcome.status,
         message=outcome.message,
         stack=outcome.stack,
+        ignore_index=recorder.options.ignore_index,
         notes=tuple(dict.fromkeys([*notes, *recorder.notes])),
         joined_group=bool(joined),
         stopped=recorder.stopped,

@@ -67,6 +67,7 @@ class WorkMeter:
     cost: str = "tokens"
     source: str = ""  # "" until a batch was measured; "none": these batches carry no work
     pad_id: int | None = None  # the collate function's or tokenizer's pad token (:func:`pad_token_of`)
+    ignore_index: int = IGNORE_INDEX  # the label value that supervises nothing (--ignore-index)
 
     batches: int = 0  # batches measured so far on this rank (names the batch a bad hook value came from)
 
@@ -75,7 +76,9 @@ class WorkMeter:
             return None
         self.batches += 1
         try:
-            measured = measure_batch(batch, self.hook, self.token_hook, self.cost, self.pad_id)
+            measured = measure_batch(
+                batch, self.hook, self.token_hook, self.cost, self.pad_id, ignore_index=self.ignore_index
+            )
         except BadWorkValue as exc:
             where = f"batch {self.batches} of rank {_rank()} (every epoch's batches counted from 1)"
             raise BadLoaderFile(f"{exc} at {where}") from None
@@ -142,15 +145,18 @@ def measure_batch(
     token_hook: Callable[[Any], Any] | None = None,
     cost: str = "tokens",
     pad_id: int | None = None,
+    *,
+    ignore_index: int = IGNORE_INDEX,
 ) -> Measured | None:
     """What one batch costs (None: it carries no token fields and the file has no ``batch_work``).
-    ``pad_id``: the pad token, where the loader's collate function or tokenizer names one."""
+    ``pad_id``: the pad token, where the loader's collate function or tokenizer names one; a label equal
+    to ``ignore_index`` supervises nothing."""
     if hook is None and token_view(batch) is not batch:  # the hooks are the file's: they get its batch
         original, batch = batch, token_view(batch)
         if token_hook is not None:
             token_hook = partial(_on_original, token_hook, original)
     labels = _get(batch, "labels")
-    supervised = int((_as_2d(labels) != IGNORE_INDEX).sum()) if labels is not None else None
+    supervised = int((_as_2d(labels) != ignore_index).sum()) if labels is not None else None
     if hook is not None:
         return Measured((work_value(hook(batch)),), supervised, source=f"{WORK_HOOK}(batch)")
     if not looks_like_tokens(batch):
@@ -166,14 +172,16 @@ def measure_batch(
         lengths = [int(n) for n in _as_2d(mask).sum(dim=1).tolist()]
         source = "attention_mask"
     elif ids is not None:
-        lengths, source = unpadded_lengths(_as_2d(ids), labels, pad_id)
+        lengths, source = unpadded_lengths(_as_2d(ids), labels, pad_id, ignore_index)
     else:
         return None
     units = tuple(float(n * n) if cost == "attention" else float(n) for n in lengths)
     return Measured(units, supervised, packing, source + (" squared" if cost == "attention" else ""))
 
 
-def unpadded_lengths(ids: Any, labels: Any, pad_id: int | None) -> tuple[list[int], str]:
+def unpadded_lengths(
+    ids: Any, labels: Any, pad_id: int | None, ignore_index: int = IGNORE_INDEX
+) -> tuple[list[int], str]:
     """Each row's real tokens without an attention mask, and what told them: the span between the
     first and the last token other than ``pad_id`` (padding on either side), else the row up to the
     tail of ``labels`` that is -100 (a padded label row), else the row's width (:data:`PADDED_WIDTH`:
@@ -188,7 +196,7 @@ def unpadded_lengths(ids: Any, labels: Any, pad_id: int | None) -> tuple[list[in
     if labels is not None:
         shaped = _as_2d(labels)
         if tuple(shaped.shape) == (rows, width):
-            kept = (shaped != IGNORE_INDEX).int()
+            kept = (shaped != ignore_index).int()
             tail = (width - 1 - kept.flip(dims=(1,)).argmax(dim=1)).tolist()
             lengths = [int(t) + 1 if int(r.sum()) else 0 for t, r in zip(tail, kept, strict=True)]
             return lengths, "input_ids up to the labels' -100 tail"

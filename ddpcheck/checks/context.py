@@ -35,6 +35,7 @@ from ddpcheck.checks.tally import (
     unique,
 )
 from ddpcheck.checks.wording import few
+from ddpcheck.options import IGNORE_INDEX
 from ddpcheck.trace import EpochTrace, LoaderFacts, RankTrace, RunTrace
 
 Item = Hashable
@@ -464,7 +465,14 @@ def _signature(items: Sequence[Hashable]) -> object:
 class Context:
     """Everything the checks share about one (reference, run, rerun) triple, computed on demand."""
 
-    def __init__(self, reference: RunTrace, run: RunTrace, rerun: RunTrace | None = None):
+    def __init__(
+        self,
+        reference: RunTrace,
+        run: RunTrace,
+        rerun: RunTrace | None = None,
+        *,
+        ignore_index: int = IGNORE_INDEX,
+    ):
         if reference.world_size != 1:
             raise ValueError(
                 f"reference must be the single-process run (world size 1), got world size "
@@ -480,6 +488,7 @@ class Context:
         self.reference = reference
         self.run = run
         self.rerun = rerun
+        self.ignore_index = ignore_index  # the label value the ranks' supervised counts left out
         self.world_size = run.world_size
         self._views: dict[int, EpochView] = {}
 

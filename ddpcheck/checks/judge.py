@@ -53,7 +53,7 @@ from ddpcheck.checks.scripts import (
 from ddpcheck.checks.step_judge import StepRecord, fed_loader, judge_step, merged
 from ddpcheck.checks.work import with_max_idle
 from ddpcheck.layout import Layout
-from ddpcheck.options import CheckOptions
+from ddpcheck.options import IGNORE_INDEX, CheckOptions
 from ddpcheck.recorded import Recorded
 from ddpcheck.trace import RunTrace, ScriptLoader, ScriptRankTrace
 from ddpcheck.verdict import COVERAGE, DETERMINISM, Verdict, allow, not_applicable, skipped
@@ -63,15 +63,17 @@ NOT_ITERATED = "the single-process run did not iterate this loader"
 
 @dataclass(frozen=True)
 class Rules:
-    """How strictly to judge: the check ids whose failure is ``allowed`` (``--allow``) and the idle
-    fraction ``work_balance`` fails above (``--max-idle``)."""
+    """How strictly to judge: the check ids whose failure is ``allowed`` (``--allow``), the idle
+    fraction ``work_balance`` fails above (``--max-idle``), the label value that supervises nothing
+    (``--ignore-index``: the ranks' counts left it out, ``supervision`` says so)."""
 
     allow: tuple[str, ...] = ()
     max_idle: float | None = None
+    ignore_index: int = IGNORE_INDEX
 
     @classmethod
     def of(cls, options: CheckOptions) -> Rules:
-        return cls(tuple(options.allow), options.max_idle)
+        return cls(tuple(options.allow), options.max_idle, options.ignore_index)
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,8 @@ def data_checks(seen: Seen) -> Sequence[Verdict]:
     """The REGISTRY's checks on the layout's data-parallel view, ``replica_consistency`` after
     ``equal_steps`` (:func:`ddpcheck.checks.replicas.judge_layout`)."""
     assert seen.reference is not None and seen.run is not None
-    return judge_layout(seen.reference, seen.run, seen.rerun, seen.launch.layout)
+    layout, ignore_index = seen.launch.layout, seen.rules.ignore_index
+    return judge_layout(seen.reference, seen.run, seen.rerun, layout, ignore_index=ignore_index)
 
 
 def step_checks(launch: Launch) -> tuple[str, Sequence[Verdict]] | None:

@@ -19,6 +19,7 @@ from ddpcheck.checks.steps import check_equal_steps
 from ddpcheck.checks.supervision import check_supervision
 from ddpcheck.checks.work import check_packing, check_work_balance
 from ddpcheck.checks.workers import check_worker_sharding
+from ddpcheck.options import IGNORE_INDEX
 from ddpcheck.trace import RunTrace
 from ddpcheck.verdict import (
     ALL_CHECKS,
@@ -92,6 +93,7 @@ def run_checks(
     rerun: RunTrace | None = None,
     *,
     only: Collection[str] | None = None,
+    ignore_index: int = IGNORE_INDEX,
 ) -> list[Verdict]:
     """One Verdict per data check, in ``DATA_CHECKS`` order (``only`` narrows the set).
 
@@ -100,5 +102,5 @@ def run_checks(
     ids in ``only`` are accepted and ignored here: those checks run elsewhere.
     """
     selected = _selected(only)
-    ctx = Context(reference, run, rerun)
+    ctx = Context(reference, run, rerun, ignore_index=ignore_index)
     return [with_fix(REGISTRY[check](reference, run, rerun, ctx=ctx)) for check in selected]

@@ -22,6 +22,7 @@ from ddpcheck.checks.wording import few, ids_text
 from ddpcheck.evidence import FirstDivergence, GroupDivergence, ReplicaGroups
 from ddpcheck.layout import Layout
 from ddpcheck.messages import count_text
+from ddpcheck.options import IGNORE_INDEX
 from ddpcheck.trace import EpochTrace, RankTrace, RunTrace
 from ddpcheck.verdict import (
     COVERAGE,
@@ -82,10 +83,18 @@ def data_parallel_view(layout: Layout, run: RunTrace) -> RunTrace:
     return replace(run, world_size=layout.dp_world_size, ranks=ranks, rank_sample=sample)
 
 
-def judge_layout(reference: RunTrace, run: RunTrace, rerun: RunTrace | None, layout: Layout) -> list[Verdict]:
+def judge_layout(
+    reference: RunTrace,
+    run: RunTrace,
+    rerun: RunTrace | None,
+    layout: Layout,
+    *,
+    ignore_index: int = IGNORE_INDEX,
+) -> list[Verdict]:
     """Every data check of one layout, in report order, ``replica_consistency`` after ``equal_steps``."""
     view = data_parallel_view(layout, run)
-    verdicts = run_checks(reference, view, data_parallel_view(layout, rerun) if rerun is not None else None)
+    view_rerun = data_parallel_view(layout, rerun) if rerun is not None else None
+    verdicts = run_checks(reference, view, view_rerun, ignore_index=ignore_index)
     if view is not run:  # a tensor-parallel peer with a batch fewer hangs its group: every rank counts
         full = check_equal_steps(reference, run, rerun)
         if full.failed and not any(v.failed for v in verdicts if v.check == EQUAL_STEPS):

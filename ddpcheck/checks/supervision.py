@@ -155,7 +155,7 @@ def check_supervision(
     if not labelled and any(e.batch_sizes for e in epochs) and not any(0 in e.batch_sizes for e in epochs):
         verdict = passed(SUPERVISION, "")  # what the batches say, without a Unit each (4096 ranks: millions)
     else:
-        verdict = judge_units(_epoch_units(run), len(run.ranks))
+        verdict = judge_units(_epoch_units(run), len(run.ranks), ctx.ignore_index)
     if verdict.status == "pass" and not labelled:
         return not_applicable(
             SUPERVISION, "the batches carry no labels (no 'labels' field), and none is empty"

@@ -57,7 +57,6 @@ class ScriptOptions:
     hooks: str = ""  # a file with loader-file hooks (sample_ids, batch_work, token_ids)
     cwd: str = ""  # the script's working directory ("" = this process's)
     step: bool = True  # watch the training step and judge it (--no-step: the loaders alone)
-    ignore_index: int = IGNORE_INDEX  # the label value that supervises nothing
     batches: str = ""  # a batch function to record (--batches NAME), in windows of check.steps calls
 
 
@@ -291,7 +290,7 @@ class _ScriptSession:
         without ``--step``."""
         if not self.options.step:
             return None
-        record = step_record(run, self.options.ignore_index)
+        record = step_record(run, self.options.check.ignore_index)
         if layout.world_size < 2 or not record.backward or launch_problem(run):
             return record
         self.say(f"{layout_name(layout)}: replaying its first steps at 1 process")
@@ -327,8 +326,8 @@ class _ScriptSession:
         command = ["-m", "ddpcheck.record", "--out", out, "--epochs", str(check.epochs)]
         if self.options.step:
             command += ["--step", *self._compared(compare or bool(replay))]
-            if self.options.ignore_index != IGNORE_INDEX:
-                command += ["--ignore-index", str(self.options.ignore_index)]
+        if check.ignore_index != IGNORE_INDEX:  # the step's and the loaders' supervised counts
+            command += ["--ignore-index", str(check.ignore_index)]
         if replay:
             command += ["--replay", replay, *(["--replay-twice"] if twice else [])]
             if mesh is not None and mesh.mesh:
@@ -489,6 +488,7 @@ def judge_directory(
             directory, options, reference=reference, replay=replay or twice, layout=layout
         )
     run = read_trace_dir(directory, layout)
+    options = replace(options, ignore_index=run.ignore_index)  # as the ranks counted
     step = _recorded_step(run, replay, twice)
     notes = _trace_notes(run)
     runs: list[WorldResult] = []
@@ -533,7 +533,7 @@ def _recorded_step(
         if replay is not None:
             raise BadInput("--replay: the launch was recorded without --step: nothing to compare")
         return None
-    record = step_record(run)  # the ignore index the launch recorded with: the default
+    record = step_record(run, run.ignore_index)  # the ignore index the launch recorded with
     if replay is None:
         if twice is not None:
             raise BadInput("--replay-twice needs --replay: the probe is read against the replay")
