@@ -100,9 +100,8 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 
 # the floor: the Verdict, its statuses and the check ids, the checks' typed evidence, the exit codes; plain
-# data that imports nothing of ddpcheck (checks/ids.py and checks/verdict.py re-export it for older code)
+# data that imports nothing of ddpcheck, under one name each (no module re-exports them)
 FLOOR = ("ddpcheck.verdict", "ddpcheck.evidence", "ddpcheck.exits")
-CHECK_DATA = ("ddpcheck.checks.ids", "ddpcheck.checks.verdict")
 
 
 @pytest.mark.parametrize(
@@ -122,7 +121,7 @@ def test_each_layer_imports_only_what_its_role_allows(layer: str, forbidden: tup
         for module, deps in graph.items()
         if module == layer or module.startswith(layer + ".")
         for dep in deps
-        if dep.startswith(forbidden) and not dep.startswith((layer, *CHECK_DATA))
+        if dep.startswith(forbidden) and not dep.startswith(layer)
     }
     assert offending == set()
 
@@ -139,8 +138,7 @@ LEVELS = (
     ("ddpcheck.checker",),
     ("ddpcheck.launch", "ddpcheck.checks", "ddpcheck.reference", "ddpcheck.report"),
     ("ddpcheck.trace", "ddpcheck.tracefile", "ddpcheck.result", "ddpcheck.restores", "ddpcheck.figures",
-     "ddpcheck.layout", "ddpcheck.messages", "ddpcheck.options", "ddpcheck.recorded", *CHECK_DATA,
-     "ddpcheck"),
+     "ddpcheck.layout", "ddpcheck.messages", "ddpcheck.options", "ddpcheck.recorded", "ddpcheck"),
     FLOOR,
 )  # fmt: skip
 
@@ -168,7 +166,6 @@ def test_each_module_imports_only_downwards() -> None:
 
 def test_the_level_of_a_module_is_its_most_specific_entry() -> None:
     assert _unit("ddpcheck.session.run") == (1, "ddpcheck.session")
-    assert _unit("ddpcheck.checks.verdict") == (5, "ddpcheck.checks.verdict")  # plain data, not a check
     assert _unit("ddpcheck.verdict") == (6, "ddpcheck.verdict")  # the floor, below every other module
     assert _unit("ddpcheck.checks.overlap") == (4, "ddpcheck.checks")
     assert _private("ddpcheck.checks._format") and _private("ddpcheck.launch.rank._error_message")
@@ -219,6 +216,42 @@ def test_the_floor_imports_nothing_of_ddpcheck() -> None:
     assert "ddpcheck.evidence" in _imports(typing=True)["ddpcheck.verdict"]  # the walk sees the type
 
 
+def _defined(module: str) -> set[str]:
+    """The names a module defines at its top level (classes, functions, assignments)."""
+    tree = ast.parse((PACKAGE.parent / (module.replace(".", "/") + ".py")).read_bytes())
+    names = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    for node in tree.body:
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, ast.AnnAssign)
+            else []
+        )
+        names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
+
+
+def test_the_floors_names_are_imported_from_the_floor() -> None:
+    """One name for one thing: a Verdict, a check id, an evidence class or an exit code is imported from
+    the module that defines it, never through a module that passes it on."""
+    floor = {name: module for module in FLOOR for name in _defined(module)}
+    assert {"Verdict", "COVERAGE", "WorkBalance", "EXIT_BAD_INPUT"} <= set(floor)
+    passed_on = {
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.module}.{alias.name}"
+        for path in [
+            *PACKAGE.rglob("*.py"),
+            *(ROOT / "tests").glob("*.py"),
+            *(ROOT / "benchmarks").glob("*.py"),
+        ]
+        for node in ast.walk(ast.parse(path.read_bytes()))
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ddpcheck")
+        for alias in node.names
+        if alias.name in floor and node.module != floor[alias.name]
+    }
+    assert sorted(passed_on) == []
+
+
 # the front ends, the session, the scenarios, the rank side and the launcher launch, read and wrap: a verdict
 # is built and rewritten in checks/ only
 NO_VERDICTS = ("ddpcheck.session", "ddpcheck.checker", "ddpcheck.scenarios", "ddpcheck.launch", *LEVELS[0])
@@ -239,7 +272,7 @@ def _verdicts_made(module: str) -> list[str]:
     builders = {  # the builders this module imports from the floor (``failed`` is a common local name)
         alias.asname or alias.name
         for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and node.module in ("ddpcheck.verdict", "ddpcheck.checks.verdict")
+        if isinstance(node, ast.ImportFrom) and node.module == "ddpcheck.verdict"
         for alias in node.names
         if alias.name in BUILDERS
     }
@@ -313,10 +346,11 @@ def test_no_private_name_crosses_a_package() -> None:
 
 def test_a_plain_type_of_the_checks_costs_no_check_and_no_numpy() -> None:
     """``ddpcheck.checks`` resolves its registry lazily: a front end that wants ``Verdict`` or a check id
-    imports neither the check modules nor numpy; the package's names still resolve on first use."""
+    (from ``ddpcheck.verdict``) and imports the package imports neither the check modules nor numpy; the
+    package's names still resolve on first use."""
     heavy = "('numpy', 'torch', 'ddpcheck.checks.registry', 'ddpcheck.checks.coverage')"
     code = (
-        "import sys; from ddpcheck.verdict import Verdict; from ddpcheck.checks import ids; "
+        "import sys; from ddpcheck.verdict import Verdict, COVERAGE; import ddpcheck.checks; "
         f"print(sorted(m for m in {heavy} if m in sys.modules)); "
         "from ddpcheck.checks import REGISTRY, run_checks; print(len(REGISTRY) > 10, callable(run_checks))"
     )

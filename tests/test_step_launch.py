@@ -164,7 +164,8 @@ def test_record_entry_point_watches_the_step(tmp_path: Path) -> None:
 
 
 def test_record_refuses_a_replay_of_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from ddpcheck.record import EXIT_BAD_INPUT, main
+    from ddpcheck.exits import EXIT_BAD_INPUT
+    from ddpcheck.record import main
 
     nowhere = str(tmp_path / "none")
     assert main(["--out", str(tmp_path), "--replay", nowhere, "--", __file__]) == EXIT_BAD_INPUT
@@ -176,7 +177,8 @@ def test_record_takes_a_replays_mesh_only_with_a_replay(
 ) -> None:
     """``--mesh`` names the recorded launch's mesh for a replay (one rank per data-parallel coordinate):
     without ``--replay``, without a data dimension, or ``--data-dims`` alone, one line and exit 2."""
-    from ddpcheck.record import EXIT_BAD_INPUT, main
+    from ddpcheck.exits import EXIT_BAD_INPUT
+    from ddpcheck.record import main
 
     (tmp_path / "run" / "step").mkdir(parents=True)
     replay = ["--replay", str(tmp_path / "run")]

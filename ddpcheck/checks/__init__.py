@@ -1,8 +1,8 @@
 """The data checks: pure functions from recorded traces to Verdicts (no processes, no torch).
 
-The registry, the shared context and ``run_checks`` resolve lazily: a front end that only wants a plain
-type (``ddpcheck.verdict.Verdict``, a check id) imports this package
-without importing every check and numpy.
+The registry, the shared context and ``run_checks`` resolve lazily: a front end that imports this package
+imports no check and no numpy until it names one of them. The Verdict and the check ids are not here: they
+live once, in :mod:`ddpcheck.verdict`.
 """
 
 from __future__ import annotations
@@ -15,15 +15,13 @@ _EXPORTS = {
     "Check": "ddpcheck.checks.registry",
     "run_checks": "ddpcheck.checks.registry",
     "Context": "ddpcheck.checks.context",
-    "Verdict": "ddpcheck.verdict",
 }
 
-__all__ = ["REGISTRY", "Check", "Context", "Verdict", "run_checks"]
+__all__ = ["REGISTRY", "Check", "Context", "run_checks"]
 
 if TYPE_CHECKING:
     from ddpcheck.checks.context import Context
     from ddpcheck.checks.registry import REGISTRY, Check, run_checks
-    from ddpcheck.verdict import Verdict
 
 
 def __getattr__(name: str) -> Any:

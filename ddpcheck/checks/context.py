@@ -25,7 +25,7 @@ from ddpcheck.checks.arrays import (
 )
 from ddpcheck.checks.tally import (
     EpochTally,
-    Evidence,
+    SharedPair,
     Strangers,
     distinct_ids,
     int_ids,
@@ -379,12 +379,12 @@ class EpochView:
             return self.tally.in_reference(rank)
         return len(self.rank_set(rank) & self.ref_set)
 
-    def overlap_evidence(self) -> Evidence | None:
+    def overlap_evidence(self) -> SharedPair | None:
         """The lowest rank with an over-shared item, the lowest other rank sharing one, and examples."""
         return self._evidence
 
     @cached_property
-    def _evidence(self) -> Evidence | None:
+    def _evidence(self) -> SharedPair | None:
         if self.tally is not None:
             return self.tally.overlap_evidence()
         over = self.overlap_items
@@ -397,7 +397,7 @@ class EpochView:
         first = min(rs[0] for rs in owners.values())
         mine = [x for x, rs in owners.items() if rs[0] == first]
         second = min(r for x in mine for r in owners[x] if r != first)
-        return Evidence(first, second, few(x for x in mine if second in owners[x]))  # type: ignore[arg-type]
+        return SharedPair(first, second, few(x for x in mine if second in owners[x]))  # type: ignore[arg-type]
 
     def duplicated_examples(self) -> tuple[object, ...]:
         """The smallest few items the ranks hold more copies of than the reference allows."""

@@ -10,7 +10,7 @@ of it (each rank 1/W²).
 from __future__ import annotations
 
 from ddpcheck.checks.context import Context, EpochView
-from ddpcheck.checks.tally import Evidence
+from ddpcheck.checks.tally import SharedPair
 from ddpcheck.checks.wording import ranks_text
 
 IGNORES_RANK = "the sampler ignores the rank (no DistributedSampler, or num_replicas/rank not passed)"
@@ -66,7 +66,7 @@ def identical_streams(view: EpochView) -> list[int]:
     return view.identical_streams()
 
 
-def overlap_evidence(view: EpochView) -> Evidence | None:
+def overlap_evidence(view: EpochView) -> SharedPair | None:
     """The lowest rank with an over-shared item, the lowest other rank sharing one, and examples."""
     return view.overlap_evidence()
 

@@ -247,7 +247,7 @@ class OutOfRange:
 
 
 @dataclass(frozen=True)
-class Evidence:
+class SharedPair:
     """Two ranks that share items too many ranks hold, and a few of them (smallest first)."""
 
     first: int
@@ -466,7 +466,7 @@ class EpochTally:
         groups = ranks // size
         return not bool(((ids[1:] == ids[:-1]) & (groups[1:] == groups[:-1])).any())
 
-    def overlap_evidence(self) -> Evidence | None:
+    def overlap_evidence(self) -> SharedPair | None:
         """The lowest rank holding an id on two ranks, the lowest other rank sharing one of its ids, and
         a few of the ids they share."""
         if not self.overlap_count:
@@ -480,7 +480,7 @@ class EpochTally:
             if others.any():
                 second = int(ranks[others].min())
                 shared = ids[(ranks == second) & _isin(ids, mine)]
-                return Evidence(first, second, tuple(shared[:EXAMPLES].tolist()))
+                return SharedPair(first, second, tuple(shared[:EXAMPLES].tolist()))
         held = ((r, self._members(ids, self.cross, self.cross_out)) for r, ids in enumerate(self.ranks))
         first, mine = next(((r, m) for r, m in held if len(m)), (-1, None))
         if mine is None:
@@ -488,7 +488,7 @@ class EpochTally:
         for second in range(first + 1, len(self.ranks)):
             shared = mine[_isin(mine, distinct_ids(self.ranks[second]))]
             if len(shared):
-                return Evidence(first, second, tuple(shared[:EXAMPLES].tolist()))
+                return SharedPair(first, second, tuple(shared[:EXAMPLES].tolist()))
         return None
 
     def in_reference(self, rank: int) -> int:
