@@ -287,7 +287,8 @@ class _ScriptSession:
             self.runs.extend(results)
             for result in results:
                 self.say(
-                    f"{result.loader} at {layout_name(layout)}: {status_text(result)} ({result.seconds:.2f}s)"
+                    f"{_progress_name(result)} at {layout_name(layout)}: "
+                    f"{status_text(result)} ({result.seconds:.2f}s)"
                 )
 
     def _compared(self, compare: bool) -> list[str]:
@@ -495,6 +496,7 @@ def _judge_loaders(
     seconds = run.seconds
     results = []
     grouped = _grouped(run)
+    variables = _variables(reference, run)
     for name in _loader_names(reference, run):
         ref = _run_trace(reference, name, 1)
         current = _run_trace(run, name, layout.world_size)
@@ -514,6 +516,7 @@ def _judge_loaders(
                     layout=layout,
                     seconds=seconds,
                     loader=name,
+                    loader_variable=variables.get(name, ""),
                 )
             )
             continue
@@ -527,8 +530,10 @@ def _judge_loaders(
         verdicts = [framework_sampler(v, ref, current) for v in verdicts]
         verdicts = [told_cause(alone(v, *grouped), current, layout) for v in verdicts]
         verdicts = [in_script_words(at_loader(v, name)) for v in verdicts]
+        verdicts = allowed(verdicts, options.allow)
+        variable = variables.get(name, "")
         results.append(
-            replace(judged, verdicts=tuple(allowed(verdicts, options.allow)), seconds=seconds, loader=name)
+            replace(judged, verdicts=tuple(verdicts), seconds=seconds, loader=name, loader_variable=variable)
         )
     single, twice = ({} if standin else reference.traces), (rerun.traces if rerun is not None else None)
     for source in judge_sources(single, run.traces, twice, layout, seconds):  # --batches functions
@@ -550,6 +555,23 @@ def _loader_names(reference: Recorded, run: Recorded) -> list[str]:
             for loader in recorded.traces[rank].loaders:
                 names.setdefault(loader.name)
     return list(names)
+
+
+def _progress_name(result: WorldResult) -> str:
+    """A loader in a progress line: its variable and line (the report drops the line where no other
+    loader shares the variable; a progress line cannot know yet)."""
+    return f"{result.loader_variable} ({result.loader})" if result.loader_variable else result.loader
+
+
+def _variables(reference: Recorded, run: Recorded) -> dict[str, str]:
+    """Each loader's variable (``train_loader``) as the ranks' traces name it: the reports call it so."""
+    found: dict[str, str] = {}
+    for recorded in (reference, run):
+        for trace in recorded.traces.values():
+            for loader in trace.loaders:
+                if loader.variable:
+                    found.setdefault(loader.name, loader.variable)
+    return found
 
 
 def _missing_ranks(recorded: Recorded, name: str) -> list[int]:
