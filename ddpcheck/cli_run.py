@@ -269,7 +269,7 @@ def _judge(args: argparse.Namespace) -> tuple[CheckResult, bool]:
 
 def publish(result: CheckResult, args: argparse.Namespace, interrupted: bool, command: LoaderCommand) -> int:
     """Report files first (nothing is lost), then the printout, then the exit code."""
-    from ddpcheck.report import ReportWriteError, render, render_table, write_reports
+    from ddpcheck.report import ReportWriteError, reasons_path, render, render_table, write_reports
 
     report_dir = getattr(args, "report_dir", Path("reports"))
     try:
@@ -278,10 +278,10 @@ def publish(result: CheckResult, args: argparse.Namespace, interrupted: bool, co
         return _error(str(exc))
     fmt: Any = getattr(args, "format", "table")
     color = getattr(args, "color", "auto")
-    if fmt == "table":
-        text = render_table(
-            result, color=command.use_color(color, sys.stdout), width=command.terminal_width()
-        )
+    if fmt == "table":  # the reasons checks do not apply: one line, as for loader files (-v: every one)
+        where = None if getattr(args, "verbose", False) else reasons_path(paths)
+        paint = command.use_color(color, sys.stdout)
+        text = render_table(result, color=paint, width=command.terminal_width(), not_applicable_in=where)
     else:
         text = render(result, fmt)
     try:

@@ -178,14 +178,17 @@ def test_subset_facts_tell_which_samples_a_subset_holds() -> None:
 
 
 def test_a_scripts_report_gives_loaders_a_column_relative_names_and_counts_named(tmp_path: Path) -> None:
-    """Issue 36, readability: loaders in their own column, named relative to the working directory;
+    """Issue 36, readability: loaders in their own column, named by their variable (issue 44: as the
+    rank named them, never climbed to from the working directory, ``../examples/train.py:42``);
     "Script" in the headers; padding and overlap told apart in the padding column."""
     script = tmp_path / "examples" / "train.py"
     padded = Verdict(PADDING_BOUND, "pass", "", evidence=PaddingCost(copies=1, samples=96, noun="samples"))
     cost = PaddingCost(bound=1, copies=23, samples=96, noun="samples")
     overlap = Verdict(PADDING_BOUND, "fail", "", "x", evidence=cost)
     runs = tuple(
-        WorldResult(ws, "gloo", (verdict,), layout=Layout.plain(ws), loader=f"{script}:42")
+        WorldResult(
+            ws, "gloo", (verdict,), layout=Layout.plain(ws), loader=f"{script}:42", loader_variable="train"
+        )
         for ws, verdict in ((1, padded), (2, overlap))
     )
     cwd = str(tmp_path / "work")
@@ -194,7 +197,7 @@ def test_a_scripts_report_gives_loaders_a_column_relative_names_and_counts_named
     )
     view = build_view(result)
     assert view.loader_column and view.subject == "Script"
-    assert [row.loader for row in view.rows] == ["../examples/train.py:42"] * 2
+    assert [row.loader for row in view.rows] == ["train"] * 2
     assert [row.short for row in view.rows] == ["1", "2"]
     assert view.rows[0].padding == "1 padding copy of 96 samples (1%)"  # what the sampler adds by design
     assert view.rows[1].padding == (
