@@ -237,7 +237,7 @@ def test_a_script_that_iterates_no_loader_says_so(tmp_path: Path) -> None:
 def test_a_script_that_spawns_its_own_ranks_is_refused_at_once_naming_the_call(tmp_path: Path) -> None:
     proc = ddpcheck_run(*FAST, "--report-dir", str(tmp_path), "--", "faults/own_spawn.py")
     assert proc.returncode == 3
-    assert "faults/own_spawn.py:32: the script starts its own ranks with torch.multiprocessing.spawn" in (
+    assert "own_spawn.py:32: the script starts its own ranks with torch.multiprocessing.spawn" in (
         " ".join(proc.stdout.split())
     )
     assert "did not finish within the deadline" not in proc.stdout  # refused, not waited out
