@@ -21,7 +21,7 @@ from ddpcheck.checker.loaderfile import BadLoaderFile
 from ddpcheck.checker.mixture import SourceReader
 from ddpcheck.checker.recipe import RecordOptions
 from ddpcheck.checker.work import Measured, WorkMeter, add_tally, looks_like_tokens, pad_token_of
-from ddpcheck.launch.rank import report_progress
+from ddpcheck.launch.beats import report_progress
 from ddpcheck.trace import EpochTrace, IdArray, IdBuffer, PackingTally, SourceCodes
 
 ENDLESS_FACTOR = 4
