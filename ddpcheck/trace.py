@@ -521,7 +521,7 @@ class RankFailure:
     ``output`` the last lines the rank printed (a script's rank: what its own prints said)."""
 
     rank: int
-    kind: str  # "error" | "hang" | "killed" | "secondary"
+    kind: str  # "error" | "hang" | "overtime" (ran past --max-time) | "killed" | "secondary"
     message: str
     stack: str = ""
     progress: str = ""  # last known position, e.g. "epoch 0, batch 4, in all_reduce"

@@ -362,8 +362,10 @@ FAULTS = {
     "hang_uneven_collective.py": Fault(
         2, 0, "hang", "never reached the same collective", "all_reduce", timeout=5
     ),
+    # it keeps yielding: never hung (--timeout is time without progress), stopped by --max-time
     "infinite_iterable.py": Fault(
-        1, 0, "hang", "no result before the deadline", args=("--world-sizes", "1"), timeout=3, stops=True
+        1, 0, "overtime", "still running when --max-time (3 s) ran out",
+        args=("--world-sizes", "1", "--max-time", "3"), timeout=1, stops=True,
     ),
     "killed_rank.py": Fault(2, 1, "killed", "SIGKILL"),
     # no reference, nothing to judge: the run stops there, the killed reference reported as world size 1
@@ -373,6 +375,7 @@ FAULTS = {
     # the helper inherits the rank's pipes: the kill is still seen at once, from the rank's own pid
     "killed_rank_with_helper.py": Fault(2, 1, "killed", "SIGKILL"),
     "stopped_rank.py": Fault(2, 1, "hang", "stopped", timeout=3),
+    "stalled_rank.py": Fault(2, 1, "hang", "no progress for", "in __iter__", timeout=3),
     # a bounded tail of the 1 GiB is kept; the crash itself is the headline
     "gigabyte_stdout.py": Fault(2, 1, "error", "after a gigabyte of output"),
 }
@@ -381,7 +384,7 @@ FAULTS = {
 def _fault_params() -> list[Any]:
     """Hangs cost their whole timeout (plus a stack dump), so they are marked slow."""
     return [
-        pytest.param(name, marks=[pytest.mark.slow] if FAULTS[name].kind == "hang" else [])
+        pytest.param(name, marks=[pytest.mark.slow] if FAULTS[name].kind in ("hang", "overtime") else [])
         for name in sorted(FAULTS)
     ]
 

@@ -25,10 +25,12 @@ from typing import Any
 
 PROGRESS_BYTES = 240  # one rank's slot
 TEXT_BYTES = 224  # its position text, NUL-padded: at most TEXT_BYTES - 1 bytes are kept
-_STATE_AT = 224  # one byte: 0 working, 1 waiting for peers
+_STATE_AT = 224  # one byte: WORKING, WAITING for peers, or FINISHED (its result written, it exits)
 _BEATS_AT = 232  # the progress counter, 8 bytes little-endian
 _COUNTER = struct.Struct("<Q")
-PROGRESS_FILE_ENV = "DDPCHECK_PROGRESS_FILE"  # a script rank's slot, a file its launcher maps too
+WORKING, WAITING, FINISHED = 0, 1, 2
+PROGRESS_FILE_ENV = "DDPCHECK_PROGRESS_FILE"  # a script launch's slots, a file its launcher maps too
+PROGRESS_SLOT_ENV = "DDPCHECK_PROGRESS_SLOT"  # which slot of it is this rank's
 
 _buffer: Any = None
 _view: memoryview | None = None  # the same shared bytes; ctypes slicing costs ~10 us a call
@@ -46,14 +48,17 @@ def attach(buffer: Any, slot: int) -> None:
 def attach_file() -> bool:
     """A script rank under ``ddpcheck run``: publish into the file its launcher named (False: none)."""
     path = os.environ.get(PROGRESS_FILE_ENV, "")
-    if not path:
+    slot = os.environ.get(PROGRESS_SLOT_ENV, "")
+    if not path or not slot.isdigit():
         return False
     try:
         with open(path, "r+b") as handle:
-            mapped = mmap.mmap(handle.fileno(), PROGRESS_BYTES)
+            mapped = mmap.mmap(handle.fileno(), 0)
     except (OSError, ValueError):
         return False
-    attach(mapped, 0)
+    if len(mapped) < (int(slot) + 1) * PROGRESS_BYTES:
+        return False
+    attach(mapped, int(slot))
     return True
 
 
@@ -88,11 +93,19 @@ def waiting() -> Iterator[None]:
         return
     at = _start + _STATE_AT
     before = view[at]
-    view[at] = 1
+    view[at] = WAITING
     try:
         yield
     finally:
         view[at] = before
+        beat()
+
+
+def finished() -> None:
+    """This rank's work is done and its result written: what remains is its exit, never a hang."""
+    view = _view
+    if view is not None:
+        view[_start + _STATE_AT] = FINISHED
         beat()
 
 
@@ -102,11 +115,11 @@ def read_progress(buffer: Any, slot: int) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
-def read_beat(buffer: Any, slot: int) -> tuple[int, bool]:
-    """(the slot's progress counter, whether its rank waits for peers now)."""
+def read_beat(buffer: Any, slot: int) -> tuple[int, int]:
+    """(the slot's progress counter, its state now: WORKING, WAITING or FINISHED)."""
     start = slot * PROGRESS_BYTES
     raw = bytes(buffer[start + _STATE_AT : start + PROGRESS_BYTES])
-    return _COUNTER.unpack_from(raw, _BEATS_AT - _STATE_AT)[0], raw[0] == 1
+    return _COUNTER.unpack_from(raw, _BEATS_AT - _STATE_AT)[0], raw[0]
 
 
 COLLECTIVES = (

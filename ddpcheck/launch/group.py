@@ -90,6 +90,7 @@ class RankOutcome:
     output: str = ""
     exitcode: int | None = None
     error_time: float = 0.0
+    waiting: bool = False  # it waited for its peers (a collective) when the group was stopped
 
     @property
     def ok(self) -> bool:
@@ -597,6 +598,8 @@ def _collect(
             spent = first_failure is not None and now - first_failure >= grace
             if ending.stalled or ending.overtime or spent:
                 ending.silences = {r: watchdog.silence(r, now) for r in watches}
+                for r in watches:
+                    outcomes[r].waiting = watchdog.waiting[r]
                 break
             if on_progress is not None and now >= next_report:
                 on_progress([read_progress(progress, r) for r in range(world)], now - deadline.started, False)
@@ -790,10 +793,12 @@ def _diagnose(result: GroupResult) -> str:
     waiting = [o.rank for o in result.outcomes if "final barrier" in o.progress]
     if waiting and len(waiting) < result.world_size:
         busy = [o.rank for o in result.outcomes if o.rank not in waiting]
-        lines.append(
-            f"  ranks {_join(waiting)} finished and wait for ranks {_join(busy)}, which never reached the "
-            "same collective (uneven batch counts or a collective only some ranks call)"
+        why = (
+            "never reached the same collective (uneven batch counts or a collective only some ranks call)"
+            if all(o.waiting for o in hung)
+            else "stopped making progress in their own code (their stacks show where)"
         )
+        lines.append(f"  ranks {_join(waiting)} finished and wait for ranks {_join(busy)}, which {why}")
     return "\n".join(lines)
 
 

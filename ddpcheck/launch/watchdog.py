@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ddpcheck.launch.beats import read_beat
+from ddpcheck.launch.beats import FINISHED, WAITING, read_beat
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,8 @@ def stall_message(silence: Silence, timeout: float) -> str:
 def overtime_message(max_time: float, silence: Silence) -> str:
     """What a rank stopped by ``--max-time`` says: the cap, and that it was still making progress."""
     return (
-        f"ran past --max-time ({max_time:g} s); its last progress was {silence.seconds:.1f} s before it "
-        "was stopped"
+        f"still running when --max-time ({max_time:g} s) ran out; its last progress was "
+        f"{silence.seconds:.1f} s before"
     )
 
 
@@ -52,11 +52,12 @@ class Watchdog:
         self.counts = [-1] * slots
         self.last = [started] * slots
         self.waiting = [False] * slots
+        self.finished = [False] * slots
 
     def observe(self, now: float) -> None:
         for slot in range(len(self.counts)):
-            count, waiting = read_beat(self.buffer, slot)
-            self.waiting[slot] = waiting
+            count, state = read_beat(self.buffer, slot)
+            self.waiting[slot], self.finished[slot] = state == WAITING, state == FINISHED
             if count != self.counts[slot]:
                 self.counts[slot], self.last[slot] = count, now
 
@@ -66,7 +67,9 @@ class Watchdog:
 
     def stalled(self, now: float, active: Sequence[int], allowance: Callable[[int], float]) -> list[int]:
         """The slots in ``active`` that stall the group now: those silent for ``timeout`` (plus their
-        ``allowance``) while working; else, when every active slot is silent, all of them."""
+        ``allowance``) while working; else, when every active slot is silent, all of them. A slot whose
+        rank has finished (it exits) is never one of them."""
+        active = [s for s in active if not self.finished[s]]
         silent = [s for s in active if now - self.last[s] >= self.timeout + allowance(s)]
         working = [s for s in silent if not self.waiting[s]]
         if working:
@@ -75,7 +78,7 @@ class Watchdog:
 
     def due(self, now: float, active: Sequence[int], allowance: Callable[[int], float]) -> float:
         """Seconds until the earliest slot in ``active`` not yet silent could be (inf: none)."""
-        dues = [self.last[s] + self.timeout + allowance(s) - now for s in active]
+        dues = [self.last[s] + self.timeout + allowance(s) - now for s in active if not self.finished[s]]
         return min((d for d in dues if d > 0), default=float("inf"))
 
     def silence(self, slot: int, now: float) -> Silence:

@@ -9,6 +9,7 @@ jobs run one after another. What comes back is plain data (:class:`~ddpcheck.tra
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -140,6 +141,7 @@ def _group_call(spec: LoaderSpec, job: Job, *, progress: bool) -> GroupCall:
         job.world_size,
         backend=options.backend,
         timeout=options.timeout,
+        max_time=options.max_time,
         kwargs={"options": job.record_options(spec)},
         on_progress=options.on_progress if progress else None,
     )
@@ -153,21 +155,21 @@ def fits_cores(jobs: Sequence[Job]) -> bool:
 def simulate(spec: LoaderSpec, job: Job) -> RunTrace:
     """A job's ranks simulated (``--simulate``); a recognised sampler's shortcut that proves wrong is
     redone through the real sampler."""
-    from ddpcheck.launch.simulate import NeedsCollectives, simulate_ranks
+    from ddpcheck.launch.simulate import NeedsCollectives, SimulationTooLarge, simulate_ranks
 
-    options, world_size, ranks = job.options, job.world_size, job.ranks or None
+    options, world_size = job.options, job.world_size
     kwargs = {"options": job.record_options(spec)}
+    run = functools.partial(
+        simulate_ranks, record_rank, world_size, kwargs=kwargs, timeout=options.timeout,
+        ranks=job.ranks or None, max_time=options.max_time, on_note=options.on_note,
+    )  # fmt: skip
     try:
-        group = simulate_ranks(
-            record_rank, world_size, kwargs=kwargs, timeout=options.timeout, ranks=ranks, shortcuts=True
-        )
+        group = run(shortcuts=True)
         mismatch = group.shortcuts.get("mismatch")
         if mismatch:  # the recognised sampler's shortcut was wrong: nothing of that run can be trusted
-            group = simulate_ranks(
-                record_rank, world_size, kwargs=kwargs, timeout=options.timeout, ranks=ranks, shortcuts=False
-            )
+            group = run(shortcuts=False)
             group.shortcuts = {"redone": mismatch}
-    except NeedsCollectives as exc:
+    except (NeedsCollectives, SimulationTooLarge) as exc:
         raise BadInput(str(exc)) from None
     trace = to_run_trace(group, set_epoch=options.set_epoch)
     return replace(trace, rank_sample=job.ranks, shortcuts=simulated_shortcuts(group.shortcuts))

@@ -57,7 +57,10 @@ def check_loader(
         precheck(spec)
     except BadLoaderFile as exc:
         raise BadInput(str(exc)) from None
-    session = _Session(spec, options, progress or (lambda _msg: None))
+    say = progress or (lambda _msg: None)
+    if options.on_note is None:  # a long simulation's estimate goes where the session's lines go
+        options = replace(options, on_note=say)
+    session = _Session(spec, options, say)
     try:
         with shared_tmp(), frozen_heap():  # what is loaded now stays out of the preload's collections
             session.preload()
@@ -427,7 +430,7 @@ def reference_notes(reference: RunTrace, world_sizes: Sequence[int]) -> list[str
 
 def jsonable_options(options: CheckOptions) -> dict[str, Any]:
     """The run's options as the JSON report lists them."""
-    unlisted = ("factory_args", "on_progress", "option_sources", "config_file")
+    unlisted = ("factory_args", "on_progress", "on_note", "option_sources", "config_file")
     out = {k: v for k, v in options.__dict__.items() if k not in unlisted}
     out["world_sizes"] = list(options.world_sizes)
     out["meshes"] = [m.spec if isinstance(m, Layout) else m for m in options.meshes]

@@ -369,6 +369,7 @@ class _ScriptSession:
             out,
             cwd=self.cwd,
             timeout=check.timeout,
+            max_time=check.max_time,
             env=env,
             workdir=self.guard,
             label=layout_name(layout),
