@@ -375,7 +375,6 @@ FAULTS = {
     # the helper inherits the rank's pipes: the kill is still seen at once, from the rank's own pid
     "killed_rank_with_helper.py": Fault(2, 1, "killed", "SIGKILL"),
     "stopped_rank.py": Fault(2, 1, "hang", "stopped", timeout=3),
-    "stalled_rank.py": Fault(2, 1, "hang", "no progress for", "in __iter__", timeout=3),
     # a bounded tail of the 1 GiB is kept; the crash itself is the headline
     "gigabyte_stdout.py": Fault(2, 1, "error", "after a gigabyte of output"),
 }

@@ -6,7 +6,9 @@ turn it into a list: O(world size x dataset) work that real ranks do in parallel
 ``torch.randperm`` drawn from a generator in a state already seen returns the permutation computed
 then (and leaves the generator in the state the real call would have), and ``tolist()`` of such a
 permutation returns a fresh copy of the list made then. Nothing is shared that the code could tell
-apart: a permutation modified in place is recomputed, and every caller gets its own list.
+apart: a permutation modified in place is recomputed, and every caller gets its own list. What is kept
+has a budget (:data:`SHARED_BYTES`): a simulated process must stay near one rank's own memory, so a
+permutation of tens of millions is drawn again by each rank rather than held as Python ints.
 
 At scale (:data:`ARRAYS_FROM` samples and more) a recognised sampler's epoch is read as one numpy array
 instead (:func:`epoch_array`): a billion Python ints would need tens of GB, its indices as ``uint32`` need
@@ -24,6 +26,8 @@ from typing import Any, cast
 import torch
 
 _RANDPERM = torch.randperm  # the real one, whatever shared_permutations has put in its place
+SHARED_BYTES = 256 << 20  # kept permutations (8 bytes an index) and their lists (~40), each kind at most
+_LIST_ITEM_BYTES = 40  # a list slot and a small int object
 
 
 class _Shared:
@@ -32,6 +36,22 @@ class _Shared:
         self.lists: dict[int, tuple[torch.Tensor, int, list[Any]]] = {}
         self.perm_ids: dict[int, torch.Tensor] = {}
         self.hits = 0
+
+    def room(self, kept: dict[Any, Any], item_bytes: int, n: int) -> bool:
+        """Whether ``n`` more items fit the budget of ``kept`` (the oldest are let go to make room)."""
+        need = n * item_bytes
+        if need > SHARED_BYTES:
+            return False
+        while kept and (sum(len(_items(v)) for v in kept.values()) * item_bytes + need > SHARED_BYTES):
+            key = next(iter(kept))
+            old = kept.pop(key)
+            if kept is self.perms:
+                self.perm_ids.pop(id(old[0]), None)
+        return True
+
+
+def _items(entry: tuple[Any, ...]) -> Any:
+    return entry[2] if isinstance(entry[2], list) else entry[0]
 
 
 def _key(n: int, generator: torch.Generator, kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
@@ -58,8 +78,9 @@ def shared_permutations() -> Iterator[_Shared]:
             generator.set_state(cached[2])  # type: ignore[union-attr]
             return cached[0]
         perm = real_randperm(n, generator=generator, **kwargs)
-        shared.perms[key] = (perm, perm._version, generator.get_state())  # type: ignore[union-attr]
-        shared.perm_ids[id(perm)] = perm
+        if shared.room(shared.perms, perm.element_size(), n):
+            shared.perms[key] = (perm, perm._version, generator.get_state())  # type: ignore[union-attr]
+            shared.perm_ids[id(perm)] = perm
         return perm
 
     def tolist(self: torch.Tensor) -> Any:
@@ -67,7 +88,7 @@ def shared_permutations() -> Iterator[_Shared]:
         if cached is not None and cached[0] is self and cached[1] == self._version:
             return list(cached[2])
         out = real_tolist(self)
-        if shared.perm_ids.get(id(self)) is self:
+        if shared.perm_ids.get(id(self)) is self and shared.room(shared.lists, _LIST_ITEM_BYTES, len(out)):
             shared.lists[id(self)] = (self, self._version, list(out))
         return out
 

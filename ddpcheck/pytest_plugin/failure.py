@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line \d+')
 _INTERNAL_MARKERS = (os.path.join("ddpcheck", "launch") + os.sep, os.path.join("ddpcheck", "plugin") + os.sep)
+_BEATS = os.path.join("ddpcheck", "launch", "beats.py")
 _SKIP_TYPES = ("Skipped",)
 _XFAIL_TYPES = ("XFailed",)
 _RULE = "-" * 24
@@ -66,6 +67,8 @@ def trim_stack(text: str) -> str:
     lines: list[str] = []
     for line in chosen.splitlines():
         match = _FRAME.match(line)
+        if match and match["path"].endswith(_BEATS):
+            continue  # the wrapper that counts a collective as progress: between torch and the test
         if match and _internal(match["path"]):
             break  # everything from here down is the rank machinery that called the test
         lines.append(line)
