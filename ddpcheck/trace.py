@@ -259,6 +259,11 @@ BITMAP_IDS = 1 << 26  # ids below this are counted in a bitmap (64 MB at most) w
 SPILL_IDS = 1 << 20  # an epoch's integer ids beyond this many go to the installed sink as they arrive
 
 
+def spill_threshold() -> int:
+    """:data:`SPILL_IDS` as it is now (:func:`spill_every` changes it)."""
+    return SPILL_IDS
+
+
 class IdSink(Protocol):
     """Where an epoch's integer ids go while recorded (``ddpcheck.tracefile.SpillFile``): appended a
     buffer at a time, then closed into the :class:`IdArray` of the whole epoch."""

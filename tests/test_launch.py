@@ -192,7 +192,7 @@ def test_a_ranks_own_error_that_mentions_timeout_is_not_secondary() -> None:
 
 
 def test_max_time_counts_from_when_every_rank_has_joined() -> None:
-    from ddpcheck.launch.group import JOIN_ALLOWANCE_S, Deadline
+    from ddpcheck.launch.watchdog import JOIN_ALLOWANCE_S, Deadline
 
     assert Deadline(started=100.0, timeout=3.0).cap == float("inf")  # no --max-time: no cap at all
     deadline = Deadline(started=100.0, timeout=3.0, max_time=5.0)

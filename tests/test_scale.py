@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import gc
 import itertools
-import pickle
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -242,10 +242,11 @@ def test_a_hung_simulated_rank_is_named_and_no_rank_is_handed_out_after_it() -> 
     ran, and what was not handed out yet is reported as not run; ranks other children already held
     finish."""
     from ddpcheck.launch.simulate import simulate_ranks
+    from ddpcheck.launch.watchdog import Limits
 
     world = 64
     started = time.monotonic()
-    result = simulate_ranks(_whoami, world, kwargs={"hang_at": 3}, timeout=1.0, capture=False)
+    result = simulate_ranks(_whoami, world, kwargs={"hang_at": 3}, limits=Limits(1.0), capture=False)
     assert time.monotonic() - started < 1.0 + 30.0  # the timeout, plus a generous slack for a loaded machine
     kinds = [o.kind for o in result.outcomes]
     assert kinds[:3] == ["ok"] * 3 and kinds[3] == "hang"
@@ -253,7 +254,9 @@ def test_a_hung_simulated_rank_is_named_and_no_rank_is_handed_out_after_it() -> 
     hung = result.outcomes[3]
     assert hung.message.startswith("no progress for ") and "(--timeout 1)" in hung.message
     assert "_whoami" in hung.stack
-    assert all("simulated rank 3 did not finish" in o.message for o in result.outcomes if o.kind == "secondary")
+    assert all(
+        "simulated rank 3 did not finish" in o.message for o in result.outcomes if o.kind == "secondary"
+    )
 
 
 def test_a_huge_simulated_world_reruns_a_sample_first_last_and_spread() -> None:

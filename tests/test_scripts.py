@@ -263,7 +263,8 @@ def test_a_hung_rank_is_reported_with_its_line_and_nothing_outlives_the_run(tmp_
     hung = [f for f in failures if f["kind"] == "hang"]
     assert [f["rank"] for f in hung] == [1], failures  # rank 0, waiting in its barrier, is not the cause
     assert "rank 1 made no progress for " in hung[0]["message"]  # --timeout: time without progress
-    assert "(--timeout 40), since " in hung[0]["message"] and "in faults/hangs.py line 16" in hung[0]["message"]
+    message = hung[0]["message"]
+    assert "(--timeout 40), since " in message and "in faults/hangs.py line 16" in message
     assert "hangs.py" in hung[0]["stack"]
     assert _leftovers(temp) == set()
 

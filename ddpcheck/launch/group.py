@@ -54,9 +54,8 @@ from ddpcheck.launch.rank import (
     stack_path,
 )
 from ddpcheck.launch.target import TargetRef
-from ddpcheck.launch.watchdog import Silence, Watchdog, overtime_message, stall_message
+from ddpcheck.launch.watchdog import JOIN_ALLOWANCE_S, Deadline, Ending, Watchdog
 
-JOIN_ALLOWANCE_S = 60.0  # on top of ``timeout``, for ranks to start and join the group
 # A rank's own waits (for its store, its peers in a collective): the parent's watchdog decides what is
 # hung, and a rank dies with its parent, so these only need to outlast any run: a week, as --timeout.
 RANK_WAIT_S = 7 * 24 * 3600.0
@@ -505,59 +504,9 @@ class _Group:
         self.janitor.close()
 
 
-@dataclass
-class Deadline:
-    """``timeout``: seconds a rank may go without progress; a rank still joining the group (fork,
-    rendezvous, group init) gets ``JOIN_ALLOWANCE_S`` more: joining can be slow for reasons that are not
-    the job's (a loaded machine, a resolver that times out while the store client logs its address).
-    ``max_time``: the group's whole time, counted from the moment every rank has joined (None: no cap).
-    """
-
-    started: float
-    timeout: float
-    max_time: float | None = None
-    joined_at: float | None = None
-
-    @property
-    def cap(self) -> float:
-        """When ``max_time`` runs out (inf without one); while ranks join, counted as if they had joined
-        at the end of their allowance."""
-        if self.max_time is None:
-            return float("inf")
-        joined = self.joined_at if self.joined_at is not None else self.started + JOIN_ALLOWANCE_S
-        return joined + self.max_time
-
-
 def _all_joined(progress: Any, outcomes: list[RankOutcome]) -> bool:
     """Every rank is past the rendezvous (or already done): its progress says more than 'joining'."""
     return all(o.kind != "pending" or read_progress(progress, o.rank) not in ("", JOINING) for o in outcomes)
-
-
-@dataclass
-class _Ending:
-    """Why a group's collection ended before every rank did: the ranks that stalled (their silences),
-    ``max_time`` run out, or a failure's grace spent (neither)."""
-
-    deadline: Deadline
-    silences: dict[int, Silence] = field(default_factory=dict)  # every rank still running, when stopped
-    stalled: tuple[int, ...] = ()
-    overtime: bool = False
-
-    def settle(self, outcome: RankOutcome, stuck: bool) -> None:
-        """A rank still running and without a result: hung, over time, or stopped for a peer's sake."""
-        if not stuck or outcome.kind != "pending":
-            return
-        silence = self.silences.get(outcome.rank)
-        if self.overtime and silence is not None and self.deadline.max_time is not None:
-            outcome.kind, outcome.message = "overtime", overtime_message(self.deadline.max_time, silence)
-        elif outcome.rank in self.stalled and silence is not None:
-            outcome.kind, outcome.message = "hang", stall_message(silence, self.deadline.timeout)
-        elif self.stalled:
-            ranks = ", ".join(str(r) for r in self.stalled)
-            plural = "s" if len(self.stalled) > 1 else ""
-            outcome.kind, outcome.message = "secondary", f"stopped while waiting: rank{plural} {ranks} hung"
-        else:
-            outcome.kind, outcome.message = "secondary", "stopped after a peer failed"
 
 
 def _collect(
@@ -580,7 +529,7 @@ def _collect(
     readers = {r: FrameReader(conn.fileno()) for r, conn in enumerate(conns)}
     watches = {r: ExitWatch(proc.pid) for r, proc in enumerate(procs)}
     watchdog = Watchdog(progress, world, deadline.timeout, deadline.started)
-    ending = _Ending(deadline)
+    ending = Ending(deadline)
     first_failure: float | None = None
     next_report = time.monotonic() + PROGRESS_EVERY_S
 
@@ -626,7 +575,8 @@ def _collect(
     _dump_stacks(procs, [r for r in stuck if r not in stopped], workdir)
     for r, outcome in enumerate(outcomes):
         outcome.progress = read_progress(progress, r)
-        ending.settle(outcome, stuck=r in stuck)
+        if r in stuck and outcome.kind == "pending":
+            outcome.kind, outcome.message = ending.judge(r)
         _finish(outcome, procs[r], workdir, stuck=r in stuck)
         if r in stopped and outcome.kind == "hang":
             reader = readers.get(r)

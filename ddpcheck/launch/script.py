@@ -28,7 +28,7 @@ from typing import Any
 from ddpcheck.launch.beats import PROGRESS_BYTES, PROGRESS_FILE_ENV, PROGRESS_SLOT_ENV, read_progress
 from ddpcheck.launch.procs import Janitor, kill_group, read_tail
 from ddpcheck.launch.rank import NATIVE_STACK_SIGNAL, PYTHON_STACK_WAIT_S, STACK_SIGNAL, torchrun_env
-from ddpcheck.launch.watchdog import Silence, Watchdog
+from ddpcheck.launch.watchdog import Limits, Silence, Watchdog
 from ddpcheck.launch.workdir import RunWorkdir, WorkdirGuard
 
 STACK_ENV = "DDPCHECK_STACK_FILE"  # where a rank writes its stacks when asked (a hang)
@@ -95,24 +95,23 @@ def launch_script(
     out: str,
     *,
     cwd: str,
-    timeout: float,
+    limits: Limits,
     env: dict[str, str] | None = None,
     workdir: WorkdirGuard | None = None,
     label: str = "",
-    max_time: float | None = None,
 ) -> ScriptLaunch:
     """Run ``python -m ddpcheck.record --out OUT ... -- SCRIPT ARGS`` (``command``: what follows
     ``python``) on ``world_size`` ranks; returns when every rank has ended or been killed.
 
-    ``timeout``: seconds a rank may go without progress; ``max_time``: the launch's whole time (None: no
-    cap). ``workdir``: the ranks see the working directory through this run's view of it (``label``
-    names the run in what the guard reports); it ends once every rank has."""
+    ``limits.timeout``: seconds a rank may go without progress; ``limits.max_time``: the launch's whole
+    time (None: no cap). ``workdir``: the ranks see the working directory through this run's view of
+    it (``label`` names the run in what the guard reports); it ends once every rank has."""
     import torch.distributed as dist
 
     from ddpcheck.launch.group import bind_loopback
 
     os.makedirs(out, exist_ok=True)
-    launch = ScriptLaunch(world_size=world_size, out=out, timeout=timeout, max_time=max_time)
+    launch = ScriptLaunch(world_size=world_size, out=out, timeout=limits.timeout, max_time=limits.max_time)
     progress_path = os.path.join(out, "progress")
     with open(progress_path, "wb") as handle:
         handle.truncate(PROGRESS_BYTES * world_size)

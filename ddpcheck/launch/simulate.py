@@ -65,7 +65,8 @@ from ddpcheck.launch.procs import (
 )
 from ddpcheck.launch.rank import force_loopback, fresh_random_state, make_killable, private_tmp, torchrun_env
 from ddpcheck.launch.shared_work import known_samplers, shared_permutations
-from ddpcheck.launch.watchdog import Watchdog, overtime_message, stall_message
+from ddpcheck.launch.watchdog import DEFAULT_LIMITS, Limits, Watchdog, overtime_message, stall_message
+from ddpcheck.tracefile import spill_to
 
 _START_ALLOWANCE_S = 10.0  # on top of a child's first timeout: the fork, on a loaded machine
 TRIM_FROM_BYTES = 32 << 20  # a rank that leaves its child this much larger has its memory handed back
@@ -173,11 +174,10 @@ def simulate_ranks(
     world_size: int,
     *,
     kwargs: dict[str, Any] | None = None,
-    timeout: float = 120.0,
+    limits: Limits = DEFAULT_LIMITS,
     capture: bool = True,
     ranks: Sequence[int] | None = None,
     shortcuts: bool = False,
-    max_time: float | None = None,
     on_note: Callable[[str], None] | None = None,
 ) -> GroupResult:
     """Run ``target(**kwargs)`` once per rank in forked children; raises NeedsCollectives if it needs
@@ -194,9 +194,9 @@ def simulate_ranks(
     memory at that peak then take the rest in chunks, each child its ranks one after another, every
     rank's objects dropped and its memory handed back before the next. A simulation estimated to take
     longer than ``ESTIMATE_FROM_S`` says so through ``on_note``. A child whose rank makes no progress for
-    ``timeout`` seconds is stopped: that rank is ``hang``, with its stack and since when; every rank not
-    run yet is ``secondary``. ``max_time``: the whole call's cap (None: none); ranks still running then
-    are ``overtime``.
+    ``limits.timeout`` seconds is stopped: that rank is ``hang``, with its stack and since when; every
+    rank not run yet is ``secondary``. ``limits.max_time``: the whole call's cap (None: none); ranks still
+    running then are ``overtime``.
     """
     if world_size < 1:
         raise ValueError(f"world size must be a positive integer, got {world_size}")
@@ -207,7 +207,7 @@ def simulate_ranks(
         raise ValueError(f"ranks must be a non-empty selection of 0..{world_size - 1}")
     find_rank_state_holders()  # what each simulated rank refreshes once it knows its rank
     simulation = _Simulation(target, world_size, dict(kwargs or {}), capture, shortcuts)
-    run = _Simulator(simulation, chosen, timeout, max_time, on_note or (lambda _text: None))
+    run = _Simulator(simulation, chosen, limits, on_note or (lambda _text: None))
     reaper = Reaper()
     reaper.start()
     try:
@@ -227,18 +227,17 @@ class _Simulator:
         self,
         simulation: _Simulation,
         chosen: list[int],
-        timeout: float,
-        max_time: float | None,
+        limits: Limits,
         note: Callable[[str], None],
     ) -> None:
         self.simulation, self.chosen, self.note = simulation, chosen, note
-        self.timeout, self.max_time = timeout, max_time
+        self.timeout, self.max_time = limits.timeout, limits.max_time
         self.started = time.monotonic()
         self.ctx: Any = mp.get_context("fork")
         self.workdir = short_tempdir("ddpc-s")
         self.janitor = Janitor(self.workdir)  # removes workdir and the children's groups if we are SIGKILLed
         self.progress = self.ctx.Array("c", PROGRESS_BYTES * MAX_PARTS, lock=False)
-        self.watchdog = Watchdog(self.progress, MAX_PARTS, timeout, self.started)
+        self.watchdog = Watchdog(self.progress, MAX_PARTS, self.timeout, self.started)
         self.children: list[_Child] = []
         self.pending: deque[int] = deque(chosen)
         self.results: dict[int, RankOutcome] = {}
@@ -643,7 +642,12 @@ def _serve(simulation: _Simulation, orders_fd: int, fd: int, workdir: str, port:
     run_id = f"ddpcheck-sim-{os.getpid()}"
     lists = simulation.world_size >= SHORTCUTS_FROM
     known = known_samplers(lists=lists) if simulation.shortcuts else contextlib.nullcontext(None)
-    with collectives_forbidden(), shared_permutations(), known as done:
+    run_dir = os.environ.get(rank_side.RUN_TMPDIR_ENV, "")
+    if run_dir:  # large epochs go to the run's temp directory: neither this child nor the parent holds them
+        spill_to(os.path.join(run_dir, ".ddpcheck-simulated-ids"))
+    # one rank alone (the reference) has nobody to share a permutation with: it would only hold memory
+    shared = shared_permutations() if simulation.world_size > 1 else contextlib.nullcontext(None)
+    with collectives_forbidden(), shared, known as done:
         cwd = os.getcwd()
         while True:
             order = read_frame(orders_fd)

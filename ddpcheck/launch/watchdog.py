@@ -12,10 +12,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ddpcheck.launch.beats import FINISHED, WAITING, read_beat
+
+JOIN_ALLOWANCE_S = 60.0  # on top of ``timeout``, for ranks to start and join the group
+
+
+@dataclass(frozen=True)
+class Limits:
+    """``timeout``: seconds a rank may go without progress; ``max_time``: a group's whole time (None: no
+    cap), as ``--timeout`` and ``--max-time`` give them."""
+
+    timeout: float = 120.0
+    max_time: float | None = None
+
+
+DEFAULT_LIMITS = Limits()
 
 
 @dataclass(frozen=True)
@@ -88,3 +102,53 @@ class Watchdog:
 
 def no_allowance(slot: int) -> float:
     return 0.0
+
+
+@dataclass
+class Deadline:
+    """``timeout``: seconds a rank may go without progress; a rank still joining the group (fork,
+    rendezvous, group init) gets ``JOIN_ALLOWANCE_S`` more: joining can be slow for reasons that are not
+    the job's (a loaded machine, a resolver that times out while the store client logs its address).
+    ``max_time``: the group's whole time, counted from the moment every rank has joined (None: no cap).
+    """
+
+    started: float
+    timeout: float
+    max_time: float | None = None
+    joined_at: float | None = None
+
+    @property
+    def cap(self) -> float:
+        """When ``max_time`` runs out (inf without one); while ranks join, counted as if they had joined
+        at the end of their allowance."""
+        if self.max_time is None:
+            return float("inf")
+        joined = self.joined_at if self.joined_at is not None else self.started + JOIN_ALLOWANCE_S
+        return joined + self.max_time
+
+
+@dataclass
+class Ending:
+    """Why a group's collection ended before every rank did: the ranks that stalled (their silences),
+    ``max_time`` run out, or a failure's grace spent (neither)."""
+
+    deadline: Deadline
+    silences: dict[int, Silence] = field(default_factory=dict)  # every rank still running, when stopped
+    stalled: tuple[int, ...] = ()
+    overtime: bool = False
+
+    def judge(self, rank: int) -> tuple[str, str]:
+        """The kind and message of a rank still running without a result when the group was stopped:
+        hung, over time, or stopped for a peer's sake."""
+        silence = self.silences.get(rank, Silence(0.0, time.time()))
+        if self.overtime and self.deadline.max_time is not None:
+            return "overtime", overtime_message(self.deadline.max_time, silence)
+        if rank in self.stalled:
+            return "hang", stall_message(silence, self.deadline.timeout)
+        if self.stalled:
+            ranks = ", ".join(str(r) for r in self.stalled)
+            return (
+                "secondary",
+                f"stopped while waiting: rank{'s' if len(self.stalled) > 1 else ''} {ranks} hung",
+            )
+        return "secondary", "stopped after a peer failed"

@@ -156,12 +156,14 @@ def simulate(spec: LoaderSpec, job: Job) -> RunTrace:
     """A job's ranks simulated (``--simulate``); a recognised sampler's shortcut that proves wrong is
     redone through the real sampler."""
     from ddpcheck.launch.simulate import NeedsCollectives, SimulationTooLarge, simulate_ranks
+    from ddpcheck.launch.watchdog import Limits
 
     options, world_size = job.options, job.world_size
     kwargs = {"options": job.record_options(spec)}
+    limits = Limits(options.timeout, options.max_time)
     run = functools.partial(
-        simulate_ranks, record_rank, world_size, kwargs=kwargs, timeout=options.timeout,
-        ranks=job.ranks or None, max_time=options.max_time, on_note=options.on_note,
+        simulate_ranks, record_rank, world_size, kwargs=kwargs, limits=limits, ranks=job.ranks or None,
+        on_note=options.on_note,
     )  # fmt: skip
     try:
         group = run(shortcuts=True)

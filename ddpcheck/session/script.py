@@ -42,6 +42,7 @@ from ddpcheck.checks.verdict import Verdict
 from ddpcheck.figures import figure_data
 from ddpcheck.launch.recorded import Recorded, launch_failure, launch_problem, read_launch, read_trace_dir
 from ddpcheck.launch.script import launch_script
+from ddpcheck.launch.watchdog import Limits
 from ddpcheck.launch.workdir import WorkdirGuard, WorkdirUnavailable
 from ddpcheck.layout import Layout, LayoutError, check_ranks
 from ddpcheck.messages import count_text, one_line
@@ -368,8 +369,7 @@ class _ScriptSession:
             layout.world_size,
             out,
             cwd=self.cwd,
-            timeout=check.timeout,
-            max_time=check.max_time,
+            limits=Limits(check.timeout, check.max_time),
             env=env,
             workdir=self.guard,
             label=layout_name(layout),
