@@ -306,8 +306,9 @@ class IdBuffer:
 
     def extend(self, batch: Sequence[Hashable]) -> None:
         if self._ints is not None:
-            if type(batch) is array and batch.typecode == "q":
-                self._ints.extend(batch)
+            if (type(batch) is array and batch.typecode == "q") or self._took_ints(batch):
+                if type(batch) is array:
+                    self._ints.extend(batch)
                 if len(self._ints) >= SPILL_IDS and ID_SINKS:
                     self._spill()
                 return
@@ -316,6 +317,18 @@ class IdBuffer:
             self._list, self._ints = list[Hashable](self._ints.tolist()), None
         assert self._list is not None
         self._list.extend(batch)
+
+    def _took_ints(self, batch: Sequence[Hashable]) -> bool:
+        """A list of plain ints that fit int64, appended as 8 bytes each from the start (a sampler ddpcheck
+        does not know yields such lists), as :func:`compact_ids` would store them at the epoch's end."""
+        if type(batch) is not list or set(map(type, batch)) - {int}:
+            return False
+        assert self._ints is not None
+        try:
+            self._ints.fromlist(batch)  # type: ignore[arg-type]  # all or nothing
+        except OverflowError:  # beyond int64: kept as they are
+            return False
+        return True
 
     def _spill(self) -> None:
         """Move the buffered ids to the sink (counting them first, if distinct() is in use)."""

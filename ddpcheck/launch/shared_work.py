@@ -26,7 +26,7 @@ from typing import Any, cast
 import torch
 
 _RANDPERM = torch.randperm  # the real one, whatever shared_permutations has put in its place
-SHARED_BYTES = 256 << 20  # kept permutations (8 bytes an index) and their lists (~40), each kind at most
+SHARED_BYTES = 64 << 20  # kept permutations (8 bytes an index) and their lists (~40), each kind at most
 _LIST_ITEM_BYTES = 40  # a list slot and a small int object
 
 
