@@ -298,12 +298,13 @@ def test_an_endless_loader_is_judged_in_windows(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_an_endless_loader_without_windows_is_named_at_the_deadline(tmp_path: Path) -> None:
+def test_an_endless_loader_without_windows_is_named_at_max_time(tmp_path: Path) -> None:
+    """It keeps yielding, so --timeout (time without progress) never stops it; --max-time does."""
     proc = ddpcheck_run(
         # 30 s: time for torch to import on a loaded machine and the loader to be seen iterating
         "--world-sizes",
         "1",
-        "--timeout",
+        "--max-time",
         "30",
         "--report-dir",
         str(tmp_path),
