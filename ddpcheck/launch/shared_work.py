@@ -224,6 +224,9 @@ def _permutation(n: int, seed: int, kept: dict[tuple[int, int], Any] | None) -> 
 
     if kept is not None and (n, seed) in kept:
         return kept[(n, seed)]
+    if kept is not None:  # a mapped file is mapped again in milliseconds: only the epoch in use stays mapped
+        for key in [k for k, v in kept.items() if isinstance(v, np.memmap)]:
+            del kept[key]
     shared = _shared_file(n, seed) if kept is not None else ""
     if shared and os.path.exists(shared):
         with contextlib.suppress(OSError, ValueError):
@@ -238,11 +241,12 @@ def _permutation(n: int, seed: int, kept: dict[tuple[int, int], Any] | None) -> 
     narrow = drawn.astype(np.uint32) if n <= 1 << 32 else drawn
     del drawn
     if shared:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, ValueError):
             partial = f"{shared}.{os.getpid()}.part"
             with open(partial, "wb") as handle:
                 np.save(handle, narrow)
             os.replace(partial, shared)
+            narrow = np.load(shared, mmap_mode="r")  # the file's pages, not the process's: dropped when done
     return _keep(kept, (n, seed), narrow)
 
 
