@@ -171,3 +171,26 @@ def test_the_pytest_plugin_counts_batches_and_names_a_stalled_rank(pytester: pyt
     assert "hang: rank 1 of 2 made no progress for the 2 s timeout" in text
     assert " in test_stalls" in text  # its stack
     assert time.monotonic() - started < 2 + SLACK_S + 60  # pytest's own start, too
+
+
+def test_an_old_timeout_setting_keeps_working_and_max_time_is_configurable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``timeout = 600`` in ``[tool.ddpcheck]`` is read as before (its meaning is now time without
+    progress); ``max-time`` comes from the file or ``DDPCHECK_MAX_TIME`` like any option, off by default."""
+    from ddpcheck.cli import _options, parse
+    from ddpcheck.options import BadInput, CheckOptions
+
+    for name in [k for k in __import__("os").environ if k.startswith("DDPCHECK_")]:
+        monkeypatch.delenv(name)
+    (tmp_path / "pyproject.toml").write_text("[tool.ddpcheck]\ntimeout = 600\n")
+    args = parse(["x.py"], cwd=tmp_path)
+    assert (args.timeout, args.max_time) == (600.0, None)
+    assert (_options(args).timeout, _options(args).max_time) == (600.0, None)
+    (tmp_path / "pyproject.toml").write_text("[tool.ddpcheck]\ntimeout = 600\nmax-time = 3600\n")
+    assert parse(["x.py"], cwd=tmp_path).max_time == 3600.0
+    monkeypatch.setenv("DDPCHECK_MAX_TIME", "90")
+    args = parse(["x.py"], cwd=tmp_path)
+    assert args.max_time == 90.0 and args.option_sources["max_time"] == "env DDPCHECK_MAX_TIME"
+    with pytest.raises(BadInput, match="max time must be positive"):
+        CheckOptions(max_time=0)
