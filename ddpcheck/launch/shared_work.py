@@ -107,6 +107,7 @@ VERIFY_EVERY = 128  # and then every 128th
 
 ARRAYS_FROM = 1 << 20  # from this many samples on, a recognised sampler's epoch is read as one array
 PERMUTATION_BYTES = 3 << 30  # narrowed permutations a child keeps for its next ranks, at most
+MAPPED_FROM_BYTES = 64 << 20  # a permutation this large is kept as its shared file's pages, one at a time
 
 
 class Shortcuts:
@@ -227,10 +228,11 @@ def _permutation(n: int, seed: int, kept: dict[tuple[int, int], Any] | None) -> 
     if kept is not None:  # a mapped file is mapped again in milliseconds: only the epoch in use stays mapped
         for key in [k for k, v in kept.items() if isinstance(v, np.memmap)]:
             del kept[key]
+    mapped = 4 * n >= MAPPED_FROM_BYTES  # smaller ones stay in memory: mapping costs ~1 ms a rank
     shared = _shared_file(n, seed) if kept is not None else ""
     if shared and os.path.exists(shared):
         with contextlib.suppress(OSError, ValueError):
-            narrow = np.load(shared, mmap_mode="r")
+            narrow = np.load(shared, mmap_mode="r" if mapped else None)
             if len(narrow) == n:
                 return _keep(kept, (n, seed), narrow)
     generator = torch.Generator()
@@ -246,7 +248,8 @@ def _permutation(n: int, seed: int, kept: dict[tuple[int, int], Any] | None) -> 
             with open(partial, "wb") as handle:
                 np.save(handle, narrow)
             os.replace(partial, shared)
-            narrow = np.load(shared, mmap_mode="r")  # the file's pages, not the process's: dropped when done
+            if mapped:
+                narrow = np.load(shared, mmap_mode="r")  # the file's pages: dropped when done
     return _keep(kept, (n, seed), narrow)
 
 

@@ -356,14 +356,14 @@ class _Simulator:
     def _message(self, child: _Child, message: Any) -> None:
         kind = message[0]
         if kind == "rank":
-            _, rank, status, payload, begin, end = message
+            _, rank, status, payload, begin, end, seconds = message
             if child.assigned and child.assigned[0] == rank:
                 child.assigned.popleft()
             child.output_end = end
+            child.seconds.append(seconds)
             self.results[rank] = _outcome(rank, status, payload, child, begin, end, self.simulation.capture)
         elif kind == "mem":
             _, rank, seconds, base, peak, _after, size = message
-            child.seconds.append(seconds)
             if not self.measured:
                 self._measured(seconds, max(peak - base, 0), size)
         elif kind == "done":
@@ -649,6 +649,7 @@ def _serve(simulation: _Simulation, orders_fd: int, fd: int, workdir: str, port:
     shared = shared_permutations() if simulation.world_size > 1 else contextlib.nullcontext(None)
     with collectives_forbidden(), shared, known as done:
         cwd = os.getcwd()
+        first = True
         while True:
             order = read_frame(orders_fd)
             if order[0] != "run":
@@ -656,14 +657,16 @@ def _serve(simulation: _Simulation, orders_fd: int, fd: int, workdir: str, port:
             for rank in order[1]:
                 os.chdir(cwd)  # as a process of its own would: a rank's chdir must not move the next one
                 os.environ.update(torchrun_env(rank, simulation.world_size, port, run_id, workdir))
-                if not _run_rank(simulation, rank, fd, FakeStore):
+                if not _run_rank(simulation, rank, fd, FakeStore, first):
                     return {}
+                first = False
     return done.summary() if done is not None else {}
 
 
-def _run_rank(simulation: _Simulation, rank: int, fd: int, store: Callable[[], Any]) -> bool:
-    """One simulated rank: its result, then (once every reference to its objects is gone and the memory
-    they held handed back) its time and memory. False: it needed collectives (said so already)."""
+def _run_rank(simulation: _Simulation, rank: int, fd: int, store: Callable[[], Any], first: bool) -> bool:
+    """One simulated rank: its result and time, then, once every reference to its objects is gone and the
+    memory they held handed back, its memory (for the child's ``first`` rank, the parent's measure, and for
+    any rank that grew the child). False: it needed collectives (said so already)."""
     begin = _position(simulation.capture)
     refresh_rank_state()
     report_progress(f"simulated rank {rank}: starting")
@@ -684,13 +687,15 @@ def _run_rank(simulation: _Simulation, rank: int, fd: int, store: Callable[[], A
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    size = write_frame(fd, ("rank", rank, status, payload, begin, _position(simulation.capture)))
     seconds = time.perf_counter() - started
-    peak = peak_bytes()
+    size = write_frame(fd, ("rank", rank, status, payload, begin, _position(simulation.capture), seconds))
     del payload
-    if rss_bytes() - base > TRIM_FROM_BYTES:
-        return_freed_memory()
-    write_frame(fd, ("mem", rank, seconds, base, peak, rss_bytes(), size))
+    grew = rss_bytes() - base > TRIM_FROM_BYTES
+    if first or grew:
+        peak = peak_bytes()
+        if grew:
+            return_freed_memory()
+        write_frame(fd, ("mem", rank, seconds, base, peak, rss_bytes(), size))
     beat()
     return True
 
