@@ -26,16 +26,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ddpcheck.exits import EXIT_BAD_INPUT, EXIT_FINGERPRINT_FAILED, EXIT_OK, EXIT_SCRIPT_FAILED
 from ddpcheck.launch.workdir import enter_workdir  # the standard library only: no thread starts
 
 if TYPE_CHECKING:
     from ddpcheck.checker.script import ScriptRecordOptions
     from ddpcheck.checker.script_env import ScriptTarget
     from ddpcheck.checker.step import StepWatcher
-
-EXIT_BAD_INPUT = 2
-EXIT_SCRIPT_FAILED = 3
-EXIT_FINGERPRINT_FAILED = 1  # --fingerprint: an epoch's ids are not every index exactly once
 
 
 def split_command(argv: Sequence[str]) -> tuple[list[str], str, str, list[str]]:
@@ -154,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _step_arguments(parser: argparse.ArgumentParser) -> None:
     """The training step's options (issue 35)."""
+    from ddpcheck import cli_values as values
     from ddpcheck.options import IGNORE_INDEX
 
     step = parser.add_argument_group("the training step (issue 35)")
@@ -177,6 +175,21 @@ def _step_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         default=False,
         help="with --replay: feed every rank's batch twice (probes whether the loss is a mean or a sum)",
+    )
+    step.add_argument(
+        "--mesh",
+        type=values.mesh,
+        default=None,
+        metavar="dp=2,tp=2",
+        help="with --replay: the recorded launch's device mesh; the replay joins the batches of one rank per "
+        "data-parallel coordinate (its tensor and context peers hold the same samples)",
+    )
+    step.add_argument(
+        "--data-dims",
+        type=values.names,
+        default=None,
+        metavar="NAME[,NAME]",
+        help="with --mesh: the dimensions that split the data (default: the names that start with dp)",
     )
     step.add_argument(
         "--ignore-index",
@@ -219,6 +232,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"ddpcheck.record: --replay {args.replay}: no recorded steps there (record with --step)",
             file=sys.stderr,
         )
+        return EXIT_BAD_INPUT
+    problem = _mesh_problem(args)
+    if problem:
+        print(f"ddpcheck.record: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     _die_with_launcher()
     _stack_dumps()
@@ -277,14 +294,9 @@ def _fingerprinted(out: str, target: ScriptTarget, options: ScriptRecordOptions,
     import shutil
     import tempfile
 
-    from ddpcheck.checker.fingerprint import (
-        HELD_IDS,
-        REPORT_NAME,
-        FingerprintReport,
-        exchange,
-        teardown_deferred,
-    )
+    from ddpcheck.checker.fingerprint import HELD_IDS, REPORT_NAME, exchange, teardown_deferred
     from ddpcheck.checker.script import record_script
+    from ddpcheck.checks.fingerprint import FingerprintReport
     from ddpcheck.trace import spill_every
     from ddpcheck.tracefile import spill_to
 
@@ -321,7 +333,7 @@ def _fingerprinted(out: str, target: ScriptTarget, options: ScriptRecordOptions,
             file=sys.stderr,
         )
         return EXIT_SCRIPT_FAILED
-    return 0 if report.ok else EXIT_FINGERPRINT_FAILED
+    return EXIT_OK if report.ok else EXIT_FINGERPRINT_FAILED
 
 
 # a framework, by the modules that show the script imported it
@@ -343,12 +355,40 @@ def _watch_step(args: argparse.Namespace) -> StepWatcher | None:
     options = StepOptions(
         out="" if args.replay else args.out,
         replay=args.replay,
+        replay_ranks=_replay_ranks(args),
         twice=bool(args.replay) and args.replay_twice,
         ignore_index=args.ignore_index,
         compare_batches=args.compare_batches,
         tail_batches=args.tail_batches,
     )
     return install_watcher(options)
+
+
+def _mesh_problem(args: argparse.Namespace) -> str:
+    """Why ``--mesh``/``--data-dims`` cannot be used ("": they can, or were not given)."""
+    if args.data_dims is not None and args.mesh is None:
+        return "--data-dims: give --mesh too"
+    if args.mesh is None:
+        return ""
+    if not args.replay:
+        return "--mesh: only with --replay (it names the recorded launch's mesh)"
+    from ddpcheck.layout import LayoutError, parse_mesh
+
+    try:
+        parse_mesh(args.mesh, args.data_dims)
+    except LayoutError as exc:
+        return str(exc)
+    return ""
+
+
+def _replay_ranks(args: argparse.Namespace) -> tuple[int, ...] | None:
+    """The recorded ranks a replay joins: one per data-parallel coordinate of ``--mesh`` (None: every rank).
+    The mesh was checked for its form when parsed; a mesh without a data dimension is refused in main."""
+    if args.mesh is None:
+        return None
+    from ddpcheck.layout import parse_mesh
+
+    return tuple(parse_mesh(args.mesh, args.data_dims).representatives())
 
 
 def _die_with_launcher() -> None:

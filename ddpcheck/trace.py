@@ -599,7 +599,8 @@ class RunTrace:
 class ScriptLoader:
     """One loader of a training script, as one rank recorded it (``ddpcheck run``/``ddpcheck.record``).
 
-    ``name`` is the line of the user's code that built it (``train.py:42``); ``set_epoch`` says whether
+    ``name`` is the line of the user's code that built it (``train.py:42``, relative to the script's
+    folder), ``variable`` what that line assigned it to, as the reports call it; ``set_epoch`` says whether
     the script's loop called ``set_epoch`` before every epoch after the first (True where the loader has
     nothing to call it on); ``handed`` counts the batches the script itself received."""
 
@@ -608,6 +609,7 @@ class ScriptLoader:
     id_source: IdSource = "index"
     set_epoch: bool = True
     handed: int = 0
+    variable: str = ""  # the variable the user's line assigned the loader to (``train_loader``); "" none
 
 
 @dataclass(frozen=True)
@@ -692,13 +694,16 @@ class OptimizerStep:
 
     ``grad`` holds the gradient the step applied, before clipping, as float32 values of the
     optimizer's parameters flattened in their param-group order (``StepTrace.kept`` coordinates of
-    each step: all of them, or an evenly spaced sample for large models); None when not kept."""
+    each step: all of them, or an evenly spaced sample for large models); None when not kept. Where the
+    parameters are sharded (DTensors), ``held`` is a packed bitmap (numpy ``packbits`` order), one bit per
+    kept value: the rank's shard holds it (the others are 0 here and held by other ranks); None: all."""
 
     index: int
     micro: tuple[MicroStep, ...] = ()
     grad: Sequence[float] | None = None
-    grad_norm: float | None = None  # L2 norm of the whole gradient (every coordinate)
+    grad_norm: float | None = None  # L2 norm of the whole gradient (every coordinate; None: a shard)
     not_comparable: str = ""  # why this step cannot be compared with a replay ("": it can; see StepTrace)
+    held: bytes | None = None
 
 
 @dataclass(frozen=True)

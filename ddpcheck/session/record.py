@@ -19,13 +19,21 @@ from ddpcheck.checker.batches import MIXED_IDS
 from ddpcheck.checker.loaderfile import LoaderSpec
 from ddpcheck.checker.recipe import RecordOptions, record_options
 from ddpcheck.checker.recording import RankRecording, record_rank
-from ddpcheck.launch import GroupCall, GroupResult, StartedGroups, TargetRef, started_groups
+from ddpcheck.launch import (
+    GroupCall,
+    GroupResult,
+    ProgressCallback,
+    StartedGroups,
+    TargetRef,
+    started_groups,
+)
 from ddpcheck.layout import Layout
 from ddpcheck.options import BadInput, CheckOptions
 from ddpcheck.scenarios import rank_failures
 from ddpcheck.trace import RunTrace, SimulatedShortcuts
 
 T = TypeVar("T")
+Note = Callable[[str], None]  # a line for the session's messages
 
 RERUN_SAMPLE_FROM = 128  # simulated worlds from this size on rerun a sample of ranks for determinism
 RERUN_SAMPLE_EDGE = 8  # the first and the last ranks sampled
@@ -62,11 +70,18 @@ def rerun_sample(world_size: int) -> tuple[int, ...]:
     return tuple(sorted(edge | spread))
 
 
-def record(spec: LoaderSpec, jobs: Sequence[Job], *, alone: bool = False) -> list[RunTrace]:
+def record(
+    spec: LoaderSpec,
+    jobs: Sequence[Job],
+    *,
+    alone: bool = False,
+    on_progress: ProgressCallback | None = None,
+    on_note: Note | None = None,
+) -> list[RunTrace]:
     """Record each job: side by side where their ranks fit the cores, else one by one (``alone``:
     always, for a loader that names shared memory machine-wide). Only the first job reports live
-    progress."""
-    with recording(spec, jobs, None, alone=alone) as started:
+    progress, to ``on_progress`` (the live display's, when there is one)."""
+    with recording(spec, jobs, None, alone=alone, on_progress=on_progress, on_note=on_note) as started:
         return started.jobs()
 
 
@@ -82,14 +97,15 @@ class Recording:
         held: Job | None,
         started: StartedGroups | None,
         alone: bool = False,
+        on_note: Note | None = None,
     ) -> None:
         self.spec, self._jobs, self.held, self._started = spec, list(jobs), held, started
-        self.alone = alone
+        self.alone, self.on_note = alone, on_note
         self._held_group: GroupResult | None = None  # the held rerun, when it ran beside the jobs
 
     def jobs(self) -> list[RunTrace]:
         if self._started is None:  # simulated: one job at a time, each over every core
-            return [simulate(self.spec, job) for job in self._jobs]
+            return [simulate(self.spec, job, self.on_note) for job in self._jobs]
         indices = list(range(len(self._jobs)))
         if not self.alone and self._jobs and self.held is not None and fits_cores([*self._jobs, self.held]):
             *groups, self._held_group = self._started.collect(*indices, len(self._jobs))
@@ -108,7 +124,7 @@ class Recording:
         assert self.held is not None
         if self._started is None:
             done = work()
-            return simulate(self.spec, self.held), done
+            return simulate(self.spec, self.held, self.on_note), done
         index = len(self._jobs)
         if self._held_group is None:
             self._started.open(index)
@@ -119,22 +135,30 @@ class Recording:
 
 @contextlib.contextmanager
 def recording(
-    spec: LoaderSpec, jobs: Sequence[Job], held: Job | None, *, alone: bool = False
+    spec: LoaderSpec,
+    jobs: Sequence[Job],
+    held: Job | None,
+    *,
+    alone: bool = False,
+    on_progress: ProgressCallback | None = None,
+    on_note: Note | None = None,
 ) -> Iterator[Recording]:
     """Fork every real rank of ``jobs`` and ``held`` (nothing runs yet); stop and reap them on the way
-    out. ``alone``: the groups run one after another (see :class:`Recording`)."""
+    out. ``alone``: the groups run one after another (see :class:`Recording`); ``on_progress``: hears
+    the first job's ranks, and the held one's (it runs alone, after the jobs); ``on_note``: the session's
+    message line, for what simulated ranks say before they go on (a long run's estimate)."""
     first = jobs[0] if jobs else held
     if first is None or first.options.simulate:
-        yield Recording(spec, jobs, held, None)
+        yield Recording(spec, jobs, held, None, on_note=on_note)
         return
-    calls = [_group_call(spec, job, progress=i == 0) for i, job in enumerate(jobs)]
+    calls = [_group_call(spec, job, on_progress if i == 0 else None) for i, job in enumerate(jobs)]
     if held is not None:
-        calls.append(_group_call(spec, held, progress=True))  # it runs alone, after the jobs
+        calls.append(_group_call(spec, held, on_progress))  # it runs alone, after the jobs
     with started_groups(calls, hold=True) as started:
         yield Recording(spec, jobs, held, started, alone)
 
 
-def _group_call(spec: LoaderSpec, job: Job, *, progress: bool) -> GroupCall:
+def _group_call(spec: LoaderSpec, job: Job, on_progress: ProgressCallback | None) -> GroupCall:
     options = job.options
     return GroupCall(
         TargetRef.of(record_rank),
@@ -143,7 +167,7 @@ def _group_call(spec: LoaderSpec, job: Job, *, progress: bool) -> GroupCall:
         timeout=options.timeout,
         max_time=options.max_time,
         kwargs={"options": job.record_options(spec)},
-        on_progress=options.on_progress if progress else None,
+        on_progress=on_progress,
     )
 
 
@@ -152,7 +176,7 @@ def fits_cores(jobs: Sequence[Job]) -> bool:
     return sum(job.world_size for job in jobs) <= max(cores, 1)
 
 
-def simulate(spec: LoaderSpec, job: Job) -> RunTrace:
+def simulate(spec: LoaderSpec, job: Job, on_note: Note | None = None) -> RunTrace:
     """A job's ranks simulated (``--simulate``); a recognised sampler's shortcut that proves wrong is
     redone through the real sampler."""
     from ddpcheck.launch.simulate import NeedsCollectives, SimulationTooLarge, simulate_ranks
@@ -163,7 +187,7 @@ def simulate(spec: LoaderSpec, job: Job) -> RunTrace:
     limits = Limits(options.timeout, options.max_time)
     run = functools.partial(
         simulate_ranks, record_rank, world_size, kwargs=kwargs, limits=limits, ranks=job.ranks or None,
-        on_note=options.on_note,
+        on_note=on_note,
     )  # fmt: skip
     try:
         group = run(shortcuts=True)
