@@ -142,7 +142,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=values.seconds,
         default=120.0,
         metavar="S",
-        help=f"seconds per process group (at most {limits.MAX_TIMEOUT:.0f}, one week)",
+        help="seconds a rank may go without progress (a batch, an epoch boundary, a collective) before it "
+        f"is reported hung; a rank that keeps yielding never is (at most {limits.MAX_TIMEOUT:.0f}, one week)",
+    )
+    layout.add_argument(
+        "--max-time",
+        type=values.seconds,
+        default=None,
+        metavar="S",
+        help="seconds a process group may run in all, progress or not (default: no limit); ranks still "
+        "running then are reported as having run past --max-time",
     )
     # --- loader: how it is built and iterated ---
     loader = parser.add_argument_group("loader", "how the factory is called and its loader iterated")

@@ -239,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     _die_with_launcher()
     _stack_dumps()
+    _progress()
     from ddpcheck.checker.script import ScriptRecordOptions, record_script
     from ddpcheck.checker.script_env import ScriptTarget
 
@@ -274,6 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     trace = replace(record_script(target, options, hooks), frameworks=imported_frameworks())
     if watcher is not None:
         trace = replace(trace, steps=watcher.finish())
+    _finished()  # the script is over: what is left (the trace written, the exit) is ddpcheck's, bounded
     write_rank(args.out, trace)
     if trace.status != "ok":
         print(f"ddpcheck.record: rank {trace.rank}: {trace.message}", file=sys.stderr)
@@ -405,6 +407,21 @@ def _die_with_launcher() -> None:
         return
     if os.getppid() != int(parent):
         os._exit(1)
+
+
+def _progress() -> None:
+    """Under ``ddpcheck run``: publish this rank's progress where the launcher's watchdog reads it
+    (batches, collectives, optimizer steps: ``--timeout`` is time without any of them)."""
+    from ddpcheck.launch.beats import attach_file, install_beats
+
+    if attach_file():  # no progress said before the script's first: its start has an allowance of its own
+        install_beats()
+
+
+def _finished() -> None:
+    from ddpcheck.launch.beats import finished
+
+    finished()
 
 
 def _stack_dumps() -> None:

@@ -55,6 +55,7 @@ from ddpcheck.checker.step import active_watcher as step_watcher
 from ddpcheck.checker.subsets import base_indices, to_base
 from ddpcheck.checker.watch import drawn_at, install, mark_parts, watching
 from ddpcheck.checker.work import Measured, WorkMeter, looks_like_tokens
+from ddpcheck.launch.beats import beat, report_progress
 from ddpcheck.launch.userfiles import show_paths_from
 from ddpcheck.trace import EpochTrace, LoaderFacts, RankTrace, ScriptLoader, ScriptRankTrace
 
@@ -226,6 +227,7 @@ class ScriptEpoch:
             record.id_source = step.found
         digest = batch_digest(batch) if self.recorder.options.digest else None
         self.built.add((ids, worker, digest, self._measure(batch)))
+        report_progress(f"{record.name}: epoch {len(record.epochs)}, batch {self.built.count}")
         self._guard()
 
     def _measure(self, batch: Any) -> Measured | None:
@@ -296,6 +298,7 @@ class ScriptEpoch:
             if ids is None:
                 continue
             self.built.add((to_base(ids, self.base), worker, None, None))
+            beat()  # a batch read past the script is progress too (--timeout)
             self._guard()
         if kind is _MultiProcessingDataLoaderIter and not it._persistent_workers:
             it._shutdown_workers()  # the epoch is over for the script: its workers need not prefetch on
