@@ -142,12 +142,27 @@ def test_only_the_tail_window_differs() -> None:
     assert "(1 of 3 compared steps" in verdict.detail
 
 
-def test_batchnorm_per_rank_is_named() -> None:
+def test_batchnorm_per_rank_is_named_against_a_replay_of_the_global_batch() -> None:
     ref = [_grad(0)]
     run = _run([_noisy(ref[0], 0.3)], [[[micro()]]] * 2, per_rank_norm=("norm",))
     verdict = check_step_equivalence(run, trace([(ref[0], [micro(8)])]), W2)
     assert verdict.failed and verdict.cause == BATCHNORM.format(modules="norm")
     assert "SyncBatchNorm" in verdict.fix
+
+
+def test_batchnorm_per_rank_is_compared_with_a_replay_that_normalises_each_part() -> None:
+    """The replay normalised each rank's part of the union by its own statistics (its ``per_rank_norm``):
+    an exact step passes with a note that says so; a loss normalised per rank still fails, named by its own
+    cause, never by the batch norm."""
+    ref = [_grad(0)]
+    per_part = trace([(ref[0], [micro(8)])], per_rank_norm=("norm",))
+    run = _run([_noisy(ref[0], 2e-7)], [[[micro()]]] * 2, per_rank_norm=("norm",))
+    verdict = check_step_equivalence(run, per_part, W2)
+    assert verdict.status == "pass" and step_check.PER_RANK_NORM + " (norm)" in verdict.detail
+    counts = [[[micro(4, supervised=2)]], [[micro(4, supervised=4)]]]
+    bad = check_step_equivalence(_run([_noisy(ref[0], 0.3)], counts, per_rank_norm=("norm",)), per_part, W2)
+    assert bad.failed and bad.cause.startswith("ranks' supervised-token counts differ (2 vs 4)"), bad.cause
+    assert step_check.PER_RANK_NORM in bad.detail
 
 
 def test_a_nan_gradient_spread_by_the_all_reduce() -> None:

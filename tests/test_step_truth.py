@@ -48,7 +48,9 @@ REPLAYED: dict[str, tuple[str, tuple[str, ...]]] = {
     "good_sum_fixed_norm": ("", ()),
     "hf_trainer_default": ("", ()),
     "hf_trainer_loss_override": ("ranks' supervised-token counts differ", ()),
-    "bug_batchnorm_per_rank": ("BatchNorm normalises each rank's batch", ("norm",)),
+    # per-rank BatchNorm: the truth's replay normalised each rank's part of the union on its own
+    "good_batchnorm_per_rank": ("", ("norm",)),
+    "bug_batchnorm_rank_mean": ("ranks' supervised-token counts differ", ("norm",)),
     "good_batchnorm_synced": ("", ()),
     "bug_two_tower": ("", ()),  # the ranks' work differs (equal_microsteps), not the averaged gradient
     "good_two_tower_dummy": ("", ()),
@@ -81,7 +83,7 @@ def test_step_equivalence_is_the_truth(name: str) -> None:
     facts = TRUTH[(name, 2)]
     assert _truly_equivalent(facts, 2) == (not cause), facts["per_step"]
     runs, log = _runs(name, 2, per_rank_norm=norms)
-    replay = step_trace(log["replay"], loss_scale=facts["loss_scale"])
+    replay = step_trace(log["replay"], loss_scale=facts["loss_scale"], per_rank_norm=norms)
     verdict = check_step_equivalence(runs, replay, Layout.plain(2))
     assert verdict.status == ("fail" if cause else "pass"), verdict
     assert verdict.cause.startswith(cause), verdict.cause
@@ -101,6 +103,9 @@ def test_the_truth_behind_each_cause() -> None:
     assert factor["loss_scale"] == "mean" and all(abs(p["c"] - 0.5) < 1e-6 for p in factor["per_step"])
     summed = TRUTH[("good_sum_fixed_norm", 2)]
     assert summed["loss_scale"] == "sum" and all(abs(p["c"] - 0.5) < 1e-6 for p in summed["per_step"])
+    per_rank = TRUTH[("good_batchnorm_per_rank", 2)]  # the global batch's statistics give another step
+    assert all(p["rel_diff"] > 0.2 for p in per_rank["per_step_global_stats"])
+    assert all(p["rel_diff"] < TOL for p in per_rank["per_step"])
     sft = TRUTH[("bug_sft_all_masked", 2)]
     assert sft["unsupervised"] == [{"rank": 1, "step": 2, "micro": 0}] and sft["nan_steps"]["0"][0] == 2
     runs, log = _runs("bug_sft_all_masked", 2)

@@ -23,11 +23,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ddpcheck.checker import draws as draws_module
-from ddpcheck.checker import patching, rng
+from ddpcheck.checker import norms, patching, rng
 from ddpcheck.checker import replay as rp
 from ddpcheck.checker.draws import DrawRecorder, NotReplayable
 from ddpcheck.checker.grads import KEEP_LIMIT, GradKeeper, KeptGrad, Unreadable, local_part, optimizer_params
 from ddpcheck.checker.models import Models
+from ddpcheck.checker.norms import PartNorm
 from ddpcheck.options import IGNORE_INDEX
 from ddpcheck.trace import Draw, FetchDraws, MicroStep, OptimizerStep, StepTrace
 
@@ -175,6 +176,8 @@ class StepWatcher:
         self.keeper = GradKeeper(options.keep)
         self.fetch: rng.FetchWatch | None = None
         self.models = Models()
+        self.norms = PartNorm()  # a replay's batch norms: each rank's part of the union on its own
+        self.norms.name = lambda module: self.models.names.get(id(module))
         import torch
 
         self.grad_enabled = torch.is_grad_enabled
@@ -245,7 +248,7 @@ class StepWatcher:
             parameters=kept.parameters if kept else sum(p.numel() for p in self.models.params()),
             kept=len(kept.values) if kept else 0,
             grad_dtype=kept.dtype if kept else "",
-            per_rank_norm=tuple(self.models.per_rank_norm),
+            per_rank_norm=tuple(self.norms.modules if self.options.replay else self.models.per_rank_norm),
             dropout_off=self.dropout_off,
             replay=self.options.replay,
             notes=tuple(dict.fromkeys(self.notes)),
@@ -303,6 +306,7 @@ class StepWatcher:
 
     def _disarm(self) -> None:
         self.draws.armed = False
+        self.norms.calling = []
         for hook in self.hooks:
             hook.remove()
         self.hooks = []
@@ -310,6 +314,7 @@ class StepWatcher:
 
     def _open_window(self) -> None:
         self.window = _Window()
+        self.norms.problems, self.norms.parts = [], None
         if self.wired and (self.options.compare_batches != 0 or self.options.tail_batches):
             self._arm(self.window)  # before its first batch: draws the loop makes first are seen too
 
@@ -323,7 +328,7 @@ class StepWatcher:
             reasons.append(f"the gradient was not read: {kept.unreadable}")
             kept = None
         if window.armed:
-            reasons += self.draws.unexplained + self.draws.failures
+            reasons += self.draws.unexplained + self.draws.failures + self.norms.problems
             if self.options.replay and window.recorded is None and window.backwards:
                 # no batch of its own was handed in this window (a loader that fetches ahead handed it
                 # in the previous one): nothing loaded the run's weights here, so it starts elsewhere
@@ -396,6 +401,7 @@ class StepWatcher:
         if self.in_backward:
             return
         self.depth += 1
+        self.norms.calling.append(module)
         name = self.models.called(module, self.depth == 1)
         if name is not None and self.grad_enabled():
             self.pending.forwards[name] += 1
@@ -403,6 +409,8 @@ class StepWatcher:
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
         if not self.in_backward and self.depth > 0:
             self.depth -= 1
+            if self.norms.calling:
+                self.norms.calling.pop()
 
     # --- the replay ----------------------------------------------------------------------------------
 
@@ -442,11 +450,13 @@ class StepWatcher:
         if missing:
             window.reasons.append(f"rank {missing[0]} saved no batch at {where}")
             return batch
+        self.norms.handed(None)
         try:
             merged = rp.union([saved[key] for saved in recorded.batches], self.options.ignore_index)
         except NotReplayable as exc:
             window.reasons.append(f"the batch at {where} cannot be replayed: {exc}")
             return batch
+        self.norms.handed([batch_samples(rp.from_plain(saved[key])) for saved in recorded.batches])
         return rp.from_plain(merged, batch)
 
     def _replay_draw(self, index: int, draw: Any, value: Any) -> Any:
@@ -674,6 +684,7 @@ def _install() -> None:
     backward.__wrapped__ = original_backward  # type: ignore[attr-defined]
     backward.__doc__ = original_backward.__doc__
     patching.replace(torch.autograd, "backward", backward)
+    norms.install(_part_norm)
     patching.keep_handle(register_optimizer_step_pre_hook(lambda o, a, k: _call(lambda w: w.step_pre(o))))
     patching.keep_handle(register_optimizer_step_post_hook(lambda o, a, k: _call(lambda w: w.step_post())))
     made = _after(Optimizer.__init__, lambda w, o: w.models.optimizer_made(o))
@@ -700,6 +711,14 @@ def uninstall() -> None:
     draws_module.forget_install()
     rng.forget_install()
     _installed = False
+
+
+def _part_norm() -> PartNorm | None:
+    """The batch norms' parts while a replay runs a compared step (None: normalise as is)."""
+    watcher = ACTIVE
+    if watcher is None or not watcher.options.replay or not watcher.window.armed:
+        return None
+    return watcher.norms
 
 
 def _call(action: Callable[[StepWatcher], None]) -> None:

@@ -18,9 +18,12 @@ where the replay's loss is the ranks' sum (:func:`wants_loss_probe`): a second r
 twice, and a loss that doubles is a sum (:func:`loss_scale`), one that stays is a mean.
 
 Causes, from the evidence: a NaN gradient spread by the all-reduce; ranks holding different gradients after
-it; an exact scalar factor (``c = <g, r> / <r, r>`` with a tiny residual: the world size, its inverse, the
-micro-batch count); BatchNorm normalising per rank; only the epoch's last window differing where the ranks'
-windows differ; the ranks' supervised-token (or sample) counts differing under a per-rank mean.
+it (or different values of one part of a sharded gradient); an exact scalar factor (``c = <g, r> / <r, r>``
+with a tiny residual: the world size, its inverse, the micro-batch count); BatchNorm normalising per rank
+against a replay that normalised the global batch; only the epoch's last window differing where the ranks'
+windows differ; the ranks' supervised-token (or sample) counts differing under a per-rank mean. A replay
+that normalised each rank's part of the union by its own statistics (``StepTrace.per_rank_norm`` of the
+replay: BatchNorm without SyncBatchNorm, as the ImageNet references train) is compared so, and says so.
 ``equal_microsteps`` asks that between consecutive optimizer steps every rank runs the same number of
 backward passes and the same forward calls of each submodule that holds parameters.
 """
@@ -73,6 +76,7 @@ BATCHNORM = (
     "BatchNorm normalises each rank's batch by that batch's own statistics ({modules}); one process "
     "normalises the global batch"
 )
+PER_RANK_NORM = "BatchNorm statistics are per rank, as DDP without SyncBatchNorm computes them; compared so"
 TAIL = (
     "only the epoch's last {window} differs, where the ranks' windows differ ({windows}): the "
     "loss is normalised per rank or by a constant (the accumulation steps), not by the window's count over "
@@ -390,10 +394,14 @@ def check_step_equivalence(
         note += (
             f"; {count_text(dropped, 'later steps')} not compared: the replay from the run's weights is NaN"
         )
+    per_part = bool(replay.per_rank_norm)
+    if per_part:
+        shown = ", ".join(replay.per_rank_norm[:4])
+        note += f"; {PER_RANK_NORM} ({shown})"
     unfaithful = [i for i in candidates if reasons[i]]
     if unfaithful:
         note += f"; {count_text(len(unfaithful), 'steps')} not compared: {reasons[unfaithful[0]]}"
-    return _judged(diffs, heads, layout, Settings(tol, dtype, replay.loss_scale, note))
+    return _judged(diffs, heads, layout, Settings(tol, dtype, replay.loss_scale, note, per_part))
 
 
 def _dtype(trace: StepTrace) -> str:
@@ -443,6 +451,7 @@ class Settings:
     dtype: str
     loss_scale: str
     note: str  # appended to the detail
+    norm_per_part: bool = False  # the replay normalised each rank's part of the union on its own
 
 
 def _judged(diffs: Sequence[StepDiff], heads: Sequence[StepTrace], layout: Layout, how: Settings) -> Verdict:
@@ -469,7 +478,7 @@ def _judged(diffs: Sequence[StepDiff], heads: Sequence[StepTrace], layout: Layou
             f"{worst:.2g}, {tolerance}){how.note}",
             evidence=evidence,
         )
-    cause, fix = _cause(diffs, bad, heads, layout, how.tol, how.loss_scale)
+    cause, fix = _cause(diffs, bad, heads, layout, how)
     detail = (
         f"the DDP gradient differs from one process's on the union of the ranks' micro-batches by "
         f"{_diffs_text(bad)} ({len(bad)} of {count_text(len(diffs), 'compared steps')}; "
@@ -514,17 +523,16 @@ def _cause(
     bad: Sequence[StepDiff],
     heads: Sequence[StepTrace],
     layout: Layout,
-    tol: float,
-    loss_scale: str,
+    how: Settings,
 ) -> tuple[str, str]:
     """The likeliest cause of the failing steps ``bad`` among the compared ``diffs``, and its fix."""
     if any(math.isnan(d.rel) for d in bad):
         return NAN, FIXES[NAN]
-    factor = _exact_factor(bad, layout.dp_world_size, tol, loss_scale)
+    factor = _exact_factor(bad, layout.dp_world_size, how.tol, how.loss_scale)
     if factor:
         return factor, FIXES["factor"]
     modules = sorted({m for h in heads for m in h.per_rank_norm})
-    if modules:
+    if modules and not how.norm_per_part:  # a replay that normalised the global batch
         return BATCHNORM.format(modules=", ".join(modules[:4])), FIXES[BATCHNORM]
     good = [d for d in diffs if d not in bad]
     if good and bad[-1] is diffs[-1] and all(map(_differ, bad)) and not any(map(_differ, good)):
