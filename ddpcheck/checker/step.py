@@ -18,19 +18,21 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ddpcheck.checker import draws as draws_module
 from ddpcheck.checker import norms, patching, rng
 from ddpcheck.checker import replay as rp
+from ddpcheck.checker.consumed import Handoff, Part, fetched_ahead, one_batch_each
 from ddpcheck.checker.draws import DrawRecorder, NotReplayable
+from ddpcheck.checker.feeds import Tokens, batch_tokens, forward_tokens
 from ddpcheck.checker.grads import KEEP_LIMIT, GradKeeper, KeptGrad, Unreadable, local_part, optimizer_params
 from ddpcheck.checker.models import Models
 from ddpcheck.checker.norms import PartNorm
 from ddpcheck.options import IGNORE_INDEX
-from ddpcheck.trace import Draw, FetchDraws, MicroStep, OptimizerStep, StepTrace
+from ddpcheck.trace import Draw, FetchDraws, MicroStep, ModelFeed, OptimizerStep, StepTrace
 
 
 @dataclass(frozen=True)
@@ -48,10 +50,6 @@ class StepOptions:
     replay_ranks: tuple[int, ...] | None = None  # the recorded ranks the replay joins (None: every rank)
 
 
-Handoff = tuple[str, int, int]  # (loader, epoch, position)
-Part = tuple[Handoff, int, "int | None"]  # a handoff, its samples (-1 unknown), its supervised labels
-
-
 @dataclass
 class _Pending:
     """What the loop did since the last backward."""
@@ -62,6 +60,8 @@ class _Pending:
     parts: list[Part] = field(default_factory=list)  # each handoff with its own samples and labels
     forwards: Counter[str] = field(default_factory=Counter)
     draws_before: int = 0  # the loop's draws made before the first batch was handed over
+    handed_tokens: Tokens = ()  # the first batch's token tensors (compared windows)
+    fed_tokens: Tokens | None = None  # what the model's first outermost forward was given (ditto)
 
 
 @dataclass
@@ -82,73 +82,6 @@ class _Window:
     @property
     def backwards(self) -> int:
         return len(self.micro)
-
-
-def one_batch_each(micro: Sequence[MicroStep], parts: Sequence[Sequence[Part]]) -> tuple[MicroStep, ...]:
-    """The window's micro-steps, each with the batch its backward consumed where the loop fetched ahead.
-
-    A loop that takes a window's batches before its first backward (HF Trainer 5's ``get_batch_samples``
-    fetches every micro-batch of the window, then runs one forward and backward per batch) hands all of
-    them to the first micro-step. Where every backward had a batch fetched for it (the handoffs so far
-    never fall behind the backward passes) and the window holds exactly one batch per backward, the batches
-    go to the micro-steps in order; any other shape stays as handed."""
-    flat = [part for handed in parts for part in handed]
-    if len(parts) != len(micro) or len(flat) != len(micro) or all(len(p) == 1 for p in parts):
-        return tuple(micro)
-    ahead = 0
-    for handed in parts:
-        ahead += len(handed) - 1
-        if ahead < 0:
-            return tuple(micro)
-    return tuple(
-        replace(m, loader=h[0], epoch=h[1], batches=(h[2],), samples=n, supervised=labelled)
-        for m, (h, n, labelled) in zip(micro, flat, strict=True)
-    )
-
-
-def fetched_ahead(
-    micro: Sequence[MicroStep], parts: Sequence[Sequence[Part]]
-) -> tuple[MicroStep, ...] | None:
-    """Every micro-step of the run with the batch its backward consumed, where the loader fetched ahead
-    across steps (None: not that shape; each keeps what was handed since the backward before).
-
-    A loader wrapped to look one batch ahead (Accelerate's ``DataLoaderShard``, Lightning's prefetching
-    fetcher) hands batch k+1 before the loop receives batch k: the first backward sees two handoffs, the
-    others one, the epoch's last none. Where the handoffs so far never fall behind the backward passes and
-    the run handed exactly one batch per backward (or one more, fetched and never consumed, after a first
-    backward that saw several), the batches go to the backward passes in order."""
-    flat = [part for handed in parts for part in handed]
-    count = len(micro)
-    if count < 2 or len(parts) != count or all(len(p) == 1 for p in parts):
-        return None
-    if len(flat) != count and not (len(flat) == count + 1 and len(parts[0]) > 1):
-        return None
-    seen = 0
-    for i, handed in enumerate(parts):
-        seen += len(handed)
-        if seen < i + 1 or len({h[:2] for h, _, _ in handed}) > 1:
-            return None
-    if not _one_stream([h for h, _, _ in flat]):
-        return None
-    return tuple(
-        replace(m, loader=h[0], epoch=h[1], batches=(h[2],), samples=n, supervised=labelled)
-        for m, (h, n, labelled) in zip(micro, flat, strict=False)
-    )
-
-
-def _one_stream(handoffs: Sequence[Handoff]) -> bool:
-    """Whether the handoffs are whole epochs read in order: each epoch from position 0, one position at a
-    time, never returned to (a peek at a batch before the loop, or two loaders at once, is not)."""
-    done: set[tuple[str, int]] = set()
-    for before, after in zip([None, *handoffs], handoffs, strict=False):
-        if before is not None and before[:2] == after[:2]:
-            if after[2] != before[2] + 1:
-                return False
-            continue
-        if after[2] != 0 or after[:2] in done:
-            return False
-        done.add(after[:2])
-    return True
 
 
 def handoff_key(handoff: Handoff) -> str:
@@ -205,12 +138,14 @@ class StepWatcher:
         if not window.name:
             self._first_batch(window, handoff, length)
         window.handoffs.append(handoff)
+        pending = self.pending
         if window.armed:
             if self.options.replay:
                 batch = self._substitute(window, handoff, batch)
             elif self.options.out:
                 self._save_batch(window, handoff, batch)
-        pending = self.pending
+            if not pending.handoffs:
+                pending.handed_tokens = batch_tokens(batch)
         if not pending.handoffs:
             pending.draws_before = len(self.draws.loop_draws)
         pending.handoffs.append(handoff)
@@ -253,6 +188,7 @@ class StepWatcher:
             replay=self.options.replay,
             notes=tuple(dict.fromkeys(self.notes)),
             twice=self.options.twice,
+            replay_ranks=self.options.replay_ranks,
         )
 
     def _consumed(self) -> tuple[tuple[OptimizerStep, ...], tuple[MicroStep, ...]]:
@@ -301,7 +237,9 @@ class StepWatcher:
         if not self.hooks:
             self.hooks = [
                 module_hooks.register_module_forward_pre_hook(self._forward_pre),
-                module_hooks.register_module_forward_hook(self._forward_post, always_call=True),
+                module_hooks.register_module_forward_hook(
+                    self._forward_post, always_call=True, with_kwargs=True
+                ),
             ]
 
     def _disarm(self) -> None:
@@ -368,6 +306,7 @@ class StepWatcher:
                 forwards=tuple(sorted(pending.forwards.items())),
                 draws=_marked(self.draws.take_loop_draws(), pending.draws_before) if window.armed else (),
                 loss=_scalar(loss) if window.armed else None,
+                feed=_feed(pending) if window.armed else None,
             )
         )
         window.parts.append(pending.parts)
@@ -406,7 +345,10 @@ class StepWatcher:
         if name is not None and self.grad_enabled():
             self.pending.forwards[name] += 1
 
-    def _forward_post(self, module: Any, args: Any, output: Any) -> None:
+    def _forward_post(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
+        pending = self.pending
+        if self.depth == 1 and not self.in_backward and pending.fed_tokens is None and self.grad_enabled():
+            pending.fed_tokens = forward_tokens(module, args, kwargs or {})
         if not self.in_backward and self.depth > 0:
             self.depth -= 1
             if self.norms.calling:
@@ -649,6 +591,12 @@ def _scalar(loss: Any) -> float | None:
     except Unreadable:
         return None
     return float(local.float().cpu().reshape(())) if offsets is None else None
+
+
+def _feed(pending: _Pending) -> ModelFeed | None:
+    """The micro-step's tokens: the batch handed and what the model was given (None: neither holds any)."""
+    fed = pending.fed_tokens or ()
+    return ModelFeed(pending.handed_tokens, fed) if pending.handed_tokens or fed else None
 
 
 def _marked(draws: tuple[Draw, ...], before: int) -> tuple[Draw, ...]:
