@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ddpcheck.checks.ids import EQUAL_MICROSTEPS
-from ddpcheck.checks.verdict import Verdict, not_applicable, skipped
+from ddpcheck.evidence import MicroMismatch, MicroMismatches
 from ddpcheck.layout import Layout
 from ddpcheck.messages import count_text
 from ddpcheck.trace import MicroStep, StepTrace
+from ddpcheck.verdict import EQUAL_MICROSTEPS, Verdict, not_applicable, skipped
 
 MICRO_COUNTS = (
     "the ranks form different numbers of micro-batches per optimizer step (token-budget or dynamic batching "
@@ -151,7 +151,7 @@ def check_equal_microsteps(run: Sequence[StepTrace | None], layout: Layout) -> V
         cause = MODULE_SKIPPED.format(module=first.module)
         fix = MICRO_FIXES[MODULE_SKIPPED].format(module=first.module)
     odd = tuple(r for r, n in enumerate(first.counts) if n != max(set(first.counts), key=first.counts.count))
-    data: dict[str, object] = {
-        "mismatches": [{"where": m.step, "module": m.module, "counts": list(m.counts)} for m in found[:64]]
-    }
-    return Verdict(EQUAL_MICROSTEPS, "fail", detail, cause, ranks=odd or tuple(ranks), data=data, fix=fix)
+    evidence = MicroMismatches(tuple(MicroMismatch(m.step, m.module, tuple(m.counts)) for m in found[:64]))
+    return Verdict(
+        EQUAL_MICROSTEPS, "fail", detail, cause, ranks=odd or tuple(ranks), evidence=evidence, fix=fix
+    )

@@ -23,10 +23,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ddpcheck.checks.ids import SEQUENCE_SPLIT
-from ddpcheck.checks.verdict import Verdict, not_applicable, passed, skipped
 from ddpcheck.layout import Layout
 from ddpcheck.trace import MicroStep, ModelFeed, StepTrace, TokenRows
+from ddpcheck.verdict import SEQUENCE_SPLIT, Verdict, not_applicable, passed, skipped
 
 HELD_TWICE = (
     "the context-parallel slices do not reassemble the sequence: {twice} is held by two ranks and {none} by "

@@ -34,13 +34,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ddpcheck.checks.ids import STEP_EQUIVALENCE
 from ddpcheck.checks.sequence_split import CONTEXT_PREFIX
 from ddpcheck.checks.shards import join_shards, sharded, with_whole_gradients
-from ddpcheck.checks.verdict import ComparedStep, StepEvidence, Verdict, not_applicable, skipped
+from ddpcheck.evidence import ComparedStep, StepEvidence
 from ddpcheck.layout import Layout
 from ddpcheck.messages import count_text
 from ddpcheck.trace import MicroStep, OptimizerStep, StepTrace
+from ddpcheck.verdict import STEP_EQUIVALENCE, Verdict, not_applicable, skipped
 
 # relative L2 difference an exact replay may show, by the dtype the step computed in (module docstring);
 # float16/bfloat16 autocast on CPU, exact splits of the fixtures' models: at most 4.6e-4 / 3.7e-3
