@@ -635,3 +635,18 @@ def test_shards_of_a_gradient_are_put_together_before_the_comparison() -> None:
     holes = _sharded_run(ref, [[i % 4 == r and i != 3 for i in range(12)] for r in range(4)])
     verdict = check_step_equivalence(holes, replay, mesh)
     assert verdict.status == "n/a" and "hold 11 of its 12 kept values" in verdict.detail
+
+
+def test_sequences_sliced_by_the_loader_are_not_replayed() -> None:
+    """DeepSpeed Ulysses' loader adapter hands every sp rank a slice of each sequence: one rank per
+    data-parallel coordinate holds a slice, not the sequences, so the replay is not compared."""
+    from ddpcheck.checks.step_judge import StepRecord, judge_step
+
+    ref = [_grad(0)]
+    run = [trace([(ref[0], [micro()])])] * 4
+    record = StepRecord(tuple(run), replay=trace([(ref[0], [micro(8)])], replay_ranks=(0, 2)))
+    verdicts = {v.check: v for v in judge_step(record, parse_mesh("dp=2,sp=2"))}
+    step = verdicts["step_equivalence"]
+    assert step.status == "n/a" and "its own slice of every sequence" in step.detail
+    compared = {v.check: v for v in judge_step(record, parse_mesh("dp=2,cp=2"))}
+    assert compared["step_equivalence"].status == "pass"

@@ -32,6 +32,10 @@ from ddpcheck.verdict import (
 )
 
 NO_BACKWARD = "the script ran no backward pass while it was recorded"
+SLICED_BY_LOADER = (
+    "the loader hands each rank of {dims} its own slice of every sequence: the replay, fed one rank per "
+    "data-parallel coordinate, would see a slice, not the whole sequences"
+)
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,9 @@ def judge_step(record: StepRecord, layout: Layout) -> tuple[Verdict, ...]:
     supervision = check_step_supervision(record.steps, ignore_index=record.ignore_index)
     if layout.world_size < 2:
         equivalence = not_applicable(STEP_EQUIVALENCE, "one process: its step is the single process's own")
+    elif layout.sequence_dims:
+        sliced = SLICED_BY_LOADER.format(dims=", ".join(layout.sequence_dims))
+        equivalence = not_applicable(STEP_EQUIVALENCE, sliced)
     elif record.replay is None:
         why = record.no_replay or "the one-process replay did not run"
         equivalence = not_applicable(STEP_EQUIVALENCE, f"{why}: nothing to compare the step with")
