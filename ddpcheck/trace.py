@@ -669,6 +669,25 @@ class FetchDraws:
 
 
 @dataclass(frozen=True)
+class TokenRows:
+    """A 2-D integer tensor as plain data: ``rows`` x ``width`` values, row-major (an ``array('q')``)."""
+
+    rows: int
+    width: int
+    values: Sequence[int]
+
+
+@dataclass(frozen=True)
+class ModelFeed:
+    """One micro-step's token tensors, by key (``input_ids``, ``position_ids``, ``labels``): ``handed`` those
+    of the batch the loop was handed, ``fed`` those the model's outermost forward was given (a context-
+    parallel rank's slices of the sequences)."""
+
+    handed: tuple[tuple[str, TokenRows], ...] = ()
+    fed: tuple[tuple[str, TokenRows], ...] = ()
+
+
+@dataclass(frozen=True)
 class MicroStep:
     """One backward pass, and what the loop did since the previous one.
 
@@ -686,6 +705,7 @@ class MicroStep:
     forwards: tuple[tuple[str, int], ...] = ()
     draws: tuple[Draw, ...] = ()
     loss: float | None = None  # the scalar given to backward, in compared windows (None: not kept)
+    feed: ModelFeed | None = None  # the tokens handed and fed to the model, in compared windows
 
 
 @dataclass(frozen=True)
@@ -734,6 +754,7 @@ class StepTrace:
     loss_scale: str = ""
     twice: bool = False
     compute_dtype: str = ""
+    replay_ranks: tuple[int, ...] | None = None  # a replay's: the recorded ranks it joined (None: every one)
 
 
 SCRIPT_TRACE_VERSION = 3  # 3: integer ids in .npy files beside the trace (ddpcheck.tracefile)

@@ -104,6 +104,7 @@ class LoaderRecord:
     open: ScriptEpoch | None = None
     indexed: bool = False  # some batch was identified by its dataset indices
     peek_sites: set[str] = field(default_factory=set)  # lines whose short iterations were peeks
+    work: str = ""  # what its batches' work was measured from (packed segments, tokens; "": not measured)
 
 
 @dataclass(frozen=True)
@@ -239,7 +240,12 @@ class ScriptEpoch:
             if self.metered:
                 work_hook, token_hook = recorder.work_hooks or (None, None)
                 self.meter = WorkMeter(hook=work_hook, token_hook=token_hook, cost=options.work_cost)
-        return self.meter.measure(batch) if self.meter is not None else None
+        if self.meter is None:
+            return None
+        measured = self.meter.measure(batch)
+        if self.meter.source not in ("", "none"):
+            self.record.work = self.meter.source  # the loader's facts say it, as a loader file's do
+        return measured
 
     def _guard(self) -> None:
         ids = self.built.ids
@@ -519,6 +525,7 @@ class ScriptRecorder:
                 record.facts or LoaderFacts(),
                 recorded="loader",
                 steps=self.options.steps,
+                work=record.work or (record.facts or LoaderFacts()).work,
             )
             rank = self.position[0] if self.position is not None else position()[0]
             trace = RankTrace(rank=rank, epochs=tuple(record.epochs), facts=facts)
