@@ -283,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not trace.loaders and not trace.sources:
         print(f"ddpcheck.record: rank {trace.rank}: the script iterated no DataLoader", file=sys.stderr)
         return EXIT_SCRIPT_FAILED
-    return 0
+    return EXIT_OK
 
 
 def _fingerprinted(out: str, target: ScriptTarget, options: ScriptRecordOptions, hooks: Any) -> int:

@@ -180,7 +180,7 @@ class _Session:
         assert self.reference is not None
         judged = self._record_layout(plan, rerun)
         reference, run, again = judged.reference, judged.run, judged.rerun
-        result = judge_world(reference, run, again, layout, self.options, scenarios, figures=judged.figures)
+        result = layout_result(reference, run, again, layout, self.options, scenarios, figures=judged.figures)
         result = timed(result, started)
         status = status_text(result)
         if result.ok and self.options.elastic and self.options.resume:
@@ -231,7 +231,7 @@ class _Session:
         return _Judged(reference, run, rerun, figures, tuple(notes))
 
 
-def judge_world(
+def layout_result(
     reference: RunTrace,
     run: RunTrace,
     rerun: RunTrace | None,
