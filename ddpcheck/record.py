@@ -227,6 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if path and not os.path.isfile(path):
         print(f"ddpcheck.record: no such script: {path}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    problem = _out_problem(args.out)
+    if problem:
+        print(f"ddpcheck.record: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args.replay and not os.path.isdir(os.path.join(args.replay, "step")):
         print(
             f"ddpcheck.record: --replay {args.replay}: no recorded steps there (record with --step)",
@@ -362,6 +366,18 @@ def _watch_step(args: argparse.Namespace) -> StepWatcher | None:
         tail_batches=args.tail_batches,
     )
     return install_watcher(options)
+
+
+def _out_problem(out: str) -> str:
+    """Why ``--out`` cannot hold the traces ("" when it can): found before the script runs, as one line,
+    not as a traceback once the script has trained (a file in the way, a read-only filesystem)."""
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as exc:
+        return f"--out {out}: cannot create the trace directory ({exc.strerror or exc})"
+    if not os.access(out, os.W_OK | os.X_OK):
+        return f"--out {out}: the trace directory is not writable"
+    return ""
 
 
 def _mesh_problem(args: argparse.Namespace) -> str:

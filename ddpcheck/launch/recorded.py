@@ -147,11 +147,16 @@ def read_trace_dir(directory: str | Path, layout: Layout | None = None) -> Recor
     if not folder.is_dir():
         raise BadInput(f"no such directory: {directory}")
     traces: dict[int, ScriptRankTrace] = {}
+    paths: dict[int, Path] = {}
     for path in sorted(folder.glob(TRACE_GLOB)):
         trace = _read_trace(str(path), untrusted=True)
         if trace is None:
             raise BadInput(f"{path} is not a ddpcheck trace of this version (record it again)")
-        traces[trace.rank] = trace
+        if trace.rank in paths:  # a stale copy beside the launch: keeping either one would be a guess
+            raise BadInput(
+                f"{paths[trace.rank]} and {path} both hold rank {trace.rank}: one launch per directory"
+            )
+        traces[trace.rank], paths[trace.rank] = trace, path
     if not traces:
         raise BadInput(
             f"{directory} holds no trace files (rank*.trace): record with python -m ddpcheck.record"
