@@ -154,7 +154,16 @@ def _layout_options(parser: argparse.ArgumentParser) -> None:
         type=values.seconds,
         default=120.0,
         metavar="S",
-        help=f"seconds per process group (at most {limits.MAX_TIMEOUT:.0f}, one week)",
+        help="seconds a rank may go without progress (a batch, an epoch boundary, a collective) before it "
+        f"is reported hung; a rank that keeps yielding never is (at most {limits.MAX_TIMEOUT:.0f}, one week)",
+    )
+    layout.add_argument(
+        "--max-time",
+        type=values.seconds,
+        default=None,
+        metavar="S",
+        help="seconds a process group may run in all, progress or not (default: no limit); ranks still "
+        "running then are reported as having run past --max-time",
     )
 
 
@@ -675,7 +684,7 @@ def terminal_width() -> int:
 
 def _publish(result: CheckResult, args: argparse.Namespace, interrupted: bool) -> int:
     """Write the report files first (nothing is lost), then print, then pick the exit code."""
-    from ddpcheck.report import ReportWriteError, render, render_table, write_reports
+    from ddpcheck.report import ReportWriteError, reasons_path, render, render_table, write_reports
 
     try:
         paths = write_reports(result, args.report_dir, junit_path=args.junit)
@@ -684,7 +693,7 @@ def _publish(result: CheckResult, args: argparse.Namespace, interrupted: bool) -
         return _error(str(exc))
     if args.format == "table":
         color = use_color(args.color, sys.stdout)
-        where = None if args.verbose else _shown_path(next((p for p in paths if p.suffix == ".md"), None))
+        where = None if args.verbose else reasons_path(paths)
         _print_out(render_table(result, color=color, width=terminal_width(), not_applicable_in=where))
     elif args.format == "github":
         _print_out(render(result, "github"))
@@ -698,19 +707,6 @@ def _publish(result: CheckResult, args: argparse.Namespace, interrupted: bool) -
         print("ddpcheck: interrupted; the reports cover what finished", file=sys.stderr)
         return EXIT_INTERRUPTED
     return result.exit_code
-
-
-def _shown_path(path: Path | None) -> str:
-    """A report's path as the terminal names it: relative to the working directory when below it, else
-    its name alone when the whole path would not fit a line (stderr's ``reports:`` line has it whole)."""
-    if path is None:
-        return "the report files"
-    try:
-        relative = os.path.relpath(path)
-    except ValueError:
-        relative = str(path)
-    shown = str(path) if relative.startswith("..") else relative
-    return shown if len(shown) <= 40 else f"{path.name} (in the report directory)"
 
 
 def _print_out(text: str) -> None:

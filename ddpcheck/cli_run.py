@@ -31,8 +31,8 @@ MESH_OPTIONS = ("--mesh", "--data-dims", "--sequence-dims")
 JUDGING_OPTIONS = ("--allow", "--max-idle")
 REPORT_OPTIONS = ("--format", "--report-dir", "--junit", "--quiet", "--verbose", "--color")
 SHARED = (
-    "--world-sizes", *MESH_OPTIONS, "--epochs", "--timeout", *JUDGING_OPTIONS, "--steps", "--no-determinism",
-    "--no-work", "--work-cost", *REPORT_OPTIONS,
+    "--world-sizes", *MESH_OPTIONS, "--epochs", "--timeout", "--max-time", *JUDGING_OPTIONS, "--steps",
+    "--no-determinism", "--no-work", "--work-cost", *REPORT_OPTIONS,
 )  # fmt: skip
 JUDGE_SHARED = (*MESH_OPTIONS, *JUDGING_OPTIONS, *REPORT_OPTIONS)
 
@@ -206,6 +206,7 @@ def _check_options(args: argparse.Namespace, **overrides: Any) -> Any:
         "world_sizes": tuple(getattr(args, "world_sizes", (1, 2, 4))),
         "epochs": getattr(args, "epochs", 2),
         "timeout": getattr(args, "timeout", 120.0),
+        "max_time": getattr(args, "max_time", None),
         "allow": tuple(getattr(args, "allow", ()) or ()),
         "max_idle": getattr(args, "max_idle", None),
         "steps": getattr(args, "steps", None),
@@ -269,7 +270,7 @@ def _judge(args: argparse.Namespace) -> tuple[CheckResult, bool]:
 
 def publish(result: CheckResult, args: argparse.Namespace, interrupted: bool, command: LoaderCommand) -> int:
     """Report files first (nothing is lost), then the printout, then the exit code."""
-    from ddpcheck.report import ReportWriteError, render, render_table, write_reports
+    from ddpcheck.report import ReportWriteError, reasons_path, render, render_table, write_reports
 
     report_dir = getattr(args, "report_dir", Path("reports"))
     try:
@@ -278,10 +279,10 @@ def publish(result: CheckResult, args: argparse.Namespace, interrupted: bool, co
         return _error(str(exc))
     fmt: Any = getattr(args, "format", "table")
     color = getattr(args, "color", "auto")
-    if fmt == "table":
-        text = render_table(
-            result, color=command.use_color(color, sys.stdout), width=command.terminal_width()
-        )
+    if fmt == "table":  # the reasons checks do not apply: one line, as for loader files (-v: every one)
+        where = None if getattr(args, "verbose", False) else reasons_path(paths)
+        paint = command.use_color(color, sys.stdout)
+        text = render_table(result, color=paint, width=command.terminal_width(), not_applicable_in=where)
     else:
         text = render(result, fmt)
     try:

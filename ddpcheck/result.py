@@ -80,6 +80,7 @@ class WorldResult:
     figures: FigureData | None = None  # picture data for the HTML/Markdown reports (ddpcheck.figures)
     layout: Layout | None = None  # None: the plain world size ``world_size``
     loader: str = ""  # a training script's loader (``train.py:42``); "" for a loader file's one loader
+    loader_variable: str = ""  # the variable the script assigned that loader to (``train_loader``); "" none
 
     @property
     def ok(self) -> bool:

@@ -166,9 +166,9 @@ def test_pyproject_allow_takes_a_comma_list_too(clean_env: Path) -> None:
     assert parse(["x.py"]).allow == ["reshuffle", "coverage", "determinism"]
 
 
-def test_the_readme_synopsis_lists_every_option() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## The command line") :]
+def test_the_docs_synopsis_lists_every_option() -> None:
+    page = (ROOT / "docs" / "command-line.md").read_text(encoding="utf-8")
+    section = page[page.index("## Synopsis") :]
     synopsis = section[section.index("```text") : section.index("```", section.index("```text") + 7)]
     listed = set(re.findall(r"(?<![\w-])(--?[a-z][a-z-]*)", synopsis)) - {"-m"}  # python -m ddpcheck
     options = {o for a in build_parser()._actions for o in a.option_strings}
@@ -176,15 +176,17 @@ def test_the_readme_synopsis_lists_every_option() -> None:
     assert listed - options == set()
 
 
-def test_the_readme_names_only_json_fields_that_exist() -> None:
-    """README once pointed at a ``recorded`` field that the JSON report never had."""
+def test_the_docs_name_only_json_fields_that_exist() -> None:
+    """README once pointed at a ``recorded`` field that the JSON report never had (the README and every
+    docs page)."""
     from ddpcheck.report import json_report
 
-    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
-    named = re.findall(r"JSON report's `(\w+)`", readme)
-    for field in named:
-        assert f'"{field}"' in (json_report.__doc__ or ""), field
-    assert "`recorded`" not in readme
+    for page in (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))):
+        text = " ".join(page.read_text(encoding="utf-8").split())
+        named = re.findall(r"JSON report's `(\w+)`", text)
+        for field in named:
+            assert f'"{field}"' in (json_report.__doc__ or ""), f"{page.name}: {field}"
+        assert "`recorded`" not in text, page.name
 
 
 # --- progress: never past the end, and the rerun named as one ---
@@ -249,3 +251,22 @@ def test_the_terminal_says_in_one_line_what_does_not_apply_and_v_lists_why(
     assert "### Not applicable" in (clean_env / "r" / "ddpcheck.md").read_text()  # the file lists them
     assert main([*args, "-v"]) == 0
     assert "Not applicable\n--------------" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("where", ["below-a-file", "in-proc"])
+def test_record_out_that_cannot_hold_traces_is_one_line_and_exit_2(tmp_path: Path, where: str) -> None:
+    """``python -m ddpcheck.record --out DIR`` where DIR cannot be made (a file in the way) or written
+    (/proc, which refuses a new folder even to root) is one line and exit 2 before the
+    script runs, never a traceback."""
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("not a directory")
+    out = str(blocker / "traces") if where == "below-a-file" else "/proc/ddpcheck-traces"
+    script = ROOT / "fixtures" / "scripts" / "ddp_good.py"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpcheck.record", "--out", out, "--", str(script)],
+        capture_output=True, text=True, timeout=180, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"ddpcheck.record: --out {out}: "), lines

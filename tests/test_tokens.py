@@ -185,7 +185,7 @@ def test_the_work_figures_reach_every_report() -> None:
     result = _run(Case("bug_sorted_contiguous.py", world_sizes=(2,)))
     run = result.runs[0]
     verdict = next(v for v in run.verdicts if v.check == WORK_BALANCE)
-    assert verdict.evidence.rank_totals[0] == [4211, 12759]  # type: ignore[index]  # truth: NOTES.md
+    assert verdict.evidence.rank_totals[0] == (4211, 12759)  # type: ignore[index]  # truth: NOTES.md
     assert all(
         i > c for i, c in zip(verdict.evidence.idle, verdict.evidence.random_batching_p99, strict=False)
     )  # type: ignore[call-overload]

@@ -173,7 +173,7 @@ def _grid(view: ReportView) -> list[str]:
     padding = any(row.padding for row in view.rows)
     idle = any(row.idle for row in view.rows)
     rows = []
-    for row in view.rows:
+    for row in view.grid_rows:
         pictured = row.run.figures is not None
         shown = row.short if view.loader_column else row.label
         label = f'<a href="#{_e(row.anchor)}">{_e(shown)}</a>' if pictured else _e(shown)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-import os
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -32,7 +31,13 @@ STATUS_WORD = {"pass": "PASS", "fail": "FAIL", "skip": "skip", "n/a": "n/a", "al
 STATUS_RANK = ("fail", "allowed", "pass", "skip", "n/a")  # a cell with several verdicts shows the first
 NO_CAUSE = "cause not identified"
 NOT_RUN = "-"
-FAILURE_VERB = {"error": "crashed", "hang": "hung", "killed": "was killed", "secondary": "aborted"}
+FAILURE_VERB = {
+    "error": "crashed",
+    "hang": "hung",
+    "overtime": "ran past --max-time",
+    "killed": "was killed",
+    "secondary": "aborted",
+}
 MAX_LISTED = 12  # ranks / epochs / examples shown before "(+N more)"
 MAX_EXAMPLE_CHARS = 60
 STACK_LINES = 20
@@ -149,6 +154,13 @@ class ReportView:
         return "Script" if record.script is not None else "Traces" if record.judged else "Loader"
 
     @property
+    def grid_rows(self) -> tuple[Row, ...]:
+        """The rows as the grids show them: a script's loaders each with its layouts together (loaders in
+        the order first seen), a loader file's in run order."""
+        order = {loader: n for n, loader in enumerate(dict.fromkeys(row.loader for row in self.rows))}
+        return tuple(sorted(self.rows, key=lambda row: order[row.loader]))
+
+    @property
     def loader_column(self) -> bool:
         """The grid gives a script's loaders a column of their own."""
         return any(row.loader for row in self.rows)
@@ -252,27 +264,27 @@ def _failure_cause(found: Sequence[Cause], run: WorldResult, failure: RankFailur
 
 
 def shown_loaders(result: CheckResult) -> CheckResult:
-    """A script's loaders named relative to the working directory it ran in (``ScriptRun.cwd``), as the
-    script's own paths read there: ``../examples/train.py:42`` rather than an absolute path."""
-    script = result.options.script
-    cwd = script.cwd if script is not None else ""
-    if not cwd or not any(run.loader for run in result.runs):
+    """A script's loaders named as its code names them (:func:`loader_names`), in every report."""
+    if not any(run.loader for run in result.runs):
         return result
-    runs = tuple(
-        replace(run, loader=loader_shown(run.loader, cwd)) if run.loader else run for run in result.runs
-    )
+    names = loader_names(result.runs)
+    runs = tuple(replace(run, loader=names[run.loader]) if run.loader else run for run in result.runs)
     return replace(result, runs=runs)
 
 
-def loader_shown(name: str, cwd: str) -> str:
-    """``/abs/path/train.py:42#2`` relative to ``cwd``; any other name as it is."""
-    path, colon, line = name.rpartition(":")
-    if not colon or not os.path.isabs(path):
-        return name
-    try:
-        return f"{os.path.relpath(path, cwd)}:{line}"
-    except ValueError:  # another drive
-        return name
+def loader_names(runs: Sequence[WorldResult]) -> dict[str, str]:
+    """Each script loader's name in the reports: the variable the script assigned it to (``train_loader``),
+    followed by the line that built it where two loaders share the variable (``loader (train.py:42)``);
+    the line alone where it assigned none. The line is the rank's, relative to the script's folder."""
+    variables: dict[str, str] = {}
+    for run in runs:
+        if run.loader:
+            variables.setdefault(run.loader, run.loader_variable)
+    shared = Counter(v for v in variables.values() if v)
+    return {
+        site: site if not variable else variable if shared[variable] == 1 else f"{variable} ({site})"
+        for site, variable in variables.items()
+    }
 
 
 def check_columns(result: CheckResult) -> tuple[str, ...]:

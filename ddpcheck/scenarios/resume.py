@@ -76,6 +76,7 @@ class ResumeCheck:
                 layout.world_size,
                 backend=self.options.backend,
                 timeout=self.options.timeout,
+                max_time=self.options.max_time,
                 kwargs={**kwargs, "recipe": self.recipe.evolve(layout=layout)},
             )
         )
@@ -184,6 +185,7 @@ class ResumeCheck:
                 new.world_size,
                 backend=self.options.backend,
                 timeout=self.options.timeout,
+                max_time=self.options.max_time,
                 kwargs={
                     "recipe": self.recipe.evolve(layout=new),
                     "restores": tuple(r for _, _, r in restores),

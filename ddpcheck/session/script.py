@@ -32,6 +32,7 @@ from ddpcheck.checks.step_judge import StepRecord, step_record
 from ddpcheck.figures import figure_data
 from ddpcheck.launch.recorded import read_launch, read_trace_dir
 from ddpcheck.launch.script import launch_script
+from ddpcheck.launch.watchdog import Limits
 from ddpcheck.launch.workdir import WorkdirGuard, WorkdirUnavailable
 from ddpcheck.layout import Layout, LayoutError, check_ranks
 from ddpcheck.messages import count_text, one_line
@@ -271,7 +272,8 @@ class _ScriptSession:
             self.runs.extend(results)
             for result in results:
                 self.say(
-                    f"{result.loader} at {layout_name(layout)}: {status_text(result)} ({result.seconds:.2f}s)"
+                    f"{_progress_name(result)} at {layout_name(layout)}: "
+                    f"{status_text(result)} ({result.seconds:.2f}s)"
                 )
 
     def _compared(self, compare: bool) -> list[str]:
@@ -357,7 +359,7 @@ class _ScriptSession:
             layout.world_size,
             out,
             cwd=self.cwd,
-            timeout=check.timeout,
+            limits=Limits(check.timeout, check.max_time),
             env=env,
             workdir=self.guard,
             label=layout_name(layout),
@@ -448,6 +450,7 @@ def script_results(
     layout = run.layout
     launch = launch_of(reference, run, rerun, backend=SCRIPT_BACKEND, standin=standin, once=once, step=step)
     results = []
+    variables = _variables(reference, run)
     for judged in judge(launch, Rules.of(options)):
         figures = None
         if judged.reference is not None and judged.run is not None:
@@ -462,9 +465,27 @@ def script_results(
                 seconds=run.seconds,
                 figures=figures,
                 loader=judged.loader,
+                loader_variable=variables.get(judged.loader, ""),
             )
         )
     return results
+
+
+def _progress_name(result: WorldResult) -> str:
+    """A loader in a progress line: its variable and line (the report drops the line where no other
+    loader shares the variable; a progress line cannot know yet)."""
+    return f"{result.loader_variable} ({result.loader})" if result.loader_variable else result.loader
+
+
+def _variables(reference: Recorded, run: Recorded) -> dict[str, str]:
+    """Each loader's variable (``train_loader``) as the ranks' traces name it: the reports call it so."""
+    found: dict[str, str] = {}
+    for recorded in (reference, run):
+        for trace in recorded.traces.values():
+            for loader in trace.loaders:
+                if loader.variable:
+                    found.setdefault(loader.name, loader.variable)
+    return found
 
 
 # --- ddpcheck judge DIR ---------------------------------------------------------------------------------
