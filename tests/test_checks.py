@@ -66,7 +66,8 @@ def test_one_verdict_per_data_check_in_order() -> None:
         "mixture",
         "supervision",
         "rng_independence",
-    }  # no tokens, no labels, no watched draws either
+        "prompt_groups",
+    }  # no tokens, no labels, no watched draws, no runs of copies either
     assert all(v.status == "pass" and v.detail for v in verdicts if v.check not in not_applying)
     assert all(v.status == "n/a" and v.detail for v in verdicts if v.check in not_applying)
 

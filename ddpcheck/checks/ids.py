@@ -24,6 +24,9 @@ EQUAL_MICROSTEPS = "equal_microsteps"
 SUPERVISION = "supervision"
 RNG_INDEPENDENCE = "rng_independence"
 STEP_CHECKS = (STEP_EQUIVALENCE, EQUAL_MICROSTEPS, SUPERVISION, RNG_INDEPENDENCE)
+# RL prompt groups (issue 42): the copies of a prompt the single-process loader repeats stay one group in
+# every step's gather (ddpcheck.checks.groups); a data check, judged wherever the loader is
+PROMPT_GROUPS = "prompt_groups"
 
 DATA_CHECKS = (
     COVERAGE,
@@ -40,6 +43,7 @@ DATA_CHECKS = (
     MIXTURE,
     SUPERVISION,
     RNG_INDEPENDENCE,
+    PROMPT_GROUPS,
 )
 # replica_consistency is judged per layout beside the data checks (ddpcheck.checks.replicas); the step's
 # supervision and rng_independence are data checks too (loader files get them), judged from the step
@@ -79,4 +83,5 @@ SHORT_LABELS = {
     EQUAL_MICROSTEPS: "micro",
     SUPERVISION: "superv",
     RNG_INDEPENDENCE: "rng",
+    PROMPT_GROUPS: "groups",
 }

@@ -18,8 +18,9 @@ class Verdict:
 
     ``ranks``, ``epochs`` and ``examples`` carry the concrete evidence (a few ids, not all of them),
     so a report can say "rank 1 and rank 3 both see samples 17, 42". ``evidence``: a check's typed
-    evidence (:class:`StepEvidence`), which the reports read by attribute and the JSON report writes as
-    the verdict's ``data``; ``data``: the untyped evidence of the checks not moved to a type yet.
+    evidence (:class:`StepEvidence`, :class:`GroupEvidence`), which the reports read by attribute and
+    the JSON report writes as the verdict's ``data``; ``data``: the untyped evidence of the checks not
+    moved to a type yet.
     """
 
     check: str
@@ -31,7 +32,7 @@ class Verdict:
     examples: tuple[object, ...] = ()
     data: dict[str, object] = field(default_factory=dict)
     fix: str = ""
-    evidence: StepEvidence | None = None
+    evidence: StepEvidence | GroupEvidence | None = None
 
     @property
     def failed(self) -> bool:
@@ -60,6 +61,22 @@ class StepEvidence:
     dtype: str
     loss_scale: str
     steps: tuple[ComparedStep, ...]
+
+    def as_data(self) -> dict[str, object]:
+        """As the JSON report writes a verdict's ``data``."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class GroupEvidence:
+    """What ``prompt_groups`` judged: the group size the single-process loader repeats each sample, the
+    steps (batch positions) judged, those holding a broken group, and those whose groups are split
+    across ranks (whole in the gather)."""
+
+    size: int
+    steps: int
+    broken: int
+    split: int
 
     def as_data(self) -> dict[str, object]:
         """As the JSON report writes a verdict's ``data``."""

@@ -461,7 +461,8 @@ def judge_launch(
     at = next((i for i, r in enumerate(results) if r.loader == fed), 0)
     grouped = _grouped(run)
     verdicts = [
-        in_script_words(at_loader(alone(v, *grouped), results[at].loader)) for v in judge_step(step, layout)
+        in_script_words(at_loader(alone(v, *grouped), results[at].loader))
+        for v in judge_step(step, layout, results[at].verdicts)
     ]
     joined = merged(results[at].verdicts, allowed(verdicts, options.allow))
     results[at] = replace(results[at], verdicts=tuple(joined))
