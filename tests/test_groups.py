@@ -9,12 +9,14 @@ torchrun in ``fixtures/groups`` (``tests/test_group_run.py``).
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ddpcheck.checks.context import Context
 from ddpcheck.checks.groups import (
+    GROUPS_WHOLE,
     NO_RUNS,
     RANK_SEEDED,
     apart_steps,
@@ -24,10 +26,13 @@ from ddpcheck.checks.groups import (
     group_size,
     split_groups,
 )
-from ddpcheck.checks.ids import COVERAGE, NO_OVERLAP, PROMPT_GROUPS
+from ddpcheck.checks.ids import COVERAGE, NO_OVERLAP, PROMPT_GROUPS, STEP_EQUIVALENCE
 from ddpcheck.checks.registry import run_checks
-from ddpcheck.checks.verdict import GroupEvidence
-from ddpcheck.trace import RunTrace
+from ddpcheck.checks.step import OTHER
+from ddpcheck.checks.step_judge import StepRecord, for_groups
+from ddpcheck.checks.verdict import ComparedStep, GroupEvidence, StepEvidence, Verdict
+from ddpcheck.layout import Layout
+from ddpcheck.trace import MicroStep, OptimizerStep, RunTrace, StepTrace
 from tests.trace_builders import epoch, run, strided
 
 
@@ -169,3 +174,39 @@ def test_broken_steps_counts_each_step_once() -> None:
     assert broken_steps(g, 2).tolist() == [] and apart_steps(g, 2).tolist() == []
     assert broken_steps(g, 4).tolist() == [0, 1]  # 1 and 2 twice a step: half a group each
     assert Context(run([[[1, 1, 2, 2]]]), run([[[1, 1]], [[2, 2]]])).unjudgeable == ""
+
+
+def _step_record(per_rank: list[list[list[int]]]) -> StepRecord:
+    """Two ranks, one optimizer step per batch position of loader "l" (``per_rank[rank][position]``)."""
+    steps = []
+    for batches in per_rank:
+        micro = [
+            (MicroStep(loader="l", epoch=0, batches=(k,), samples=len(b)),) for k, b in enumerate(batches)
+        ]
+        steps.append(StepTrace(steps=tuple(OptimizerStep(k, m, grad=(1.0,)) for k, m in enumerate(micro))))
+    loading = {"l": [(epoch(0, [i for b in batches for i in b], batch_sizes=[len(b) for b in batches]),)
+                     for batches in per_rank]}  # fmt: skip
+    return StepRecord(tuple(steps), loading=loading)
+
+
+def _differs(steps: int) -> Verdict:
+    compared = tuple(ComparedStep(k, 0.4, (1, 1), (6, 6), None) for k in range(steps))
+    return Verdict(
+        STEP_EQUIVALENCE, "fail", "differs", OTHER, evidence=StepEvidence(1e-5, "float32", "", compared)
+    )
+
+
+def test_the_step_names_per_rank_group_statistics_where_a_group_is_split() -> None:
+    """A failing step over groups split across ranks: per-rank group statistics; over whole groups per
+    rank: a statistic across groups; over rows without groups, or any other cause: as it was."""
+    split = _step_record([[[0, 0, 0, 0, 1, 1]], [[1, 1, 2, 2, 2, 2]]])
+    named = for_groups(_differs(1), split, Layout.plain(2), 4)
+    assert named.cause.startswith(
+        "the rows are prompt groups of 4 copies split across ranks (prompt 1 at step 0"
+    )
+    assert "rank 0's rows 4-5 and rank 1's rows 0-1" in named.cause and "gather the rewards" in named.fix
+    whole = for_groups(_differs(1), _step_record([[[0, 0, 0, 0]], [[1, 1, 1, 1]]]), Layout.plain(2), 4)
+    assert whole.cause == GROUPS_WHOLE.format(size=4)
+    assert for_groups(_differs(1), split, Layout.plain(2), 0).cause == OTHER  # the loader has no groups
+    factor = replace(_differs(1), cause="the gradient is exactly 2x one process's")
+    assert for_groups(factor, split, Layout.plain(2), 4) is factor

@@ -490,3 +490,33 @@ def test_a_window_fetched_ahead_gives_each_backward_its_own_batch() -> None:
     assert one_batch_each(behind, [[], parts[0]]) == tuple(behind)
     more = [MicroStep("train", 0, (0, 1, 2), 12, 40), MicroStep()]  # three batches for two backward passes
     assert one_batch_each(more, [[*parts[0], (("train", 0, 2), 4, 10)], []]) == tuple(more)
+
+
+def _shared_run(rank: int, world: int, options: dict[str, Any], monkeypatch: Any) -> tuple[Any, Any]:
+    """A step-wide draw from a generator seeded alike on every rank and in the replay (one noise level
+    for the step), then noise per row from the rank's own global stream."""
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    watcher = install_watcher(StepOptions(**options))
+    torch.manual_seed(rank)
+    model = nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    shared = torch.Generator().manual_seed(7)
+    rows = 2 + rank if world > 1 else 9
+    batch = watcher.handed("l", 0, 0, {"x": torch.ones(rows, 1)})
+    level = torch.rand(1, generator=shared)
+    noise = torch.randn(len(batch["x"]), 1)
+    model(batch["x"] * level + noise).sum().backward()
+    optimizer.step()
+    trace = watcher.finish()
+    uninstall()
+    return trace, (level, noise)
+
+
+def test_a_step_wide_draw_keyed_alike_stands_for_every_ranks(tmp_path: Any, monkeypatch: Any) -> None:
+    """The level is one draw on each rank from the same state; the replay draws it from that state too and
+    stands for every rank's, and the per-row noise that follows is the ranks' noise joined."""
+    ranks = [_shared_run(r, 2, {"out": str(tmp_path)}, monkeypatch) for r in (0, 1)]
+    trace, (level, noise) = _shared_run(0, 1, {"replay": str(tmp_path)}, monkeypatch)
+    assert trace.steps[0].not_comparable == ""
+    assert torch.equal(level, ranks[0][1][0]) and torch.equal(noise, torch.cat([r[1][1] for r in ranks]))

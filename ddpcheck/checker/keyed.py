@@ -7,8 +7,10 @@ of draw reach it:
   ``torch.Generator().manual_seed(prompt * 97 + copy)`` per completion, a ``torch.manual_seed(row)``
   before a draw). The replay reaches the same generator state the rank had before that draw, so it draws
   the same numbers by itself: a replayed draw whose stream, state fingerprint, call and shape equal a draw
-  some rank recorded, and whose value equals that draw's, keeps its own value. Its count may differ from
-  any one rank's (each rank made its rows' draws, the replay every row's).
+  some rank recorded, and whose value equals that draw's, keeps its own value, and stands for one such
+  draw of each rank that made it (a row's draw is one rank's; a step-wide draw from a generator seeded
+  alike is every rank's). Its count may differ from any one rank's (each rank made its rows' draws, the
+  replay every row's).
 - **positional**: any other draw (a global stream's ``torch.randn(batch)``, a step-wide generator): the
   replay's k-th such draw is every rank's k-th draw that no keyed draw stood for, their values joined along
   the batch dimension (:func:`ddpcheck.checker.replay.union_draw`). Where the ranks' counts of these
@@ -87,9 +89,11 @@ class DrawMatcher:
         if found:
             same = [(r, i) for r, i in found if _equal(self.draws[r][i].value, value)]
             if same:
-                fresh = next(((r, i) for r, i in same if i not in self.used[r]), None)
-                if fresh is not None:
-                    self.used[fresh[0]].add(fresh[1])
+                taken: set[int] = set()
+                for r, i in same:  # one draw of each rank that drew it: a row's, or a step's shared one
+                    if r not in taken and i not in self.used[r]:
+                        self.used[r].add(i)
+                        taken.add(r)
                 self.keyed += 1
                 return value
         values = []

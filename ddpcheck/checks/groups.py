@@ -337,7 +337,8 @@ def check_prompt_groups(
     bad = [f for f in findings if len(f.bad)]
     if not bad:
         evidence = GroupEvidence(size, steps, 0, _split_count(findings, size))
-        return Verdict(PROMPT_GROUPS, "pass", _pass_detail(findings, size, steps), evidence=evidence)
+        detail = _pass_detail(findings, size, steps, ctx.world_size)
+        return Verdict(PROMPT_GROUPS, "pass", detail, evidence=evidence)
     first = bad[0]
     step = int(first.bad[0])
     where, ranks, ids = _where(first.gather, step, size)
@@ -366,13 +367,13 @@ def _split_count(findings: Sequence[EpochFinding], size: int) -> int:
     return len({(f.epoch, s) for f in findings for s, _, _ in split_groups(f.gather, size)})
 
 
-def _pass_detail(findings: Sequence[EpochFinding], size: int, steps: int) -> str:
+def _pass_detail(findings: Sequence[EpochFinding], size: int, steps: int, ranks: int) -> str:
     split = _split_count(findings, size)
     groups = sum(len(f.gather.ids) for f in findings) // size
     across = (
         f"; groups are split across ranks at {split} of them (their statistics need the gathered rows)"
         if split
-        else "; each group is whole on one rank"
+        else ("; each group is whole on one rank" if ranks > 1 else "")
     )
     apart = any(len(apart_steps(f.gather, size)) for f in findings)
     return (
