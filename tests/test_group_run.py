@@ -42,7 +42,7 @@ NAMES = sorted({name for name, _ in TRUTH})
 CAUSES: dict[str, dict[str, str]] = {
     "good_trl_gather": {},
     "good_whole_groups_rank_norm": {},
-    "bug_split_group_rank_norm": {STEP_EQUIVALENCE: GROUPS_SPLIT.split("(")[0]},
+    "bug_split_group_rank_norm": {STEP_EQUIVALENCE: GROUPS_SPLIT.format(size=4, example="").split("(")[0]},
     "bug_rank_seeded_sampler": {PROMPT_GROUPS: RANK_SEEDED, COVERAGE: RANK_SEEDED},
     "bug_partial_groups_stride": {PROMPT_GROUPS: PARTIAL.split("{")[0]},
 }
