@@ -165,6 +165,13 @@ def test_no_runs_and_rank_aware_samplers_are_not_judged() -> None:
     aug = run([[ids] for ids in strided(rows, 2)], batch_size=4, sampler_replicas=2, sampler_rank=0)
     verdict = check_prompt_groups(reference(order(8, 0), 2, 4), aug)
     assert verdict.status == "n/a" and "num_replicas=2" in verdict.detail
+    # equal samples in a row, identified by their content: duplicates in the data, not known copies
+    ref, trace = reference(order(12, 0), 4, 12), layout([order(12, 0)], 4, 3, 2)  # partial groups by index
+    assert check_prompt_groups(ref, trace).failed
+    hashed = check_prompt_groups(
+        replace(ref, id_source="content-hash"), replace(trace, id_source="content-hash")
+    )
+    assert hashed.status == "n/a" and "identified by their content" in hashed.detail
 
 
 def test_broken_steps_counts_each_step_once() -> None:

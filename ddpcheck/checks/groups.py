@@ -16,9 +16,11 @@ the repeat sampler is seeded per rank; a step's rows not a multiple of G: partia
 a normalisation by a fixed stride of G rows mixes prompts (AReaL #1419); every prompt's copies in one step
 but apart in the gather: the loader splits the repeated order row by row (every W-th row).
 
-Not judged (``n/a``): a single-process loader without runs of copies, and a sampler that was told the
-ranks (``num_replicas``/``rank``) and places a sample's copies itself, as repeated augmentation does
-(timm's ``RepeatAugSampler`` spreads copies over ranks on purpose). Pure functions, no processes.
+Not judged (``n/a``): a single-process loader without runs of copies (or with so few runs that a shuffle
+of repeated ids would line them up by chance), a sampler that was told the ranks (``num_replicas``/
+``rank``) and places a sample's copies itself, as repeated augmentation does (timm's ``RepeatAugSampler``
+spreads copies over ranks on purpose), and samples identified by a hash of their content (equal samples in
+a row may be duplicates in the data). Pure functions, no processes.
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ SPREAD = (
     "the sampler was told the ranks (num_replicas={replicas}) and places each sample's copies itself, as "
     "repeated augmentation does (timm's RepeatAugSampler spreads them over ranks on purpose): no gather "
     "assembles them into groups"
+)
+CONTENT = "content-hash"
+BY_CONTENT = (
+    "samples are identified by their content: equal samples in a row may be duplicates in the data, not "
+    "a repeat sampler's copies of one prompt (give them ids: an 'id' field or a sample_ids hook)"
 )
 RANK_SEEDED = (
     "the repeat sampler yields a different order on each rank (its seed depends on the rank): each rank "
@@ -266,7 +273,7 @@ def rank_seeded(view: EpochView, size: int) -> bool:
 
 def repeat_seed_cause(ctx: Context, view: EpochView) -> str:
     """The per-rank seed of a repeat sampler, where that explains missing or over-shared copies ("": not)."""
-    if ctx.facts.sampler_replicas is not None or ctx.batch_level:
+    if ctx.facts.sampler_replicas is not None or ctx.batch_level or ctx.reference.id_source == CONTENT:
         return ""
     size = reference_groups(ctx.views())
     return RANK_SEEDED if size and rank_seeded(view, size) else ""
@@ -327,6 +334,8 @@ def check_prompt_groups(
     replicas = ctx.facts.sampler_replicas
     if replicas is not None:
         return not_applicable(PROMPT_GROUPS, SPREAD.format(replicas=replicas))
+    if ctx.reference.id_source == CONTENT:
+        return not_applicable(PROMPT_GROUPS, BY_CONTENT)
     if ctx.run.rank_sample:
         return not_applicable(PROMPT_GROUPS, "only a sample of the ranks was recorded: no gather to assemble")
     findings = []
