@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from ddpcheck.checks.groups import GROUPS_SPLIT, PARTIAL, RANK_SEEDED, check_prompt_groups
+from ddpcheck.checks.groups import GROUPS_SPLIT, GROUPS_WHOLE, PARTIAL, RANK_SEEDED, check_prompt_groups
 from ddpcheck.checks.ids import COVERAGE, NO_OVERLAP, PROMPT_GROUPS, STEP_EQUIVALENCE
 from ddpcheck.checks.step import TOLERANCE, check_step_equivalence
 from ddpcheck.layout import Layout
@@ -45,6 +45,8 @@ CAUSES: dict[str, dict[str, str]] = {
     "bug_split_group_rank_norm": {STEP_EQUIVALENCE: GROUPS_SPLIT.format(size=4, example="").split("(")[0]},
     "bug_rank_seeded_sampler": {PROMPT_GROUPS: RANK_SEEDED, COVERAGE: RANK_SEEDED},
     "bug_partial_groups_stride": {PROMPT_GROUPS: PARTIAL.split("{")[0]},
+    "bug_batch_std_per_rank": {STEP_EQUIVALENCE: GROUPS_WHOLE.format(size=4)},
+    "good_batch_std_gathered": {},
 }
 
 
@@ -91,6 +93,9 @@ def test_the_truth_holds_each_bug_beside_its_neighbour() -> None:
     partial = TRUTH[("bug_partial_groups_stride", 2)]
     assert partial["rows_per_step"][0] == 6 and partial["steps_broken"]
     assert TRUTH[("bug_partial_groups_stride", 1)]["steps_broken"]  # at one process too
+    assert _step_fails("bug_batch_std_per_rank") and not _step_fails("good_batch_std_gathered")
+    std = TRUTH[("bug_batch_std_per_rank", 2)]
+    assert not std["steps_split_across_ranks"] and not std["steps_broken"]  # whole groups on each rank
 
 
 @pytest.mark.parametrize("name", NAMES)
