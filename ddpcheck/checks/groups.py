@@ -5,16 +5,18 @@ Where the single-process loader yields runs of copies (each sample G times in a 
 ``RepeatSampler``), the rows a step trains on come from every data-parallel rank, and a gather
 (``all_gather`` of the rewards) assembles them in rank order: rank 0's rows of that step, then rank 1's.
 TRL then normalises each run of G gathered rows (``rewards.view(-1, G)``). The rule: at every step (every
-batch position of the epoch), the gathered rows are whole groups, G copies of one prompt each, aligned at
-multiples of G, so every group is whole and all its copies sit in one step. A group split across ranks
-is fine (TRL's layout does it; the statistics need the gather); a "group" of two prompts or a prompt whose
-copies straddle steps is not.
+batch position of the epoch), each prompt's copies among the gathered rows are whole groups (a multiple of
+G), so all of a group's copies sit in one step. A group split across ranks is fine (TRL's layout does it;
+the statistics need the gather), and the pass counts those steps; where the groups are whole but not runs
+of G in rank order (a split that deals rows out one by one) the pass says that a fixed stride would mix
+them. A prompt whose copies straddle steps, so that a gathered "group" holds two prompts, fails.
 
 The likely bug is named from the shape: each rank's rows, read alone, still a repeat sampler's order while
-the ranks' orders disagree (some prompts twice, some never, or one prompt's copies on different steps):
-the repeat sampler is seeded per rank; a step's rows not a multiple of G: partial groups straddle steps and
-a normalisation by a fixed stride of G rows mixes prompts (AReaL #1419); every prompt's copies in one step
-but apart in the gather: the loader splits the repeated order row by row (every W-th row).
+the ranks' orders disagree (copies that reach no rank, or a prompt's copies on different steps although
+every step gathers whole multiples of G rows): the repeat sampler is seeded per rank (``coverage`` names it
+too); a step's rows not a multiple of G: partial groups straddle steps, and a normalisation by a fixed
+stride of G rows mixes prompts (AReaL #1419). Where a step differs from one process's and its groups are
+split across ranks, ``step_equivalence`` names per-rank group statistics (:func:`step_group_cause`).
 
 Not judged (``n/a``): a single-process loader without runs of copies (or with so few runs that a shuffle
 of repeated ids would line them up by chance), a sampler that was told the ranks (``num_replicas``/
@@ -36,8 +38,6 @@ from ddpcheck.checks.ids import PROMPT_GROUPS
 from ddpcheck.checks.verdict import GroupEvidence, Verdict, not_applicable, skipped
 from ddpcheck.messages import count_text
 from ddpcheck.trace import EpochTrace, RunTrace
-
-MAX_SHOWN = 8  # ids shown from one broken group
 
 NO_RUNS = (
     "the single-process loader yields no runs of copies (each sample G times in a row, in every epoch, "
