@@ -581,7 +581,8 @@ class RunTrace:
 class ScriptLoader:
     """One loader of a training script, as one rank recorded it (``ddpcheck run``/``ddpcheck.record``).
 
-    ``name`` is the line of the user's code that built it (``train.py:42``); ``set_epoch`` says whether
+    ``name`` is the line of the user's code that built it (``train.py:42``, relative to the script's
+    folder), ``variable`` what that line assigned it to, as the reports call it; ``set_epoch`` says whether
     the script's loop called ``set_epoch`` before every epoch after the first (True where the loader has
     nothing to call it on); ``handed`` counts the batches the script itself received."""
 
@@ -590,6 +591,7 @@ class ScriptLoader:
     id_source: IdSource = "index"
     set_epoch: bool = True
     handed: int = 0
+    variable: str = ""  # the variable the user's line assigned the loader to (``train_loader``); "" none
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,12 @@ from typing import Any
 import pytest
 
 from ddpcheck.checks.groups import GROUPS_SPLIT, GROUPS_WHOLE, PARTIAL, RANK_SEEDED, check_prompt_groups
-from ddpcheck.checks.ids import COVERAGE, NO_OVERLAP, PROMPT_GROUPS, STEP_EQUIVALENCE
 from ddpcheck.checks.step import TOLERANCE, check_step_equivalence
 from ddpcheck.layout import Layout
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.session.script import check_script
 from ddpcheck.trace import RankTrace, RunTrace
+from ddpcheck.verdict import COVERAGE, NO_OVERLAP, PROMPT_GROUPS, STEP_EQUIVALENCE
 from tests.conftest import FIXTURES, ROOT
 from tests.step_builders import step_trace
 from tests.trace_builders import epoch

@@ -26,13 +26,13 @@ from ddpcheck.checks.groups import (
     group_size,
     split_groups,
 )
-from ddpcheck.checks.ids import COVERAGE, NO_OVERLAP, PROMPT_GROUPS, STEP_EQUIVALENCE
 from ddpcheck.checks.registry import run_checks
 from ddpcheck.checks.step import OTHER
 from ddpcheck.checks.step_judge import StepRecord, for_groups
-from ddpcheck.checks.verdict import ComparedStep, GroupEvidence, StepEvidence, Verdict
+from ddpcheck.evidence import ComparedStep, GroupEvidence, StepEvidence
 from ddpcheck.layout import Layout
 from ddpcheck.trace import MicroStep, OptimizerStep, RunTrace, StepTrace
+from ddpcheck.verdict import COVERAGE, NO_OVERLAP, PROMPT_GROUPS, STEP_EQUIVALENCE, Verdict
 from tests.trace_builders import epoch, run, strided
 
 

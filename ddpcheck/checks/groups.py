@@ -34,10 +34,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ddpcheck.checks.context import Context, EpochView
-from ddpcheck.checks.ids import PROMPT_GROUPS
-from ddpcheck.checks.verdict import GroupEvidence, Verdict, not_applicable, skipped
+from ddpcheck.evidence import GroupEvidence
 from ddpcheck.messages import count_text
 from ddpcheck.trace import EpochTrace, RunTrace
+from ddpcheck.verdict import PROMPT_GROUPS, Verdict, not_applicable, skipped
 
 NO_RUNS = (
     "the single-process loader yields no runs of copies (each sample G times in a row, in every epoch, "
