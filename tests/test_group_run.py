@@ -5,8 +5,9 @@ optimizer step, and the same script at one process fed the union of the ranks' r
 weights; ``fixtures/groups/NOTES.md``).
 
 First the checks themselves on the logged truth (the traces the rank side would record, built from the
-logs), then the whole of ``ddpcheck run --world-sizes 1,2`` on the real scripts: real gloo ranks, the real
-one-process replay, the verdicts held to the same truth.
+logs), each alone and through the one judge (``checks/judge.py``) as a launch; then, in the slow lane, the
+whole of ``ddpcheck run --world-sizes 1,2`` on the real scripts: real gloo ranks, the real one-process
+replay, the verdicts held to the same truth.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from typing import Any
 import pytest
 
 from ddpcheck.checks.groups import GROUPS_SPLIT, GROUPS_WHOLE, PARTIAL, RANK_SEEDED, check_prompt_groups
+from ddpcheck.checks.judge import Launch, LoaderRecord, Rules, judge
 from ddpcheck.checks.step import TOLERANCE, check_step_equivalence
+from ddpcheck.checks.step_judge import StepRecord
 from ddpcheck.layout import Layout
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.session.script import check_script
@@ -117,12 +120,36 @@ def test_step_equivalence_on_the_logged_steps_is_the_truth(name: str) -> None:
     assert verdict.status == ("fail" if _step_fails(name) else "pass"), verdict
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_the_one_judge_on_the_logged_launch_is_the_truth(name: str) -> None:
+    """The logged 2-process launch as the judge reads it (the loader's traces and the step recordings
+    together): ``prompt_groups`` decided there, and the step's cause named from that verdict's groups."""
+    reference, log = _loader_run(_log(name, 1)), _log(name, 2)
+    run = _loader_run(log)
+    loading = {"train": [rank.epochs for rank in run.ranks]}
+    step = StepRecord(tuple(step_trace(r) for r in log["ranks"]), step_trace(log["replay"]), loading=loading)
+    launch = Launch(Layout.plain(2), (LoaderRecord("train", reference, run),), step=step)
+    (judged,) = judge(launch, Rules())
+    verdicts = {v.check: v for v in judged.verdicts}
+    assert verdicts[PROMPT_GROUPS].status == ("fail" if _groups_fail(name, 2) else "pass"), verdicts[
+        PROMPT_GROUPS
+    ]
+    assert verdicts[STEP_EQUIVALENCE].status == ("fail" if _step_fails(name) else "pass"), verdicts[
+        STEP_EQUIVALENCE
+    ]
+    assert verdicts[NO_OVERLAP].status == "pass", verdicts[NO_OVERLAP]
+    for check in (PROMPT_GROUPS, STEP_EQUIVALENCE):
+        if check in CAUSES[name]:
+            assert verdicts[check].cause.startswith(CAUSES[name][check]), verdicts[check].cause
+
+
 def _row(result: CheckResult, world_size: int) -> WorldResult:
     rows = [r for r in result.runs if r.world_size == world_size and r.verdicts]
     assert len(rows) == 1, [(r.loader, r.world_size) for r in result.runs]
     return rows[0]
 
 
+@pytest.mark.slow  # 14 launches and 7 replays: about 75 s a fixture on the shared 2-core host
 @pytest.mark.parametrize("name", NAMES)
 def test_ddpcheck_run_is_the_truth(name: str) -> None:
     """``ddpcheck run --world-sizes 1,2`` (every step compared: --model-steps all) on the real script."""
@@ -146,10 +173,12 @@ def test_ddpcheck_run_is_the_truth(name: str) -> None:
     assert result.ok == (not failed and not any(v.failed for v in _row(result, 1).verdicts))
 
 
+@pytest.mark.slow
 def test_the_command_line_names_the_per_rank_seed(tmp_path: Path) -> None:
     """The user's view: exit 1, and the report names the seed that depends on the rank."""
     done = subprocess.run(
-        [sys.executable, "-m", "ddpcheck", "run", "--world-sizes", "1,2", "--report-dir", str(tmp_path),
+        [sys.executable, "-m", "ddpcheck", "run", "--world-sizes", "1,2", "--no-determinism",
+         "--report-dir", str(tmp_path),
          "--", str(GROUPS / "bug_rank_seeded_sampler.py")],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
