@@ -38,7 +38,8 @@ STEP_EQUIVALENCE = "step_equivalence"
 EQUAL_MICROSTEPS = "equal_microsteps"
 SUPERVISION = "supervision"
 RNG_INDEPENDENCE = "rng_independence"
-STEP_CHECKS = (STEP_EQUIVALENCE, EQUAL_MICROSTEPS, SUPERVISION, RNG_INDEPENDENCE)
+SEQUENCE_SPLIT = "sequence_split"  # context-parallel slices reassemble each sequence once (issue 42)
+STEP_CHECKS = (STEP_EQUIVALENCE, EQUAL_MICROSTEPS, SEQUENCE_SPLIT, SUPERVISION, RNG_INDEPENDENCE)
 # RL prompt groups (issue 42): the copies of a prompt the single-process loader repeats stay one group in
 # every step's gather (ddpcheck.checks.groups); a data check, judged wherever the loader is
 PROMPT_GROUPS = "prompt_groups"
@@ -71,6 +72,7 @@ ALL_CHECKS = (
     TRAINING_EQUIVALENCE,
     STEP_EQUIVALENCE,
     EQUAL_MICROSTEPS,
+    SEQUENCE_SPLIT,
     RESUME,
     ELASTIC_RESUME,
 )
@@ -96,6 +98,7 @@ SHORT_LABELS = {
     ELASTIC_RESUME: "elastic",
     STEP_EQUIVALENCE: "step",
     EQUAL_MICROSTEPS: "micro",
+    SEQUENCE_SPLIT: "seq",
     SUPERVISION: "superv",
     RNG_INDEPENDENCE: "rng",
     PROMPT_GROUPS: "groups",
