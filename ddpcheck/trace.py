@@ -396,9 +396,7 @@ class LoaderFacts:
     padding: bool | None = None  # True when the sampler is known to pad, False when known to drop
     pad_unit: int = 1  # samples per padding unit: a batch when the loader pads whole batches (even_batches)
     batch_level: bool = False  # True when whole batches are sharded (custom batch sampler)
-    per_rank_batches: str = (
-        ""  # "Grouping over DistributedSampler": a custom batch sampler over a rank's share
-    )
+    per_rank_batches: str = ""  # "Grouping over DistributedSampler": a batch sampler over a rank's share
     has_set_epoch: bool = False
     shuffles: bool | None = None  # the sampler says it reshuffles every epoch (shuffle=True, RandomSampler)
     in_order: bool = True  # False: DataLoader(in_order=False) with workers, batch order may vary by run
@@ -417,9 +415,7 @@ class LoaderFacts:
     # the dataset is drawn from a bigger one: "Subset" (torch Subset, what random_split returns) or
     # "indices mapping" (an HF datasets split, shuffle or select); "" when not
     subset: str = ""
-    subset_digest: str = (
-        ""  # which samples the subset holds, in order (ranks that drew different ones differ)
-    )
+    subset_digest: str = ""  # which samples the subset holds, in order (ranks that drew others differ)
     subset_call: str = ""  # the script's call that drew it, at its line ("random_split at train.py:17")
     # autograd was on where the facts were read (a script: its first iter() of the loader); False: iterated
     # under torch.no_grad() / inference_mode, an evaluation, whose order changes no result
@@ -713,6 +709,61 @@ class StepTrace:
     compute_dtype: str = ""
 
 
+# --- what the script's own evaluation reported (issue 41): recorded by ddpcheck.checker.evaluation,
+# judged by metric_equivalence (ddpcheck.checks.eval_metric).
+
+
+@dataclass(frozen=True)
+class ReportedValue:
+    """A number the script reported after an evaluation's loop: ``source`` (torchmetrics, evaluate, trainer,
+    lightning, tensorboard, wandb, mlflow, log, print), ``name`` (its key; a printed line's template with
+    ``{}`` for each number), ``position`` (which number of the line), ``occurrence`` (the n-th of that
+    source, name and position in the round), ``unit`` (one unit in the last printed digit; 0.0: read as a
+    number), ``shown`` (as printed), ``label`` (a printed number's words before it and unit after it)."""
+
+    source: str
+    name: str
+    value: float
+    occurrence: int = 0
+    position: int = 0
+    unit: float = 0.0
+    shown: str = ""
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class EvalRound:
+    """One evaluation: consecutive epochs (``epochs``: loader, epoch) iterated with gradients off or a known
+    model in eval mode, no training batch between them, and what was reported until the next training
+    batch or optimizer step. ``index``: the k-th round of the rank (runs are matched by it); ``whole``:
+    every epoch handed to the script whole and iterated to its end; ``held``: "saved", "loaded" or why
+    neither; ``weights``: a fingerprint per model evaluated, in call order; ``drew``: global random streams
+    that moved during a loop; ``collectives``: torch.distributed calls in the round, by name; ``progress``:
+    (source, name) also reported while a loop ran (never compared)."""
+
+    index: int
+    epochs: tuple[tuple[str, int], ...] = ()
+    whole: bool = False
+    held: str = ""
+    weights: tuple[int, ...] = ()
+    train_mode: bool = False  # a model evaluated was in train mode
+    drew: tuple[str, ...] = ()
+    collectives: tuple[tuple[str, int], ...] = ()
+    values: tuple[ReportedValue, ...] = ()
+    progress: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class EvalRecord:
+    """A rank's evaluations; ``outside``: printed line templates seen outside any (never compared);
+    ``libraries``: evaluation libraries the script imported; ``limit``: rounds compared (--eval-rounds)."""
+
+    rounds: tuple[EvalRound, ...] = ()
+    outside: tuple[str, ...] = ()
+    libraries: tuple[str, ...] = ()
+    limit: int = 0
+
+
 SCRIPT_TRACE_VERSION = 3  # 3: integer ids in .npy files beside the trace (ddpcheck.tracefile)
 
 
@@ -742,4 +793,5 @@ class ScriptRankTrace:
     first_model_call: str = ""
     inputs_from: str = ""
     sources: tuple[SourceTrace, ...] = ()  # batch functions named with --batches
+    evaluation: EvalRecord | None = None  # the script's evaluations (None: not recorded)
     version: int = SCRIPT_TRACE_VERSION
