@@ -31,7 +31,7 @@ class Verdict:
     examples: tuple[object, ...] = ()
     data: dict[str, object] = field(default_factory=dict)
     fix: str = ""
-    evidence: StepEvidence | None = None
+    evidence: StepEvidence | MetricEvidence | None = None
 
     @property
     def failed(self) -> bool:
@@ -60,6 +60,43 @@ class StepEvidence:
     dtype: str
     loss_scale: str
     steps: tuple[ComparedStep, ...]
+
+    def as_data(self) -> dict[str, object]:
+        """As the JSON report writes a verdict's ``data``."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ComparedValue:
+    """One value the script reported, at one process and at this layout: the evaluation (round) it came
+    after, where it was read and its name, the single process's value and rank 0's, every rank's (None: that
+    rank reported none), the printed precision (0.0 for a value read as a number), and whether they agree."""
+
+    evaluation: int
+    source: str
+    name: str
+    reference: float
+    value: float
+    ranks: tuple[float | None, ...]
+    unit: float
+    equal: bool
+
+
+@dataclass(frozen=True)
+class MetricEvidence:
+    """What ``metric_equivalence`` compared on a script: the tolerance (relative and absolute float noise;
+    printed values also one unit in their last digit), each compared evaluation in words (which loader,
+    which epoch, on which weights), every compared value, and the eval loader's split at this layout (the
+    samples each rank evaluated, the copies padding added, the samples dropped, the set's size)."""
+
+    rel: float
+    absolute: float
+    evaluations: tuple[str, ...]
+    values: tuple[ComparedValue, ...]
+    shards: tuple[int, ...] = ()
+    copies: int = 0
+    dropped: int = 0
+    set_size: int = 0
 
     def as_data(self) -> dict[str, object]:
         """As the JSON report writes a verdict's ``data``."""

@@ -12,7 +12,7 @@ from html import escape
 from typing import TYPE_CHECKING
 
 from ddpcheck.checks.ids import STEP_EQUIVALENCE
-from ddpcheck.checks.verdict import ComparedStep
+from ddpcheck.checks.verdict import ComparedStep, StepEvidence
 
 if TYPE_CHECKING:
     from ddpcheck.report.rows import Row
@@ -104,7 +104,7 @@ def step_table(row: Row) -> StepTable | None:
     """The step_equivalence verdict's compared steps as a table (None where no step was compared)."""
     verdict = next((v for v in row.run.verdicts if v.check == STEP_EQUIVALENCE), None)
     evidence = verdict.evidence if verdict is not None else None
-    if verdict is None or evidence is None or not evidence.steps:
+    if verdict is None or not isinstance(evidence, StepEvidence) or not evidence.steps:
         return None
     return StepTable(
         label=row.label,
