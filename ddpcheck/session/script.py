@@ -24,6 +24,8 @@ from typing import Any
 
 from ddpcheck.checker.script_env import GPUS_ENV, NEEDS_CUDA, ScriptTarget
 from ddpcheck.checks.batch_sources import judge_sources, nothing_iterated
+from ddpcheck.checks.eval_metric import MetricJudgement, evenly_note, judge_metric
+from ddpcheck.checks.ids import METRIC_EQUIVALENCE
 from ddpcheck.checks.replicas import data_parallel_view
 from ddpcheck.checks.scripts import (
     alone,
@@ -38,7 +40,7 @@ from ddpcheck.checks.scripts import (
 )
 from ddpcheck.checks.step import loss_scale, wants_loss_probe
 from ddpcheck.checks.step_judge import StepRecord, fed_loader, judge_step, merged
-from ddpcheck.checks.verdict import Verdict
+from ddpcheck.checks.verdict import MetricEvidence, Verdict, not_applicable
 from ddpcheck.figures import figure_data
 from ddpcheck.launch.recorded import Recorded, launch_failure, launch_problem, read_launch, read_trace_dir
 from ddpcheck.launch.script import launch_script
@@ -235,7 +237,11 @@ class _ScriptSession:
             id_source=source,
             epochs=self.options.check.epochs,
             options=options,
-            notes=tuple(dict.fromkeys([*self.notes, *(self.guard.notes() if self.guard else [])])),
+            notes=tuple(
+                dict.fromkeys(
+                    [*self.notes, *metric_notes(self.runs), *(self.guard.notes() if self.guard else [])]
+                )
+            ),
             interrupted=interrupted,
         )
 
@@ -300,6 +306,15 @@ class _ScriptSession:
             return ["--compare-batches", str(COMPARED_BATCHES), "--tail-batches", str(TAIL_BATCHES)]
         return ["--compare-batches", str(self.options.model_steps)]
 
+    def _eval_flags(self, layout: Layout, replay: str) -> list[str]:
+        """The script's evaluations (issue 41): none in a replay or with ``--no-metrics``; the single process
+        saves the weights it evaluates, every larger layout evaluates on them."""
+        if replay or self.options.check.metrics is False:
+            return ["--eval-rounds", "0"]
+        if layout.world_size > 1 and self.reference is not None and self.reference.out:
+            return ["--eval-weights", self.reference.out]
+        return []
+
     def _step_record(self, run: Recorded, layout: Layout) -> StepRecord | None:
         """The run's step recordings and, where data-parallel ranks split the step, the one-process replay
         of what they received (one more launch); None without ``--step``."""
@@ -343,6 +358,7 @@ class _ScriptSession:
                 command += ["--ignore-index", str(self.options.ignore_index)]
         if replay:
             command += ["--replay", replay, *(["--replay-twice"] if twice else [])]
+        command += self._eval_flags(layout, replay)
         command += [
             "--model-steps",
             "all" if self.options.model_steps is None else str(self.options.model_steps),
@@ -405,6 +421,18 @@ class _ScriptSession:
         return judge_launch(reference, run, rerun, layout, self.options.check, step=step)
 
 
+def metric_notes(runs: Sequence[WorldResult]) -> list[str]:
+    """A note where every layout compared split the eval set evenly (equal metrics there prove little)."""
+    found = [
+        (run.layout.dp_world_size if run.layout else run.world_size, v.evidence)
+        for run in runs
+        for v in run.verdicts
+        if v.check == METRIC_EQUIVALENCE and isinstance(v.evidence, MetricEvidence)
+    ]
+    note = evenly_note(found)
+    return [note] if note else []
+
+
 def rank_environment(world_size: int, gpus: int | None = None) -> dict[str, str]:
     """What makes a GPU user's script distributed here as under torchrun on enough GPUs.
 
@@ -455,6 +483,8 @@ def judge_launch(
     that need one are skipped with that reason. ``step``: the launch's step recordings, judged with the
     loader whose batches reached backward (the first loader when none did)."""
     results = _judge_loaders(reference, run, rerun, layout, options, standin)
+    if options.metrics is not False and results:  # the script's own evaluation (issue 41)
+        results = with_metric(results, judge_metric(reference.traces, run.traces, layout), options, standin)
     if step is None or not results:
         return results
     fed = fed_loader(step.steps)
@@ -466,6 +496,18 @@ def judge_launch(
     joined = merged(results[at].verdicts, allowed(verdicts, options.allow))
     results[at] = replace(results[at], verdicts=tuple(joined))
     return results
+
+
+def with_metric(
+    results: list[WorldResult], judged: MetricJudgement, options: CheckOptions, standin: str
+) -> list[WorldResult]:
+    """``metric_equivalence`` joins the row of the eval loader it judged (the first row where none)."""
+    verdict = judged.verdict
+    if standin:
+        verdict = not_applicable(METRIC_EQUIVALENCE, f"needs the single process's evaluation: {standin}")
+    at = next((i for i, r in enumerate(results) if r.loader == judged.loader), 0)
+    joined = (*results[at].verdicts, *allowed([verdict], options.allow))
+    return [*results[:at], replace(results[at], verdicts=joined), *results[at + 1 :]]
 
 
 def step_record(run: Recorded, ignore_index: int = IGNORE_INDEX) -> StepRecord:
@@ -632,7 +674,7 @@ def judge_directory(
         runs=tuple(runs),
         epochs=options.epochs,
         options={**jsonable_options(options), "judged": str(directory)},
-        notes=tuple(dict.fromkeys(notes)),
+        notes=tuple(dict.fromkeys([*notes, *metric_notes(runs)])),
     )
 
 
