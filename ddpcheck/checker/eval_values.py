@@ -137,6 +137,27 @@ def _torchmetrics(module: ModuleType) -> None:
     patching.replace(metric, "_wrap_compute", _wrap_compute)
 
 
+def _lightning_epoch_end(module: ModuleType) -> None:
+    """Lightning validates at an epoch's end when its batch index reaches the train loader's ``len()``; an
+    epoch cut by ``--model-steps`` ends before, and its evaluation would never run. Where Lightning validates
+    at the end of a whole epoch (``val_check_interval`` 1.0), it validates after a cut epoch's last batch."""
+    loop = module._TrainingEpochLoop
+    original = loop._should_check_val_fx
+
+    @functools.wraps(original)
+    def _should_check_val_fx(self: Any, data_fetcher: Any) -> bool:
+        if original(self, data_fetcher):
+            return True
+        sink, trainer = _sink(), self.trainer
+        at_end = (
+            trainer.check_val_every_n_epoch is not None
+            and trainer.val_check_batch == trainer.num_training_batches
+        )
+        return bool(sink is not None and sink.last_batch and at_end and self._should_check_val_epoch())
+
+    patching.replace(loop, "_should_check_val_fx", _should_check_val_fx)
+
+
 def _returning(source: str, name: Callable[[Any], str] = lambda _self: "") -> Callable[..., Any]:
     """A patch that reports what a method returns (once per outermost call: a subclass calling its base's
     method reports once)."""
@@ -233,6 +254,8 @@ LIBRARIES: dict[str, tuple[str, Callable[[ModuleType], None]]] = {
         "lightning",
         _method("_EvaluationLoop", "run", _returning("lightning")),
     ),
+    "lightning.pytorch.loops.training_epoch_loop": ("lightning", _lightning_epoch_end),
+    "pytorch_lightning.loops.training_epoch_loop": ("lightning", _lightning_epoch_end),
     "torch.utils.tensorboard.writer": (
         "tensorboard",
         _both(

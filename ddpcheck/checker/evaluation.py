@@ -52,9 +52,9 @@ class EvalOptions:
 class EvalEpoch:
     """One evaluation epoch of a loader, as the recorder's epoch drives it."""
 
-    def __init__(self, owner: Evaluations, round_: _Round, loader: str, whole: bool) -> None:
-        self.owner, self.round, self.loader, self.whole = owner, round_, loader, whole
-        self.epoch = -1  # its index among the loader's epochs, once stored
+    def __init__(self, round_: _Round, loader: str, epoch: int, whole: bool) -> None:
+        self.round, self.loader, self.epoch, self.whole = round_, loader, epoch, whole
+        self.done = False  # stored among the loader's epochs
         self.ended = False  # the script iterated it to its end
         self.aborted = False  # it trained after all
         self.state: dict[str, bytes | None] | None = None
@@ -65,18 +65,23 @@ class EvalEpoch:
             self.state = rng.snapshot()
 
     def end(self) -> None:
-        """The loader ran out while the script iterated it."""
-        self.ended = True
+        """The script took the epoch's last batch (its loader's ``len()``), or the loader ran out while the
+        script iterated it. The streams are read again at the round's next report (the last batch is still
+        being evaluated now)."""
+        if not self.ended:
+            self.ended = True
+            self.round.unsettled.append(self)
+
+    def settle(self, after: dict[str, bytes | None]) -> None:
         if self.state is not None:
-            after = rng.snapshot()
             self.round.drew.update(n for n, s in self.state.items() if s is not None and s != after.get(n))
 
     def stored(self, epoch: int) -> None:
-        self.epoch = epoch
+        self.epoch, self.done = epoch, True
 
     @property
     def iterating(self) -> bool:
-        return not self.ended and self.epoch < 0
+        return not self.ended and not self.done
 
 
 @dataclass
@@ -90,6 +95,15 @@ class _Round:
     collectives: Counter[str] = field(default_factory=Counter)
     drew: set[str] = field(default_factory=set)
     train_mode: bool = False
+    unsettled: list[EvalEpoch] = field(default_factory=list)  # ended, the streams not read again yet
+
+    def settle(self) -> None:
+        """The loops that ended are over by now: did a global stream move since their first batch?"""
+        if self.unsettled:
+            after = rng.snapshot()
+            for epoch in self.unsettled:
+                epoch.settle(after)
+            self.unsettled.clear()
 
 
 class Evaluations:
@@ -107,15 +121,18 @@ class Evaluations:
         self.last_loader = ""
         self.outside: dict[str, None] = {}
         self.libraries: dict[str, None] = {}
+        self.last_batch = False  # the training batch just handed is the last --model-steps leaves its epoch
 
     # --- the recorder's calls -----------------------------------------------------------------------
 
-    def begin(self, loader: str, world_size: int) -> EvalEpoch | None:
-        """An epoch of ``loader`` hands its first batch: its :class:`EvalEpoch` when it evaluates."""
+    def begin(self, loader: str, epoch: int, world_size: int) -> EvalEpoch | None:
+        """Epoch ``epoch`` of ``loader`` hands its first batch: its :class:`EvalEpoch` when it evaluates."""
         if not self._evaluating(loader):
             self.training(loader)
             return None
         round_ = self.open
+        if round_ is not None:
+            round_.settle()
         if round_ is None:
             recorded = self.whole < self.options.rounds
             round_ = self.open = _Round(self.count, recorded)
@@ -124,9 +141,9 @@ class Evaluations:
                 self.holder.begin(round_.index, world_size)
         if round_.recorded and any(r.training for r in self.models.roots):
             round_.train_mode = True
-        epoch = EvalEpoch(self, round_, loader, whole=round_.recorded)
-        round_.epochs.append(epoch)
-        return epoch
+        found = EvalEpoch(round_, loader, epoch, whole=round_.recorded)
+        round_.epochs.append(found)
+        return found
 
     def training(self, loader: str) -> None:
         """A training batch of ``loader`` is handed to the script: an open round is over."""
@@ -148,6 +165,7 @@ class Evaluations:
         if round_ is None:
             return
         holder = self.holder
+        round_.settle()
         if round_.recorded:
             holder.end()
         if not round_.recorded or not round_.epochs:
@@ -194,6 +212,7 @@ class Evaluations:
         if any(e.iterating for e in round_.epochs):
             round_.progress.add((source, name))
             return
+        round_.settle()
         self._keep(round_, ReportedValue(source, name, value))
 
     def printed(self, line: str, source: str = "print") -> None:
@@ -213,6 +232,7 @@ class Evaluations:
         if any(e.iterating for e in round_.epochs):
             round_.progress.add((source, template))
             return
+        round_.settle()
         for position, number in enumerate(numbers):
             kept = ReportedValue(
                 source, template, number.value, 0, position, number.unit, number.shown, number.label

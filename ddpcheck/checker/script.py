@@ -194,8 +194,12 @@ class ScriptEpoch:
         if evaluation is not None and self.handed == 0:
             evaluation.fetched()
         self.handed += 1
+        if whole and evaluation is not None and self.handed == self.len_loader:  # its last batch (len())
+            evaluation.end()
         if not cut:  # batches past the cut an evaluation is handed whole count nothing to the stop rule
             self.record.delivered += 1
+        if evaluation is None and self.recorder.evaluations is not None:  # the epoch's last, cut after it
+            self.recorder.evaluations.last_batch = self.handed == options.model_steps
         watcher = step_watcher()
         if watcher is None or (evaluation is not None and not evaluation.aborted):
             return batch
@@ -211,7 +215,8 @@ class ScriptEpoch:
         if evaluations is None:
             return None
         if self.handed == 0 and self.evaluation is None and self.asked == 1:
-            self.evaluation = evaluations.begin(self.record.name, (self.recorder.position or position())[1])
+            world_size = (self.recorder.position or position())[1]
+            self.evaluation = evaluations.begin(self.record.name, len(self.record.epochs), world_size)
         elif self.evaluation is None or self.evaluation.aborted:
             evaluations.training(self.record.name)
         return self.evaluation

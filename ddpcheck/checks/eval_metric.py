@@ -6,13 +6,13 @@ with typed evidence (:class:`~ddpcheck.checks.verdict.MetricEvidence`) out. The 
 a run is compared with the k-th of the single process when both ran whole and their weights' fingerprints
 agree; a value is compared when both reported it under the same key (source, name, position in its line,
 occurrence in the round) and it is not left alone (:mod:`ddpcheck.checks.reported`: timings, learning
-rates, the layout, steps and epochs, per-rank counts, training values; printed line templates seen outside
-any evaluation; keys reported while a loop still ran). Two values agree within float noise (relative
-:data:`REL`, absolute :data:`ABSOLUTE`; summation order differs across partitions) plus, for printed ones,
-one unit in the last printed digit; NaN equals NaN only. A difference fails with its mechanism
-(:mod:`ddpcheck.checks.eval_causes`); an evaluation that drew random numbers while its loop ran cannot be
-told from its draws and is ``n/a``; a printed number that differs with no mechanism found is not judged
-(it may not come from the evaluation).
+rates, the layout, steps and epochs, per-rank counts, training values; a printed number or logger key that
+names no metric; printed line templates seen outside any evaluation; keys reported while a loop still ran).
+Two values agree within float noise (relative :data:`REL`, absolute :data:`ABSOLUTE`; summation order
+differs across partitions) plus, for printed ones, one unit in the last printed digit; NaN equals NaN only.
+A difference fails with its mechanism (:mod:`ddpcheck.checks.eval_causes`); an evaluation that drew random
+numbers while its loop ran cannot be told from its draws and is ``n/a``; a printed number that differs with
+no mechanism found is not judged (it may not come from the evaluation).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from ddpcheck.checks.eval_causes import COMBINING, UNEXPLAINED, Split, mechanism, split_of
 from ddpcheck.checks.ids import METRIC_EQUIVALENCE
-from ddpcheck.checks.reported import close, left_alone, words
+from ddpcheck.checks.reported import close, left_alone, reports_metric, words
 from ddpcheck.checks.verdict import ComparedValue, MetricEvidence, Status, Verdict, not_applicable
 from ddpcheck.layout import Layout
 from ddpcheck.trace import EpochTrace, EvalRecord, EvalRound, LoaderFacts, ReportedValue, ScriptRankTrace
@@ -30,6 +30,11 @@ from ddpcheck.trace import EpochTrace, EvalRecord, EvalRound, LoaderFacts, Repor
 REL = 1e-5  # float32 sums over another partition differ by ~1e-7 relative; padding one copy in 10^5: 1e-5
 ABSOLUTE = 1e-8
 PRINTED = ("print", "log")
+LOGGERS = (
+    "tensorboard",
+    "wandb",
+    "mlflow",
+)  # a key there may be a training value: compared when it names a metric
 NOT_RECORDED = "the script's evaluation was not recorded (--no-metrics, or recorded with --eval-rounds 0)"
 NO_EVALUATION = (
     "the script ran no evaluation: no loader was iterated with gradients off or its model in eval mode"
@@ -180,9 +185,14 @@ def _kept(round_: EvalRound, record: EvalRecord) -> dict[Key, ReportedValue]:
         if (value.source, value.name) in progress:
             continue
         if value.source in PRINTED:
-            if value.name in outside or left_alone(value.label.replace("|", " ")):
+            label = value.label
+            if (
+                value.name in outside
+                or left_alone(label.replace("|", " "))
+                or not reports_metric(label, value.name)
+            ):
                 continue
-        elif left_alone(value.name):
+        elif left_alone(value.name) or (value.source in LOGGERS and not reports_metric(value.name, "")):
             continue
         kept[(value.source, value.name, value.position, value.occurrence)] = value
     return kept

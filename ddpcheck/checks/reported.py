@@ -9,9 +9,11 @@ come) and ``metric_equivalence`` (which decides what it compares):
   "took|s"); a key's words are its parts (``eval_samples_per_second``: eval, samples, per, second);
 - a value is left alone when one of those words names something that changes with the world size by
   design (:data:`LEFT_ALONE`): timings and throughput, learning rates, the world size and ranks, steps,
-  epochs and batches, per-rank counts, memory, and anything of training.
+  epochs and batches, per-rank counts, memory, and anything of training; or when its label is a connector
+  alone (the 2 of "rank 0 of 2", the 21 of "16/21": a count).
 
-A printed number's precision is one unit in its last printed digit (``0.8125``: 1e-4; ``1.5e-03``: 1e-4;
+A printed or logged number is compared only where it reports a metric (:func:`reports_metric`). A printed
+number's precision is one unit in its last printed digit (``0.8125``: 1e-4; ``1.5e-03``: 1e-4;
 ``812``: 1).
 """
 
@@ -21,7 +23,12 @@ import math
 import re
 from dataclasses import dataclass
 
-_LEFT_ALONE_GROUPS = (
+
+def _words_of(*groups: str) -> frozenset[str]:
+    return frozenset(word for group in groups for word in group.split())
+
+
+LEFT_ALONE = _words_of(
     # timings and throughput
     "time times timing elapsed took duration runtime sec secs second seconds s ms us ns min mins minute "
     "minutes h hr hrs hour hours it its throughput speed fps eta remaining",
@@ -40,7 +47,6 @@ _LEFT_ALONE_GROUPS = (
     # neither a value nor a metric
     "seed version",
 )
-LEFT_ALONE = frozenset(word for group in _LEFT_ALONE_GROUPS for word in group.split())
 
 _MASKED = re.compile(
     r"\b\d{4}-\d{2}-\d{2}(?:[ T]\d{1,2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?)?\b"  # dates (and their times)
@@ -72,9 +78,36 @@ def words(text: str) -> list[str]:
     return [w.lower() for w in _WORDS.findall(spaced)]
 
 
+# a line led by one of these reports an evaluation
+EVALUATION = _words_of("val valid validation eval evaluation evaluate evaluating test testing dev heldout")
+METRICS = EVALUATION | _words_of(  # a number labelled by one of these is a metric
+    "acc accuracy top f precision prec recall auc auroc roc ap map iou miou dice bleu rouge wer cer ppl "
+    "perplexity mse mae rmse error err metric metrics score correct exact em matthews mcc kappa jaccard "
+    "ndcg mrr hit hits"
+)
+CONNECTORS = frozenset({"of", "out", "from", "in"})  # "rank 0 of 2", "16/21" (read as "of"): a count
+
+
 def left_alone(text: str) -> str:
-    """The word of a key or label that says the value changes with the world size by design ("": none)."""
-    return next((w for w in words(text) if w in LEFT_ALONE), "")
+    """The word of a key or label that says the value changes with the world size by design ("": none): one
+    of :data:`LEFT_ALONE`, or a label of connectors alone (the count after "of" or "/")."""
+    found = words(text)
+    named = next((w for w in found if w in LEFT_ALONE), "")
+    if named or not found or not all(w in CONNECTORS for w in found):
+        return named
+    return found[0]
+
+
+def reports_metric(label: str, template: str) -> bool:
+    """A printed (or logged) number reports a metric: its label names one ("val acc", "accuracy"), the
+    line is led by an evaluation word ("val epoch 3: acc 0.81, loss 0.44"), or the number stands bare
+    ("0.8125", "epoch 3: 0.8125"). A number labelled otherwise ("loss 0.44" beside "val_acc 0.81") may be
+    a training value printed with the evaluation's: it is not compared."""
+    said = words(label.split("|")[0])
+    if any(w in METRICS for w in said) or not said:
+        return True
+    lead = template.split("{}", 1)[0]
+    return any(w in EVALUATION for w in words(lead))
 
 
 def unit_of(shown: str) -> float:
@@ -103,7 +136,8 @@ def read_line(line: str) -> tuple[str, list[PrintedNumber]]:
             value = float(shown)
         except ValueError:  # pragma: no cover - the pattern reads only what float() does
             continue
-        label = " ".join(words(before)) + "|" + unit
+        said = "of" if before.rstrip().endswith("/") else " ".join(words(before))
+        label = said + "|" + unit
         found.append(PrintedNumber(shown, value, unit_of(shown), label))
         template.append(before + "{}" + (match.group("unit") or ""))
         at = match.end()
