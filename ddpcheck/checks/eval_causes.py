@@ -160,7 +160,9 @@ class Fixes:
         return self._join(
             {
                 "accelerate": "gather with accelerator.gather_for_metrics(...) (it drops the copies)",
-                "transformers": "let Trainer.evaluate() compute it (compute_metrics): it drops the copies",
+                "transformers": "Trainer.evaluate() drops the copies' predictions (gather_for_metrics), "
+                "but its eval_loss repeats each batch's mean loss per row, so a padded last batch counts "
+                "them: compute the loss per sample in compute_metrics, or per_device_eval_batch_size=1",
                 "lightning": "Lightning's eval DistributedSampler pads: evaluate with "
                 "Trainer(use_distributed_sampler=False) and a sampler that does not pad, or on one device",
                 "torchmetrics": "torchmetrics counts every sample it is given: feed it from a sampler that "
