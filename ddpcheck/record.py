@@ -174,6 +174,7 @@ def _eval_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _step_arguments(parser: argparse.ArgumentParser) -> None:
     """The training step's options (issue 35)."""
+    from ddpcheck import cli_values as values
     from ddpcheck.options import IGNORE_INDEX
 
     step = parser.add_argument_group("the training step (issue 35)")
@@ -197,6 +198,21 @@ def _step_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         default=False,
         help="with --replay: feed every rank's batch twice (probes whether the loss is a mean or a sum)",
+    )
+    step.add_argument(
+        "--mesh",
+        type=values.mesh,
+        default=None,
+        metavar="dp=2,tp=2",
+        help="with --replay: the recorded launch's device mesh; the replay joins the batches of one rank per "
+        "data-parallel coordinate (its tensor and context peers hold the same samples)",
+    )
+    step.add_argument(
+        "--data-dims",
+        type=values.names,
+        default=None,
+        metavar="NAME[,NAME]",
+        help="with --mesh: the dimensions that split the data (default: the names that start with dp)",
     )
     step.add_argument(
         "--ignore-index",
@@ -242,6 +258,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"ddpcheck.record: --replay {args.replay}: no recorded steps there (record with --step)",
             file=sys.stderr,
         )
+        return EXIT_BAD_INPUT
+    problem = _mesh_problem(args)
+    if problem:
+        print(f"ddpcheck.record: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     _die_with_launcher()
     _stack_dumps()
@@ -367,12 +387,40 @@ def _watch_step(args: argparse.Namespace) -> StepWatcher | None:
     options = StepOptions(
         out="" if args.replay else args.out,
         replay=args.replay,
+        replay_ranks=_replay_ranks(args),
         twice=bool(args.replay) and args.replay_twice,
         ignore_index=args.ignore_index,
         compare_batches=args.compare_batches,
         tail_batches=args.tail_batches,
     )
     return install_watcher(options)
+
+
+def _mesh_problem(args: argparse.Namespace) -> str:
+    """Why ``--mesh``/``--data-dims`` cannot be used ("": they can, or were not given)."""
+    if args.data_dims is not None and args.mesh is None:
+        return "--data-dims: give --mesh too"
+    if args.mesh is None:
+        return ""
+    if not args.replay:
+        return "--mesh: only with --replay (it names the recorded launch's mesh)"
+    from ddpcheck.layout import LayoutError, parse_mesh
+
+    try:
+        parse_mesh(args.mesh, args.data_dims)
+    except LayoutError as exc:
+        return str(exc)
+    return ""
+
+
+def _replay_ranks(args: argparse.Namespace) -> tuple[int, ...] | None:
+    """The recorded ranks a replay joins: one per data-parallel coordinate of ``--mesh`` (None: every rank).
+    The mesh was checked for its form when parsed; a mesh without a data dimension is refused in main."""
+    if args.mesh is None:
+        return None
+    from ddpcheck.layout import parse_mesh
+
+    return tuple(parse_mesh(args.mesh, args.data_dims).representatives())
 
 
 def _die_with_launcher() -> None:

@@ -670,13 +670,16 @@ class OptimizerStep:
 
     ``grad`` holds the gradient the step applied, before clipping, as float32 values of the
     optimizer's parameters flattened in their param-group order (``StepTrace.kept`` coordinates of
-    each step: all of them, or an evenly spaced sample for large models); None when not kept."""
+    each step: all of them, or an evenly spaced sample for large models); None when not kept. Where the
+    parameters are sharded (DTensors), ``held`` is a packed bitmap (numpy ``packbits`` order), one bit per
+    kept value: the rank's shard holds it (the others are 0 here and held by other ranks); None: all."""
 
     index: int
     micro: tuple[MicroStep, ...] = ()
     grad: Sequence[float] | None = None
-    grad_norm: float | None = None  # L2 norm of the whole gradient (every coordinate)
+    grad_norm: float | None = None  # L2 norm of the whole gradient (every coordinate; None: a shard)
     not_comparable: str = ""  # why this step cannot be compared with a replay ("": it can; see StepTrace)
+    held: bytes | None = None
 
 
 @dataclass(frozen=True)

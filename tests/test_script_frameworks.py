@@ -158,8 +158,8 @@ CASES = [
         script_args=("--tp", "2"),
         exit_code=1,
         must_fail={DP2_TP2: {"train": frozenset({COVERAGE, REPLICA_CONSISTENCY})}},
-        # tensor peers fed different batches: the step that follows differs from one process's (the replay
-        # takes every rank's batches), a consequence of the same bug
+        # tensor peers fed different batches: the step that follows may differ from one process's fed one
+        # rank per data-parallel coordinate, a consequence of the same bug
         may_fail=frozenset({SINGLE_PROCESS_EQUIVALENCE, STEP_EQUIVALENCE}),
         cause="global rank",
     ),

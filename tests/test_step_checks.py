@@ -47,7 +47,7 @@ from ddpcheck.checks.step import (
 )
 from ddpcheck.checks.supervision import EMPTY, UNSUPERVISED, check_step_supervision, check_supervision
 from ddpcheck.layout import Layout, parse_mesh
-from ddpcheck.trace import Draw, EpochTrace, FetchDraws, RankTrace, RunTrace
+from ddpcheck.trace import Draw, EpochTrace, FetchDraws, OptimizerStep, RankTrace, RunTrace, StepTrace
 from tests.step_builders import micro, trace
 
 W2 = Layout.plain(2)
@@ -564,3 +564,54 @@ def test_the_probe_reads_twice_the_loss_as_a_sum_and_the_same_loss_as_a_mean() -
     assert loss_scale(replay, _losses([4.0, 6.0])) == "mean"
     assert loss_scale(replay, _losses([8.0, 6.0])) == ""  # neither throughout
     assert loss_scale(replay, trace([((1.0,), [micro()])])) == ""  # no loss kept
+
+
+# ----------------------------------------------------------------------------- sharded gradients
+
+
+def _shard(values: list[float], held: list[bool]) -> tuple[list[float], bytes]:
+    """A rank's kept gradient of a sharded model: its values where it holds them, 0 elsewhere."""
+    import numpy as np
+
+    return [v if h else 0.0 for v, h in zip(values, held, strict=True)], np.packbits(held).tobytes()
+
+
+def _sharded_run(grads: list[list[float]], masks: list[list[bool]]) -> list[Any]:
+    """One trace per rank: rank r keeps its shard (``masks[r]``) of every step's gradient."""
+    out = []
+    for mask in masks:
+        steps = []
+        for k, g in enumerate(grads):
+            values, held = _shard(g, mask)
+            steps.append(OptimizerStep(k, (micro(),), array("f", values), None, held=held))
+        out.append(StepTrace(tuple(steps), (), len(grads[0]), len(grads[0]), "float32"))
+    return out
+
+
+def test_shards_of_a_gradient_are_put_together_before_the_comparison() -> None:
+    """dp=2 x tp=2, every parameter a DTensor: each rank keeps only its shard; a position is held by one
+    rank, or by the tensor peers of a replicated bias (both must agree). Put together, the step is one
+    process's; a shard held apart, or positions no rank holds, are said so."""
+    ref = [_grad(k, 12) for k in range(2)]
+    mesh = parse_mesh("dp=2,tp=2")
+    own = [[i % 4 == r for i in range(10)] + [r % 2 == 0, r % 2 == 1] for r in range(4)]
+    peers = [[i % 4 == r for i in range(10)] + [r < 2, r >= 2] for r in range(4)]  # tp peers share 10, 11
+    for masks in (own, peers):
+        run = _sharded_run([_noisy(g, 1e-7) for g in ref], masks)
+        verdict = check_step_equivalence(run, trace([(g, [micro(8)]) for g in ref]), mesh)
+        assert verdict.status == "pass", verdict
+    scaled = _sharded_run([[2 * x for x in g] for g in ref], own)
+    factor = check_step_equivalence(scaled, trace([(g, [micro(8)]) for g in ref]), mesh)
+    assert factor.status == "fail" and "exactly 2x one process's" in factor.cause
+    apart = _sharded_run(ref, peers)
+    bias = apart[1].steps[0]
+    moved = array("f", bias.grad or ())
+    moved[10] += 1.0
+    apart[1] = replace(apart[1], steps=(replace(bias, grad=moved), *apart[1].steps[1:]))
+    verdict = check_step_equivalence(apart, trace([(g, [micro(8)]) for g in ref]), mesh)
+    assert verdict.status == "fail" and verdict.cause == step_check.SHARDS_APART, verdict
+    assert verdict.detail.startswith("rank 1's shard of the gradient differs from rank 0's")
+    assert verdict.ranks == (0, 1)
+    holes = _sharded_run(ref, [[i % 4 == r and i != 3 for i in range(12)] for r in range(4)])
+    verdict = check_step_equivalence(holes, trace([(g, [micro(8)]) for g in ref]), mesh)
+    assert verdict.status == "n/a" and "hold 11 of its 12 kept values" in verdict.detail

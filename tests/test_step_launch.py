@@ -169,3 +169,23 @@ def test_record_refuses_a_replay_of_nothing(tmp_path: Path, capsys: pytest.Captu
     nowhere = str(tmp_path / "none")
     assert main(["--out", str(tmp_path), "--replay", nowhere, "--", __file__]) == EXIT_BAD_INPUT
     assert "no recorded steps there" in capsys.readouterr().err
+
+
+def test_record_takes_a_replays_mesh_only_with_a_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--mesh`` names the recorded launch's mesh for a replay (one rank per data-parallel coordinate):
+    without ``--replay``, without a data dimension, or ``--data-dims`` alone, one line and exit 2."""
+    from ddpcheck.record import EXIT_BAD_INPUT, main
+
+    (tmp_path / "run" / "step").mkdir(parents=True)
+    replay = ["--replay", str(tmp_path / "run")]
+    cases = [
+        (["--mesh", "dp=2,tp=2"], "--mesh: only with --replay"),
+        ([*replay, "--mesh", "tp=2,pp=2"], "has no data-parallel dimension"),
+        ([*replay, "--data-dims", "dp"], "--data-dims: give --mesh too"),
+    ]
+    for ours, said in cases:
+        assert main(["--out", str(tmp_path / "out"), *ours, "--", __file__]) == EXIT_BAD_INPUT
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1, err

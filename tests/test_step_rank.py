@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 from ddpcheck.checker import replay as rp
 from ddpcheck.checker import rng
 from ddpcheck.checker.draws import NotReplayable
-from ddpcheck.checker.grads import GradKeeper
+from ddpcheck.checker.grads import GradKeeper, Unreadable, box_positions, local_part
 from ddpcheck.checker.step import (
     StepOptions,
     StepWatcher,
@@ -167,6 +167,31 @@ def test_kept_gradient_is_an_even_sample_with_the_full_norm() -> None:
     assert abs(kept.norm - float(flat.norm())) < 1e-5
     assert list(GradKeeper(limit=16).keep(params).values) == list(kept.values)  # the same positions again
     assert len(GradKeeper().keep(params).values) == 140  # small models: every coordinate
+
+
+def test_a_shard_is_read_at_the_whole_tensors_positions() -> None:
+    """A DTensor's shard is a box of the whole tensor: each wanted flat position of the whole is found in
+    the box (its flat index there) or not (-1); a subclass that is no DTensor is named, never read."""
+    whole = torch.arange(5 * 6 * 4).reshape(5, 6, 4)
+    offsets, size = (1, 2, 0), (3, 4, 4)
+    box = whole[1:4, 2:6, 0:4].reshape(-1)
+    wanted = torch.tensor([0, 7, 32, 33, 57, 80, 119, 70])
+    index = box_positions(tuple(whole.shape), offsets, size, wanted)
+    inside = index >= 0
+    assert torch.equal(box[index[inside]], wanted[inside])
+    coords = np.stack(np.unravel_index(wanted.numpy(), whole.shape), axis=1)
+    expected = [all(o <= c < o + n for c, o, n in zip(row, offsets, size, strict=True)) for row in coords]
+    assert inside.tolist() == expected and any(expected) and not all(expected)
+    plain = nn.Parameter(torch.ones(3))
+    assert local_part(plain) == (plain, None)
+
+    class Wrapped(torch.Tensor):
+        @classmethod
+        def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            return func(*args, **(kwargs or {}))
+
+    with pytest.raises(Unreadable, match="Wrapped"):
+        local_part(torch.Tensor._make_subclass(Wrapped, torch.ones(2)))
 
 
 # --- the watcher, in this process -----------------------------------------------------------------------

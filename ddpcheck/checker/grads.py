@@ -5,6 +5,12 @@ up to :data:`KEEP_LIMIT`, else an evenly spaced sample of that many, the same po
 the same model (they follow from the parameter shapes alone), so a rank's step and a replay's compare
 coordinate by coordinate. The L2 norm is of the whole gradient. A parameter without a gradient counts
 as zeros, as ``optimizer.step`` treats it.
+
+A parameter that is a DTensor (tensor parallelism, FSDP2) is read through its local shard, never
+gathered (no collective runs inside the user's step): its positions are the whole tensor's, as in a
+run that holds it whole, and a rank keeps the values of the positions its shard holds (``held``); the
+checks put the ranks' shards back together. A subclass that is not a DTensor, or a gradient that is a
+partial sum (a pending reduction), is not read: the step says why (``unreadable``).
 """
 
 from __future__ import annotations
@@ -30,12 +36,57 @@ def optimizer_params(optimizer: Any) -> list[Any]:
     return out
 
 
+class Unreadable(Exception):
+    """A parameter or gradient whose values this rank cannot read as plain numbers; the message says why."""
+
+
+def local_part(tensor: Any) -> tuple[Any, tuple[int, ...] | None]:
+    """The plain tensor this rank holds of ``tensor`` and where it sits in the whole tensor (its offset
+    along each dimension; None: the rank holds the whole tensor). A DTensor's shard is a box of the
+    whole (``__create_chunk_list__``, which checkpointing relies on; strided FSDP2 x TP shards too)."""
+    import torch
+
+    if type(tensor) in (torch.Tensor, torch.nn.Parameter):
+        return tensor, None
+    if hasattr(tensor, "to_local") and hasattr(tensor, "placements"):
+        if any(p.is_partial() for p in tensor.placements):
+            raise Unreadable("a gradient is a partial sum on this rank (a DTensor with a Partial placement)")
+        local = tensor.to_local()
+        if all(p.is_replicate() for p in tensor.placements):
+            return local, None
+        chunks = tensor.__create_chunk_list__()
+        if len(chunks) != 1 or tuple(chunks[0].sizes) != tuple(local.shape):
+            raise Unreadable(f"a DTensor shard laid out as {tensor.placements} is not one box of the tensor")
+        return local, tuple(int(o) for o in chunks[0].offsets)
+    if type(tensor).__torch_dispatch__ is not torch.Tensor.__torch_dispatch__:
+        raise Unreadable(f"a {type(tensor).__name__} (a tensor subclass that is not a DTensor)")
+    return tensor.as_subclass(torch.Tensor), None
+
+
+def box_positions(shape: Sequence[int], offsets: Sequence[int], local: Sequence[int], where: Any) -> Any:
+    """For flat positions ``where`` (int64) of a tensor of ``shape``, the flat index of each in the box
+    of size ``local`` at ``offsets`` (-1 where the box does not hold it)."""
+    import torch
+
+    inside = torch.ones_like(where, dtype=torch.bool)
+    index = torch.zeros_like(where)
+    rest, scale = where, 1
+    for size, offset, length in reversed(list(zip(shape, offsets, local, strict=True))):
+        coord, rest = rest % max(size, 1), rest // max(size, 1)
+        inside &= (coord >= offset) & (coord < offset + length)
+        index = index + (coord - offset) * scale
+        scale *= length
+    return torch.where(inside, index, torch.full_like(index, -1))
+
+
 @dataclass(frozen=True)
 class KeptGrad:
     values: array[float]  # array('f')
-    norm: float
+    norm: float | None  # None: this rank holds a shard of it
     parameters: int
     dtype: str
+    held: bytes | None = None  # packed bits, one per kept value: this rank's shard holds it (None: all)
+    unreadable: str = ""  # why the gradient was not read ("": it was)
 
 
 class GradKeeper:
@@ -64,29 +115,49 @@ class GradKeeper:
         return out
 
     def keep(self, params: Sequence[Any]) -> KeptGrad:
+        """The gradient of ``params`` now: every planned position's value, or where a parameter is sharded
+        (a DTensor), the values this rank's shard holds and which those are (``held``)."""
         import torch
 
         shapes = tuple(tuple(p.shape) for p in params)
         plan = self._plans.get(shapes)
         if plan is None:
             plan = self._plans[shapes] = self.positions([p.numel() for p in params])
-        parts = []
-        squares = 0.0
+        total = sum(p.numel() for p in params)
+        dtype = str(params[0].dtype).replace("torch.", "") if params else ""
+        parts, held = [], []
+        squares, sharded = 0.0, False
         with torch.no_grad():
             for param, where in zip(params, plan, strict=True):
-                grad = param.grad
                 count = param.numel() if where is None else len(where)
-                if grad is None:
+                mask = torch.ones(count, dtype=torch.bool)
+                if param.grad is None:
                     parts.append(torch.zeros(count, dtype=torch.float32))
+                    held.append(mask)
                     continue
-                if grad.is_sparse:
-                    grad = grad.to_dense()
-                flat = grad.detach().reshape(-1)
+                try:
+                    local, offsets = local_part(param.grad)
+                except Unreadable as exc:
+                    return KeptGrad(array("f"), None, total, dtype, unreadable=str(exc))
+                flat = (local.to_dense() if local.is_sparse else local).detach().reshape(-1)
                 squares += float(torch.linalg.vector_norm(flat, dtype=torch.float64)) ** 2
-                picked = flat if where is None else flat[where.to(flat.device)]
+                if offsets is None:
+                    picked = flat if where is None else flat[where.to(flat.device)]
+                else:
+                    sharded = True
+                    wanted = torch.arange(param.numel()) if where is None else where
+                    index = box_positions(tuple(param.grad.shape), offsets, tuple(local.shape), wanted)
+                    mask = index >= 0
+                    picked = torch.zeros(count, dtype=flat.dtype, device=flat.device)
+                    picked[mask.to(flat.device)] = flat[index[mask].to(flat.device)]
                 parts.append(picked.to(device="cpu", dtype=torch.float32))
+                held.append(mask)
             joined = torch.cat(parts) if parts else torch.zeros(0)
         values = array("f")
         values.frombytes(joined.contiguous().numpy().tobytes())
-        dtype = str(params[0].dtype).replace("torch.", "") if params else ""
-        return KeptGrad(values, math.sqrt(squares), sum(p.numel() for p in params), dtype)
+        if not sharded:
+            return KeptGrad(values, math.sqrt(squares), total, dtype)
+        import numpy as np
+
+        bits = np.packbits(torch.cat(held).numpy()).tobytes()
+        return KeptGrad(values, None, total, dtype, held=bits)  # a shard's norm is not the gradient's

@@ -4,7 +4,8 @@ Submodules are named by their qualified name in the model: the module ``Distribu
 wraps (its ``__init__`` is watched), else the outermost module the script calls, else the module in the
 user's frames that holds the optimizer's first parameter. A replay of a launch at world size 1 names
 them the same way with or without DDP. The weights a replay starts a step from are the optimizers'
-parameters (in param-group order) and the models' buffers, taken from rank 0 of the recorded launch.
+parameters (in param-group order) and the models' buffers, taken from rank 0 of the recorded launch, or
+where the parameters are DTensors (tensor parallelism, FSDP2) from every rank's shard, put together.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 import weakref
 from typing import Any
 
-from ddpcheck.checker.grads import optimizer_params
+from ddpcheck.checker.grads import local_part, optimizer_params
 
 WRAPPERS = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel")
 
@@ -95,21 +96,44 @@ class Models:
         return out
 
     def weights(self) -> dict[str, Any] | None:
-        """The parameters and buffers, copied to the CPU (None: no optimizer made yet)."""
+        """The parameters and buffers, copied to the CPU (None: no optimizer made yet). A sharded
+        parameter (a DTensor) is this rank's shard, with its offset in the whole tensor and the whole
+        tensor's shape (``offsets``, ``shapes``): a replay puts the ranks' shards back together."""
         import torch
 
         self.find_roots()
         params = self.params()
         if not params:
             return None
+        values, offsets = [], []
         with torch.no_grad():
-            return {
-                "params": [p.detach().cpu().clone() for p in params],
-                "buffers": {k: b.detach().cpu().clone() for k, b in self.buffers().items()},
-            }
+            for param in params:
+                local, offset = local_part(param)
+                values.append(local.detach().cpu().clone())
+                offsets.append(None if offset is None else list(offset))
+            buffers = {}
+            for name, buffer in self.buffers().items():
+                local, offset = local_part(buffer)
+                if offset is None:  # a buffer sharded over ranks is left as the replay's own
+                    buffers[name] = local.detach().cpu().clone()
+        return {
+            "params": values,
+            "offsets": offsets,
+            "shapes": [list(p.shape) for p in params],
+            "buffers": buffers,
+        }
+
+    def sharded(self) -> bool:
+        """Whether some parameter is held in shards across ranks (a DTensor not replicated everywhere)."""
+        for param in self.params():
+            placements = getattr(param, "placements", None)
+            if placements is not None and not all(p.is_replicate() for p in placements):
+                return True
+        return False
 
     def load(self, params: list[Any], buffers: dict[str, Any] | None) -> str:
-        """Start from these weights; "" done, else why not."""
+        """Start from these weights (whole tensors); "" done, else why not. A parameter of this process that
+        is itself a DTensor takes the box of the whole tensor its local shard holds."""
         import torch
 
         self.find_roots()
@@ -121,11 +145,16 @@ class Models:
             )
         with torch.no_grad():
             for param, value in zip(own, params, strict=True):
-                param.copy_(value)
+                local, offset = local_part(param)
+                if offset is not None:
+                    value = value[tuple(slice(o, o + n) for o, n in zip(offset, local.shape, strict=True))]
+                local.copy_(value)
             mine = self.buffers()
             for name, value in (buffers or {}).items():
                 if name in mine and tuple(mine[name].shape) == tuple(value.shape):
-                    mine[name].copy_(value)
+                    local, offset = local_part(mine[name])
+                    if offset is None:
+                        local.copy_(value)
         return ""
 
 

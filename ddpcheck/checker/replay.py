@@ -38,6 +38,9 @@ def to_plain(obj: Any) -> Any:
     import torch
 
     if isinstance(obj, torch.Tensor):
+        if hasattr(obj, "to_local"):  # a DTensor: its shards would need the ranks' mesh to mean anything
+            laid = getattr(obj, "placements", "?")
+            raise NotReplayable(f"it holds a {type(obj).__name__} laid out as {laid}")
         return obj.detach().cpu().clone()
     if type(obj).__module__ == "numpy" and hasattr(obj, "dtype"):
         if obj.dtype == object:
@@ -375,8 +378,10 @@ def rank_folder(out: str, rank: int) -> str:
     return os.path.join(out, STEP_DIR, f"rank{rank}")
 
 
-def params_path(out: str, name: str) -> str:
-    return os.path.join(out, STEP_DIR, PARAMS_DIR, name)
+def params_path(out: str, name: str, rank: int | None = None) -> str:
+    """Where the weights at window ``name``'s first batch are saved: rank 0's whole tensors, or
+    (``rank``) one rank's shards of sharded parameters."""
+    return os.path.join(out, STEP_DIR, PARAMS_DIR, name if rank is None else f"{name}.rank{rank}")
 
 
 def save(path: str, payload: Any) -> None:
@@ -406,15 +411,20 @@ class RecordedWindow:
     notes: list[list[str]] = field(default_factory=list)  # per rank, why some batch was not saved
     params: list[Any] | None = None
     buffers: dict[str, Any] | None = None
+    no_weights: str = ""  # why the weights are not there ("": they are, or none were saved)
 
 
-def read_window(replay: str, name: str) -> RecordedWindow | None:
-    """The recorded window ``name`` of every rank of the launch in ``replay`` (None: none saved it)."""
+def read_window(replay: str, name: str, only: Sequence[int] | None = None) -> RecordedWindow | None:
+    """The recorded window ``name`` of every rank of the launch in ``replay`` (None: none saved it);
+    ``only``: of these ranks alone (one per data-parallel coordinate of a mesh: their batches are the
+    samples, their tensor and context peers hold the same ones)."""
     folder = os.path.join(replay, STEP_DIR)
     try:
         ranks = sorted(int(n[4:]) for n in os.listdir(folder) if n.startswith("rank") and n[4:].isdigit())
     except OSError:
         return None
+    if only is not None:
+        ranks = [r for r in ranks if r in set(only)]
     found = RecordedWindow(name, [], [], [], [], [])
     for rank in ranks:
         path = os.path.join(rank_folder(replay, rank), name)
@@ -428,11 +438,56 @@ def read_window(replay: str, name: str) -> RecordedWindow | None:
         found.notes.append(list(payload.get("notes", ())))
     if not found.ranks:
         return None
-    weights = params_path(replay, name)
-    if os.path.exists(weights):
-        payload = load(weights)
-        found.params, found.buffers = payload["params"], payload.get("buffers")
+    found.params, found.buffers, found.no_weights = read_weights(replay, name)
     return found
+
+
+def read_weights(replay: str, name: str) -> tuple[list[Any] | None, dict[str, Any] | None, str]:
+    """The weights at window ``name``'s first batch as whole tensors, its buffers, and why not ("")."""
+    whole = params_path(replay, name)
+    if os.path.exists(whole):
+        payload = load(whole)
+        return payload["params"], payload.get("buffers"), ""
+    folder = os.path.dirname(whole)
+    prefix = f"{name}.rank"
+    try:
+        ranks = sorted(int(n[len(prefix) :]) for n in os.listdir(folder) if n.startswith(prefix))
+    except (OSError, ValueError):
+        return None, None, ""
+    if not ranks:
+        return None, None, ""
+    payloads = [load(params_path(replay, name, rank)) for rank in ranks]
+    params, why = whole_tensors(payloads)
+    return params, payloads[0].get("buffers"), why
+
+
+def whole_tensors(payloads: Sequence[dict[str, Any]]) -> tuple[list[Any] | None, str]:
+    """Each parameter whole again from the ranks' shards (``params``, ``offsets``, ``shapes`` per rank);
+    None and why where the shards do not cover a parameter or disagree on the shapes."""
+    import torch
+
+    shapes = payloads[0]["shapes"]
+    if any(p["shapes"] != shapes for p in payloads[1:]):
+        return None, "the ranks saved parameters of different shapes"
+    out = []
+    for i, shape in enumerate(shapes):
+        whole = [p["params"][i] for p in payloads if p["offsets"][i] is None]
+        if whole:
+            out.append(whole[0])
+            continue
+        first = payloads[0]["params"][i]
+        value = torch.zeros(shape, dtype=first.dtype)
+        covered = torch.zeros(shape, dtype=torch.bool)
+        for payload in payloads:
+            local = payload["params"][i]
+            box = tuple(slice(o, o + n) for o, n in zip(payload["offsets"][i], local.shape, strict=True))
+            value[box] = local
+            covered[box] = True
+        if not bool(covered.all()):
+            held = int(covered.sum())
+            return None, f"the ranks' shards of parameter {i} hold {held} of its {covered.numel()} values"
+        out.append(value)
+    return out, ""
 
 
 def twice(window: RecordedWindow) -> RecordedWindow:
@@ -447,4 +502,5 @@ def twice(window: RecordedWindow) -> RecordedWindow:
         window.notes * 2,
         window.params,
         window.buffers,
+        window.no_weights,
     )

@@ -26,7 +26,7 @@ from ddpcheck.checker import draws as draws_module
 from ddpcheck.checker import patching, rng
 from ddpcheck.checker import replay as rp
 from ddpcheck.checker.draws import DrawRecorder, NotReplayable
-from ddpcheck.checker.grads import KEEP_LIMIT, GradKeeper, KeptGrad, optimizer_params
+from ddpcheck.checker.grads import KEEP_LIMIT, GradKeeper, KeptGrad, Unreadable, local_part, optimizer_params
 from ddpcheck.checker.models import Models
 from ddpcheck.options import IGNORE_INDEX
 from ddpcheck.trace import Draw, FetchDraws, MicroStep, OptimizerStep, StepTrace
@@ -44,6 +44,7 @@ class StepOptions:
     keep: int = KEEP_LIMIT  # gradient coordinates kept per step
     fetch: bool = True  # watch the random streams each fetch consumes
     twice: bool = False  # a replay fed every rank's batch (and draws) twice: how the loss scales
+    replay_ranks: tuple[int, ...] | None = None  # the recorded ranks the replay joins (None: every rank)
 
 
 Handoff = tuple[str, int, int]  # (loader, epoch, position)
@@ -284,12 +285,8 @@ class StepWatcher:
             return
         if not window.armed:
             self._arm(window)
-        if self.options.out and not self.options.replay and self._rank() == 0:
-            weights = self.models.weights()
-            if weights is None:
-                window.unsaved.append("weights: no optimizer was made before the step's first batch")
-            else:
-                rp.save(rp.params_path(self.options.out, window.name), weights)
+        if self.options.out and not self.options.replay:
+            self._save_weights(window)
 
     def _arm(self, window: _Window) -> None:
         import torch.nn.modules.module as module_hooks
@@ -322,6 +319,9 @@ class StepWatcher:
         if kept is None and window.armed and window.backwards:
             kept = self.keeper.keep(optimizer_params(optimizer))
         reasons = list(window.reasons)
+        if kept is not None and kept.unreadable:
+            reasons.append(f"the gradient was not read: {kept.unreadable}")
+            kept = None
         if window.armed:
             reasons += self.draws.unexplained + self.draws.failures
             if self.options.replay and window.recorded is None and window.backwards:
@@ -340,6 +340,7 @@ class StepWatcher:
                 micro=one_batch_each(window.micro, window.parts),
                 grad=kept.values if kept is not None else None,
                 grad_norm=kept.norm if kept is not None else None,
+                held=kept.held if kept is not None else None,
                 not_comparable="; ".join(dict.fromkeys(reasons)) if window.armed else "",
             )
         )
@@ -409,7 +410,7 @@ class StepWatcher:
         if self._world_size() > 1:
             self.notes.append("a replay runs at world size 1; this run has more processes: nothing replayed")
             return False
-        recorded = rp.read_window(self.options.replay, window.name)
+        recorded = rp.read_window(self.options.replay, window.name, self.options.replay_ranks)
         if recorded is None:
             return False
         if self.options.twice:
@@ -422,7 +423,7 @@ class StepWatcher:
             )
         self.draws.substitute = self._replay_draw
         if recorded.params is None:
-            window.reasons.append("the recorded launch saved no weights for this step")
+            window.reasons.append(recorded.no_weights or "the recorded launch saved no weights for this step")
         else:
             reason = self.models.load(recorded.params, recorded.buffers)
             if reason:
@@ -488,6 +489,22 @@ class StepWatcher:
             window.batches[handoff_key(handoff)] = rp.to_plain(batch)
         except NotReplayable as exc:
             window.unsaved.append(f"the batch at {handoff[0]} epoch {handoff[1]} batch {handoff[2]}: {exc}")
+
+    def _save_weights(self, window: _Window) -> None:
+        """The weights at the window's first batch: rank 0's, or every rank's shard of sharded ones."""
+        sharded = self.models.sharded()
+        if not sharded and self._rank() != 0:
+            return
+        try:
+            weights = self.models.weights()
+        except Unreadable as exc:
+            window.unsaved.append(f"weights: {exc}")
+            return
+        if weights is None:
+            window.unsaved.append("weights: no optimizer was made before the step's first batch")
+            return
+        rank = self._rank() if sharded else None
+        rp.save(rp.params_path(self.options.out, window.name, rank), weights)
 
     def _save_window(self, window: _Window) -> None:
         if not window.name:
@@ -617,7 +634,11 @@ def _scalar(loss: Any) -> float | None:
         loss = loss[0]
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         return None
-    return float(loss.detach().float().cpu().reshape(()))
+    try:
+        local, offsets = local_part(loss.detach())  # a DTensor loss (loss parallelism): replicated only
+    except Unreadable:
+        return None
+    return float(local.float().cpu().reshape(())) if offsets is None else None
 
 
 def _marked(draws: tuple[Draw, ...], before: int) -> tuple[Draw, ...]:

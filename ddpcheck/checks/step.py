@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddpcheck.checks.ids import EQUAL_MICROSTEPS, STEP_EQUIVALENCE
+from ddpcheck.checks.shards import join_shards, sharded, with_whole_gradients
 from ddpcheck.checks.verdict import ComparedStep, StepEvidence, Verdict, not_applicable, skipped
 from ddpcheck.layout import Layout
 from ddpcheck.messages import count_text
@@ -81,6 +82,11 @@ RANK_MEAN = (
     "ranks' {what} counts differ ({counts}) and the loss is a mean per rank: DDP averages the ranks' means, "
     "which weighs each rank's {noun} unequally"
 )
+SHARDS_APART = (
+    "ranks holding the same part of a sharded gradient (tensor peers of a replicated parameter, or "
+    "data-parallel replicas) hold different values: they computed on different data, or the gradient "
+    "was not reduced over the group that shares it"
+)
 OTHER = (
     "the step depends on how the global batch is split over the ranks: something in the loss or the model "
     "is computed over the rank's batch alone (a per-rank normaliser, batch statistics, in-batch negatives)"
@@ -98,6 +104,8 @@ FIXES = {
     "all-reduced count of the window, multiply by the world size",
     RANK_MEAN: "divide the summed loss by the {noun} count all-reduced over the data-parallel group (times "
     "the world size that DDP's average divides by)",
+    SHARDS_APART: "feed tensor and context peers the same batch (shard the data by the data-parallel "
+    "rank), and reduce every gradient over the ranks that hold its copies",
     OTHER: "compute every normaliser and batch statistic over the data-parallel group (an all-reduce), or "
     "--allow step_equivalence where a per-rank batch is meant (in-batch negatives)",
 }
@@ -350,14 +358,13 @@ def check_step_equivalence(
     data-parallel ranks are compared, one replica each); ``tolerance``: the relative L2 difference allowed
     (default: :func:`tolerance_for` the gradient's dtype).
     """
-    refused = _unjudgeable(run, replay, layout)
+    run, refused = _whole(run, tolerance)
+    refused = refused or _unjudgeable(run, replay, layout)
     if refused is not None:
         return refused
     assert replay is not None
     heads = [t for t in _heads(run, layout) if t is not None]
-    dtype = max(
-        heads[0].grad_dtype or DEFAULT_DTYPE, heads[0].compute_dtype or DEFAULT_DTYPE, key=tolerance_for
-    )
+    dtype = _dtype(heads[0])
     tol = tolerance if tolerance is not None else tolerance_for(dtype)
     candidates = _compared(heads, replay)
     reasons = {i: _why_not(i, heads, replay) for i in candidates}
@@ -387,6 +394,45 @@ def check_step_equivalence(
     if unfaithful:
         note += f"; {count_text(len(unfaithful), 'steps')} not compared: {reasons[unfaithful[0]]}"
     return _judged(diffs, heads, layout, Settings(tol, dtype, replay.loss_scale, note))
+
+
+def _dtype(trace: StepTrace) -> str:
+    """The dtype whose noise the step carries: the coarser of the gradient's and the autocast one."""
+    return max(trace.grad_dtype or DEFAULT_DTYPE, trace.compute_dtype or DEFAULT_DTYPE, key=tolerance_for)
+
+
+def _whole(
+    run: Sequence[StepTrace | None], tolerance: float | None
+) -> tuple[Sequence[StepTrace | None], Verdict | None]:
+    """The ranks' traces with each step's whole gradient where they kept shards of it (DTensors), or the
+    verdict where the shards say something first: two ranks holding one part apart, or parts no rank
+    holds."""
+    if not sharded(run) or any(t is None for t in run):
+        return run, None
+    traces = [t for t in run if t is not None]
+    tol = tolerance if tolerance is not None else tolerance_for(_dtype(traces[0]))
+    joined = join_shards(traces, tol)
+    if joined.apart is not None:
+        index, first, other, rel = joined.apart
+        shown = "NaN on one of them" if math.isnan(rel) else f"{rel:.2g} (rel. L2)"
+        return run, Verdict(
+            STEP_EQUIVALENCE,
+            "fail",
+            f"rank {other}'s shard of the gradient differs from rank {first}'s where both hold the same "
+            f"values by {shown} at optimizer step {index}, when they should hold one averaged gradient",
+            SHARDS_APART,
+            ranks=(first, other),
+            examples=(index,),
+            fix=FIXES[SHARDS_APART],
+        )
+    if not joined.steps and joined.uncovered is not None:
+        index, held, kept = joined.uncovered
+        return run, not_applicable(
+            STEP_EQUIVALENCE,
+            f"the ranks' shards of the gradient hold {held} of its {kept} kept values at step {index}: "
+            "it cannot be put together",
+        )
+    return with_whole_gradients(run, joined, traces[0].parameters), None
 
 
 @dataclass(frozen=True)

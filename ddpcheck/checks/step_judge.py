@@ -71,10 +71,8 @@ def judge_step(record: StepRecord, layout: Layout) -> tuple[Verdict, ...]:
             not_applicable(EQUAL_MICROSTEPS, NO_BACKWARD),
         )
     supervision = check_step_supervision(record.steps, ignore_index=record.ignore_index)
-    if layout.dp_world_size < 2:
-        equivalence = not_applicable(
-            STEP_EQUIVALENCE, "one data-parallel rank: its step is the single process's own"
-        )
+    if layout.world_size < 2:
+        equivalence = not_applicable(STEP_EQUIVALENCE, "one process: its step is the single process's own")
     elif record.replay is None:
         why = record.no_replay or "the one-process replay did not run"
         equivalence = not_applicable(STEP_EQUIVALENCE, f"{why}: nothing to compare the step with")

@@ -282,7 +282,7 @@ class _ScriptSession:
                 self.say(f"{layout_name(layout)}: reference window of {steps} steps (1 process)")
                 window_reference = self._launch(Layout.plain(1), steps=steps)
             self.say(f"{layout_name(layout)}: running {count_text(layout.world_size, 'ranks')}")
-            run = self._launch(layout, compare=layout.dp_world_size > 1)
+            run = self._launch(layout, compare=layout.world_size > 1)
             rerun = None
             if determinism and run.traces and not run.failures:
                 self.say(f"{layout_name(layout)}: determinism rerun")
@@ -316,15 +316,16 @@ class _ScriptSession:
         return []
 
     def _step_record(self, run: Recorded, layout: Layout) -> StepRecord | None:
-        """The run's step recordings and, where data-parallel ranks split the step, the one-process replay
-        of what they received (one more launch); None without ``--step``."""
+        """The run's step recordings and, where several ranks take the step, the one-process replay of what
+        they received (one more launch: the batches of one rank per data-parallel coordinate); None
+        without ``--step``."""
         if not self.options.step:
             return None
         record = step_record(run, self.options.ignore_index)
-        if layout.dp_world_size < 2 or not record.backward or launch_problem(run):
+        if layout.world_size < 2 or not record.backward or launch_problem(run):
             return record
         self.say(f"{layout_name(layout)}: replaying its first steps at 1 process")
-        replay = self._launch(Layout.plain(1), replay=run.out)
+        replay = self._launch(Layout.plain(1), replay=run.out, mesh=layout)
         traces = [t.steps for t in replay.traces.values() if t.steps is not None]
         if not traces or launch_problem(replay):
             problem = launch_problem(replay) or "it recorded no step"
@@ -332,7 +333,7 @@ class _ScriptSession:
         replayed = traces[0]
         if wants_loss_probe(record.steps, replayed, layout):
             self.say(f"{layout_name(layout)}: the loss adds up over the ranks: replaying every batch twice")
-            probe = self._launch(Layout.plain(1), replay=run.out, twice=True)
+            probe = self._launch(Layout.plain(1), replay=run.out, twice=True, mesh=layout)
             probes = [t.steps for t in probe.traces.values() if t.steps is not None]
             if probes and not launch_problem(probe):
                 replayed = replace(replayed, loss_scale=loss_scale(replayed, probes[0]))
@@ -345,9 +346,11 @@ class _ScriptSession:
         replay: str = "",
         compare: bool = False,
         twice: bool = False,
+        mesh: Layout | None = None,
     ) -> Recorded:
         """One launch of the script at ``layout``; ``compare``: keep the compared steps' gradients and save
-        their batches for a replay (the run that is replayed, and the replay)."""
+        their batches for a replay (the run that is replayed, and the replay); ``mesh``: a replay's
+        recorded layout."""
         self.launches += 1
         out = os.path.join(self.workdir, f"l{self.launches}")
         check = replace(self.options.check, steps=steps) if steps is not None else self.options.check
@@ -358,6 +361,8 @@ class _ScriptSession:
                 command += ["--ignore-index", str(self.options.ignore_index)]
         if replay:
             command += ["--replay", replay, *(["--replay-twice"] if twice else [])]
+            if mesh is not None and mesh.mesh:
+                command += ["--mesh", mesh.spec, "--data-dims", ",".join(mesh.data_dims)]
         command += self._eval_flags(layout, replay)
         command += [
             "--model-steps",
