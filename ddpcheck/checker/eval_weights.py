@@ -25,6 +25,7 @@ from ddpcheck.checker import patching
 from ddpcheck.checker import replay as rp
 from ddpcheck.checker.identity import content_hash
 from ddpcheck.checker.models import Models, unwrap_model
+from ddpcheck.checks.eval_metric import UNREAD
 
 EVAL_DIR = "eval"
 SAVED, LOADED = "saved", "loaded"
@@ -117,14 +118,15 @@ class WeightHolder:
         first = next(module.parameters(), None)
         if first is None or id(first) in self.covered:
             return
-        root = self._root(module, first)
-        state = _state(root)
-        self.covered.update(id(t) for _, t in state)
-        try:
+        try:  # never break the user's evaluation
+            root = self._root(module, first)
+            state = _state(root)
+            self.covered.update(id(t) for _, t in state)
             self._hold(len(self.fingerprints), state)
-        except Exception as exc:  # never break the user's evaluation
+            self.fingerprints.append(fingerprint([t for _, t in state]))
+        except Exception as exc:  # a layout ddpcheck cannot read (sharded parameters): not held, not compared
             self.held, self.why = "", f"the weights could not be held ({type(exc).__name__}: {exc})"
-        self.fingerprints.append(fingerprint([t for _, t in state]))
+            self.fingerprints.append(UNREAD)
 
     def _root(self, module: Any, first: Any) -> Any:
         """The largest known model holding ``first`` (the module itself, unwrapped, where none does)."""
@@ -169,7 +171,7 @@ class WeightHolder:
             return
         with torch.inference_mode(False), torch.no_grad():
             for (_, tensor), value in zip(state, values, strict=True):
-                self.own.append((tensor, tensor.detach().clone()))
+                self.own.append((tensor, tensor.detach().to("cpu", copy=True)))  # host memory, not the GPU's
                 tensor.copy_(value)
 
 

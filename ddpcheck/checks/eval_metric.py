@@ -40,6 +40,7 @@ NO_EVALUATION = (
     "the script ran no evaluation: no loader was iterated with gradients off or its model in eval mode"
 )
 Key = tuple[str, str, int, int]
+UNREAD = -1  # the fingerprint of weights the rank side could not read (never compared)
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def _compare(
         return f"rank 0 ran no {nth} evaluation at this layout"
     if not mine.whole:
         return f"rank 0's {nth} evaluation did not run whole (its loop left the loader early)"
-    if single.weights != mine.weights:
+    if single.weights != mine.weights or UNREAD in mine.weights:
         why = mine.held if mine.held not in ("saved", "loaded") else "the model evaluated differs"
         return f"the {nth} evaluation ran on other weights than the single process's ({why})"
     ref_record = reference[0].evaluation
