@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -312,6 +313,8 @@ def test_no_evaluation_and_no_record_are_not_applicable() -> None:
     assert judged({0: rank(0, 1, None)}, run, 2).detail == NO_EVALUATION
     bare = {0: ScriptRankTrace(0, 1, ())}
     assert judged(bare, run, 2).detail == NOT_RECORDED
+    stopped = {0: replace(rank(0, 1, None), stopped=True)}
+    assert judged(stopped, run, 2).detail.startswith(NO_EVALUATION + " before ddpcheck stopped it")
 
 
 def test_one_process_is_the_reference() -> None:

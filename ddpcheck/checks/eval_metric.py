@@ -39,6 +39,10 @@ NOT_RECORDED = "the script's evaluation was not recorded (--no-metrics, or recor
 NO_EVALUATION = (
     "the script ran no evaluation: no loader was iterated with gradients off or its model in eval mode"
 )
+STOPPED_FIRST = (
+    " before ddpcheck stopped it after --epochs epochs of its main loader (an evaluation after more training "
+    "is reached with --epochs N, the script's own count)"
+)
 Key = tuple[str, str, int, int]
 UNREAD = -1  # the fingerprint of weights the rank side could not read (never compared)
 
@@ -74,7 +78,8 @@ def judge_metric(
         return MetricJudgement("", not_applicable(METRIC_EQUIVALENCE, NOT_RECORDED))
     loader = next((r.epochs[0][0] for r in record.rounds if r.epochs), "")
     if not record.rounds:
-        return MetricJudgement(loader, not_applicable(METRIC_EQUIVALENCE, NO_EVALUATION))
+        why = NO_EVALUATION + (STOPPED_FIRST if reference[0].stopped else "")
+        return MetricJudgement(loader, not_applicable(METRIC_EQUIVALENCE, why))
     whole = [r for r in record.rounds if r.whole]
     if not whole:
         why = (
