@@ -16,7 +16,14 @@ from dataclasses import replace
 import pytest
 
 from ddpcheck.checks.eval_causes import DROPPED, EVERY_RANK, MEAN_OF_MEANS, PADDED, UNSYNCED
-from ddpcheck.checks.eval_metric import NO_EVALUATION, NOT_RECORDED, evenly_note, judge_metric, revealing
+from ddpcheck.checks.eval_metric import (
+    NO_EVALUATION,
+    NO_VALUES,
+    NOT_RECORDED,
+    evenly_note,
+    judge_metric,
+    revealing,
+)
 from ddpcheck.checks.reported import close, left_alone, read_line, unit_of
 from ddpcheck.checks.verdict import MetricEvidence
 from ddpcheck.layout import Layout
@@ -313,6 +320,8 @@ def test_no_evaluation_and_no_record_are_not_applicable() -> None:
     assert judged({0: rank(0, 1, None)}, run, 2).detail == NO_EVALUATION
     bare = {0: ScriptRankTrace(0, 1, ())}
     assert judged(bare, run, 2).detail == NOT_RECORDED
+    silent = single(printed("took 3.2s, 21 samples"))  # nothing that names a metric
+    assert judged(silent, {r: rank(r, 2, s) for r, s in enumerate(strided(21, 2))}, 2).detail == NO_VALUES
     stopped = {0: replace(rank(0, 1, None), stopped=True)}
     assert judged(stopped, run, 2).detail.startswith(NO_EVALUATION + " before ddpcheck stopped it")
 

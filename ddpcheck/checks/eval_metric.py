@@ -25,6 +25,7 @@ from ddpcheck.checks.ids import METRIC_EQUIVALENCE
 from ddpcheck.checks.reported import close, left_alone, reports_metric, words
 from ddpcheck.checks.verdict import ComparedValue, MetricEvidence, Status, Verdict, not_applicable
 from ddpcheck.layout import Layout
+from ddpcheck.messages import count_text
 from ddpcheck.trace import EpochTrace, EvalRecord, EvalRound, LoaderFacts, ReportedValue, ScriptRankTrace
 
 REL = 1e-5  # float32 sums over other shares differ by up to ~1e-6 (benchmarks/bench_metric_noise.py)
@@ -38,6 +39,10 @@ LOGGERS = (
 NOT_RECORDED = "the script's evaluation was not recorded (--no-metrics, or recorded with --eval-rounds 0)"
 NO_EVALUATION = (
     "the script ran no evaluation: no loader was iterated with gradients off or its model in eval mode"
+)
+NO_VALUES = (
+    "the evaluation reported no value read as a metric (a printed or logged line naming one, torchmetrics, "
+    "HF evaluate or Trainer.evaluate(), Lightning's validation logs, SummaryWriter, wandb, mlflow)"
 )
 STOPPED_FIRST = (
     " before ddpcheck stopped it after --epochs epochs of its main loader (an evaluation after more training "
@@ -87,9 +92,12 @@ def judge_metric(
             "sanity check does): nothing complete to compare"
         )
         return MetricJudgement(loader, not_applicable(METRIC_EQUIVALENCE, why))
+    said = sum(len(_kept(r, record)) for r in whole)
+    if not said:
+        return MetricJudgement(loader, not_applicable(METRIC_EQUIVALENCE, NO_VALUES))
     if layout.dp_world_size < 2:
-        said = sum(len(_kept(r, record)) for r in whole)
-        why = f"one data-parallel rank: the reference ({count(said, 'value')} reported after its evaluations)"
+        values = count_text(said, "values")
+        why = f"one data-parallel rank: the reference ({values} reported after its evaluations)"
         return MetricJudgement(loader, not_applicable(METRIC_EQUIVALENCE, why))
     compared: list[_Round] = []
     reasons: list[str] = []
@@ -104,10 +112,6 @@ def judge_metric(
         return MetricJudgement(loader, not_applicable(METRIC_EQUIVALENCE, f"nothing compared: {why}"))
     libraries = tuple(sorted({*record.libraries, *_libraries(run)}))
     return MetricJudgement(loader, _verdict(compared, layout, libraries))
-
-
-def count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 # --- one evaluation ---------------------------------------------------------------------------------------
@@ -282,7 +286,7 @@ def _verdict(compared: list[_Round], layout: Layout, libraries: tuple[str, ...])
     differing = [(r, v) for r in compared for v in r.values if not v.equal]
     if not differing:
         after = "; ".join(evidence.evaluations)
-        said = f"{count(len(values), 'value')} equal to the single process's after {after}"
+        said = f"{count_text(len(values), 'values')} equal to the single process's after {after}"
         return Verdict(METRIC_EQUIVALENCE, "pass", _sentence(said, even), evidence=evidence)
     round_, value = differing[0]
     ws = layout.dp_world_size
@@ -304,7 +308,7 @@ def _verdict(compared: list[_Round], layout: Layout, libraries: tuple[str, ...])
         )
         status: Status = "pass" if len(differing) < len(values) else "n/a"
         return Verdict(METRIC_EQUIVALENCE, status, said, evidence=evidence)
-    more = f" ({count(len(differing), 'value')} differ)" if len(differing) > 1 else ""
+    more = f" ({count_text(len(differing), 'values')} differ)" if len(differing) > 1 else ""
     detail = f"{shown}{more}, after {round_.words}"
     short = value.name.split(" (")[0]
     measured = f"the reported {short} is {_num(value.value)} vs {_num(value.reference)} at one process"
