@@ -70,6 +70,7 @@ class ScriptOptions:
     step: bool = True  # watch the training step and judge it (--no-step: the loaders alone)
     ignore_index: int = IGNORE_INDEX  # the label value that supervises nothing
     batches: str = ""  # a batch function to record (--batches NAME), in windows of check.steps calls
+    eval_rounds: int = 1  # the script's evaluations compared (--eval-rounds; metric_equivalence)
 
 
 def check_script(
@@ -311,9 +312,10 @@ class _ScriptSession:
         saves the weights it evaluates, every larger layout evaluates on them."""
         if replay or self.options.check.metrics is False:
             return ["--eval-rounds", "0"]
+        rounds = ["--eval-rounds", str(self.options.eval_rounds)]
         if layout.world_size > 1 and self.reference is not None and self.reference.out:
-            return ["--eval-weights", self.reference.out]
-        return []
+            return [*rounds, "--eval-weights", self.reference.out]
+        return rounds
 
     def _step_record(self, run: Recorded, layout: Layout) -> StepRecord | None:
         """The run's step recordings and, where several ranks take the step, the one-process replay of what
