@@ -17,7 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
-from ddpcheck.checks.ids import MIXTURE
+from ddpcheck.verdict import MIXTURE
 from ddpcheck.options import CheckOptions
 from ddpcheck.session import check_loader
 

@@ -41,14 +41,13 @@ _EXPORTS = {
     "BadInput": "ddpcheck.options",
     "CheckResult": "ddpcheck.result",
     "WorldResult": "ddpcheck.result",
-    "Verdict": "ddpcheck.checks.verdict",
+    "Verdict": "ddpcheck.verdict",
     "Interrupted": "ddpcheck.session.run",
 }
 
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
-    from ddpcheck.checks.verdict import Verdict
     from ddpcheck.options import BadInput, CheckOptions
     from ddpcheck.pytest_plugin import assert_ddp_safe
     from ddpcheck.reference.dist import (
@@ -73,6 +72,7 @@ if TYPE_CHECKING:
     from ddpcheck.session import check_loader
     from ddpcheck.session.run import Interrupted
     from ddpcheck.session.script import ScriptOptions, check_script, judge_directory
+    from ddpcheck.verdict import Verdict
 
 
 def __getattr__(name: str) -> Any:

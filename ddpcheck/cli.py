@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from ddpcheck import cli_values as values
 from ddpcheck import hygiene
+from ddpcheck.exits import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 from ddpcheck.layout import MAX_REAL_RANKS, MAX_SIMULATED_RANKS
 from ddpcheck.messages import one_line
 from ddpcheck.report.formats import PRINTED as PRINTED_FORMATS
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
     from ddpcheck.result import CheckResult
 
 __all__ = ["MAX_REAL_RANKS", "MAX_SIMULATED_RANKS", "build_parser", "main", "parse"]
-EXIT_BAD_INPUT = 2  # == ddpcheck.result.EXIT_BAD_INPUT (not imported: it pulls in the checks package)
-EXIT_INTERRUPTED = 130
 OWN_REPORT_SUFFIXES = (".json", ".md", ".html", ".txt")
 
 
@@ -558,7 +557,6 @@ def _options(args: argparse.Namespace) -> CheckOptions:
 
 def _run(args: argparse.Namespace) -> int | tuple[CheckResult, bool]:
     """Run the checker; an int is an exit code with nothing to publish."""
-    from dataclasses import replace
 
     from ddpcheck.checker.loaderfile import BadLoaderFile, LoaderSpec, precheck
 
@@ -595,8 +593,7 @@ def _run(args: argparse.Namespace) -> int | tuple[CheckResult, bool]:
             if joined is None:  # not rank 0: rank 0 reports for everyone
                 return code
             return joined, False
-        watched = replace(options, on_progress=display.update)
-        return check_loader(args.loader, watched, progress=progress), False
+        return check_loader(args.loader, options, progress=progress, on_progress=display.update), False
     except BadInput as exc:
         return _error(str(exc), exc, args.verbose)
     except Interrupted as exc:
@@ -639,7 +636,7 @@ def terminal_width() -> int:
 
 def _publish(result: CheckResult, args: argparse.Namespace, interrupted: bool) -> int:
     """Write the report files first (nothing is lost), then print, then pick the exit code."""
-    from ddpcheck.report import ReportWriteError, render, render_table, write_reports
+    from ddpcheck.report import ReportWriteError, reasons_path, render, render_table, write_reports
 
     try:
         paths = write_reports(result, args.report_dir, junit_path=args.junit)
@@ -648,7 +645,7 @@ def _publish(result: CheckResult, args: argparse.Namespace, interrupted: bool) -
         return _error(str(exc))
     if args.format == "table":
         color = use_color(args.color, sys.stdout)
-        where = None if args.verbose else _shown_path(next((p for p in paths if p.suffix == ".md"), None))
+        where = None if args.verbose else reasons_path(paths)
         _print_out(render_table(result, color=color, width=terminal_width(), not_applicable_in=where))
     elif args.format == "github":
         _print_out(render(result, "github"))
@@ -662,19 +659,6 @@ def _publish(result: CheckResult, args: argparse.Namespace, interrupted: bool) -
         print("ddpcheck: interrupted; the reports cover what finished", file=sys.stderr)
         return EXIT_INTERRUPTED
     return result.exit_code
-
-
-def _shown_path(path: Path | None) -> str:
-    """A report's path as the terminal names it: relative to the working directory when below it, else
-    its name alone when the whole path would not fit a line (stderr's ``reports:`` line has it whole)."""
-    if path is None:
-        return "the report files"
-    try:
-        relative = os.path.relpath(path)
-    except ValueError:
-        relative = str(path)
-    shown = str(path) if relative.startswith("..") else relative
-    return shown if len(shown) <= 40 else f"{path.name} (in the report directory)"
 
 
 def _print_out(text: str) -> None:

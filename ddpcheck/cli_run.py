@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ddpcheck import hygiene
+from ddpcheck.exits import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 from ddpcheck.options import IGNORE_INDEX
 from ddpcheck.record import batch_function, model_steps, nonnegative, split_command
 
@@ -26,8 +27,6 @@ if TYPE_CHECKING:
     from ddpcheck.result import CheckResult
 
 BATCH_WINDOW = 8  # calls of a --batches function per window, without --steps
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
 MESH_OPTIONS = ("--mesh", "--data-dims", "--sequence-dims")
 JUDGING_OPTIONS = ("--allow", "--max-idle")
 REPORT_OPTIONS = ("--format", "--report-dir", "--junit", "--quiet", "--verbose", "--color")
@@ -287,7 +286,7 @@ def _judge(args: argparse.Namespace) -> tuple[CheckResult, bool]:
 
 def publish(result: CheckResult, args: argparse.Namespace, interrupted: bool, command: LoaderCommand) -> int:
     """Report files first (nothing is lost), then the printout, then the exit code."""
-    from ddpcheck.report import ReportWriteError, render, render_table, write_reports
+    from ddpcheck.report import ReportWriteError, reasons_path, render, render_table, write_reports
 
     report_dir = getattr(args, "report_dir", Path("reports"))
     try:
@@ -296,10 +295,10 @@ def publish(result: CheckResult, args: argparse.Namespace, interrupted: bool, co
         return _error(str(exc))
     fmt: Any = getattr(args, "format", "table")
     color = getattr(args, "color", "auto")
-    if fmt == "table":
-        text = render_table(
-            result, color=command.use_color(color, sys.stdout), width=command.terminal_width()
-        )
+    if fmt == "table":  # the reasons checks do not apply: one line, as for loader files (-v: every one)
+        where = None if getattr(args, "verbose", False) else reasons_path(paths)
+        paint = command.use_color(color, sys.stdout)
+        text = render_table(result, color=paint, width=command.terminal_width(), not_applicable_in=where)
     else:
         text = render(result, fmt)
     try:

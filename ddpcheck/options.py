@@ -8,12 +8,10 @@ Plain data below every layer that reads them: the front ends build them, the ses
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ddpcheck.layout import MAX_SIMULATED_RANKS, Layout, LayoutError, MeshLike, parse_meshes
-
-if TYPE_CHECKING:
-    from ddpcheck.launch import ProgressCallback
+from ddpcheck.verdict import ALL_CHECKS
 
 BACKENDS = ("gloo", "nccl")
 MAX_EPOCHS = 10_000
@@ -51,7 +49,8 @@ class CheckOptions:
     (:func:`ddpcheck.checker.recipe.record_options` for a data run,
     :meth:`ddpcheck.checker.recipe.LoaderRecipe.from_options` for how a loader is built), never a copy
     made field by field. ``option_sources`` and ``config_file`` say where the values came from (the
-    report lists them); ``on_progress`` is the live display's callback, not an option of the run."""
+    report lists them). The live display's callback is no option of the run: it is given to
+    :func:`ddpcheck.session.check_loader` beside them."""
 
     world_sizes: tuple[int, ...] = WORLD_SIZES
     epochs: int = 2
@@ -90,8 +89,6 @@ class CheckOptions:
     # --- where the values came from (the command line's layers): reported, never read by a check ---
     option_sources: dict[str, str] = field(default_factory=dict)  # field -> "default", "command line", ...
     config_file: str | None = None  # the file whose [tool.ddpcheck] table gave defaults
-    # --- the live progress display (ddpcheck.progress): not an option of the run, never reported ---
-    on_progress: ProgressCallback | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "meshes", _parsed_meshes(self))
@@ -199,8 +196,6 @@ def _check(options: CheckOptions) -> None:
         raise BadInput(
             f"max idle must be a fraction at least 0 and below 1 (e.g. 0.2), got {idle!r}", "max_idle"
         )
-    from ddpcheck.checks.ids import ALL_CHECKS
-
     unknown = sorted(set(options.allow) - set(ALL_CHECKS))
     if unknown:
         raise BadInput(

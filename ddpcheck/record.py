@@ -26,16 +26,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ddpcheck.exits import EXIT_BAD_INPUT, EXIT_FINGERPRINT_FAILED, EXIT_OK, EXIT_SCRIPT_FAILED
 from ddpcheck.launch.workdir import enter_workdir  # the standard library only: no thread starts
 
 if TYPE_CHECKING:
     from ddpcheck.checker.script import ScriptRecordOptions
     from ddpcheck.checker.script_env import ScriptTarget
     from ddpcheck.checker.step import StepWatcher
-
-EXIT_BAD_INPUT = 2
-EXIT_SCRIPT_FAILED = 3
-EXIT_FINGERPRINT_FAILED = 1  # --fingerprint: an epoch's ids are not every index exactly once
 
 
 def split_command(argv: Sequence[str]) -> tuple[list[str], str, str, list[str]]:
@@ -321,14 +318,9 @@ def _fingerprinted(out: str, target: ScriptTarget, options: ScriptRecordOptions,
     import shutil
     import tempfile
 
-    from ddpcheck.checker.fingerprint import (
-        HELD_IDS,
-        REPORT_NAME,
-        FingerprintReport,
-        exchange,
-        teardown_deferred,
-    )
+    from ddpcheck.checker.fingerprint import HELD_IDS, REPORT_NAME, exchange, teardown_deferred
     from ddpcheck.checker.script import record_script
+    from ddpcheck.checks.fingerprint import FingerprintReport
     from ddpcheck.trace import spill_every
     from ddpcheck.tracefile import spill_to
 
@@ -365,7 +357,7 @@ def _fingerprinted(out: str, target: ScriptTarget, options: ScriptRecordOptions,
             file=sys.stderr,
         )
         return EXIT_SCRIPT_FAILED
-    return 0 if report.ok else EXIT_FINGERPRINT_FAILED
+    return EXIT_OK if report.ok else EXIT_FINGERPRINT_FAILED
 
 
 # a framework, by the modules that show the script imported it

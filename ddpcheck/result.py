@@ -5,21 +5,17 @@ Reports are rendered from this alone; they never recompute a check.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from typing import Any
 
-from ddpcheck.checks.verdict import Verdict
+from ddpcheck.exits import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_RANK_FAILED
 from ddpcheck.figures import FigureData
 from ddpcheck.layout import Layout
 from ddpcheck.messages import count_text
+from ddpcheck.options import CheckOptions
 from ddpcheck.restores import ResumeRow
 from ddpcheck.trace import RankFailure
-
-EXIT_OK = 0
-EXIT_CHECK_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_RANK_FAILED = 3
-EXIT_INTERRUPTED = 130
+from ddpcheck.verdict import Verdict
 
 
 @dataclass(frozen=True)
@@ -84,6 +80,7 @@ class WorldResult:
     figures: FigureData | None = None  # picture data for the HTML/Markdown reports (ddpcheck.figures)
     layout: Layout | None = None  # None: the plain world size ``world_size``
     loader: str = ""  # a training script's loader (``train.py:42``); "" for a loader file's one loader
+    loader_variable: str = ""  # the variable the script assigned that loader to (``train_loader``); "" none
 
     @property
     def ok(self) -> bool:
@@ -97,6 +94,64 @@ class WorldResult:
 
 
 @dataclass(frozen=True)
+class ScriptRun:
+    """A training script's run (``ddpcheck run``): the script as shown, its own arguments, the batches an
+    epoch its loop received (None: whole epochs) and the working directory it ran in."""
+
+    script: str
+    args: tuple[str, ...] = ()
+    model_steps: int | None = None
+    cwd: str = ""
+
+
+UNLISTED = ("factory_args", "option_sources", "config_file")  # listed after the others, only when set
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What a run was asked to do, as the reports list it: the options (None: a result made by hand), and
+    which kind of run it was: a script's (``script``), a directory judged (``judged``, from a
+    ``--fingerprint`` launch or not), a joined launch."""
+
+    options: CheckOptions | None = None
+    script: ScriptRun | None = None
+    judged: str = ""
+    fingerprint: bool = False
+    joined: bool = False
+
+    def as_data(self) -> dict[str, Any]:
+        """The options as the JSON report lists them: every field (meshes as specs), the factory's
+        arguments, where values came from and the config file where set; then the run's kind."""
+        out: dict[str, Any] = {}
+        options = self.options
+        if options is not None:
+            out = {f.name: getattr(options, f.name) for f in fields(options) if f.name not in UNLISTED}
+            out["world_sizes"] = list(options.world_sizes)
+            out["meshes"] = [m.spec if isinstance(m, Layout) else m for m in options.meshes]
+            if options.factory_args:
+                out["factory_args"] = dict(options.factory_args)
+            if options.option_sources:
+                out["option_sources"] = dict(options.option_sources)
+            if options.config_file:
+                out["config_file"] = options.config_file
+        if self.script is not None:
+            steps = self.script.model_steps
+            out.update(
+                script=self.script.script,
+                script_args=list(self.script.args),
+                model_steps="all" if steps is None else steps,
+                cwd=self.script.cwd,
+            )
+        if self.judged:
+            out["judged"] = self.judged
+        if self.fingerprint:
+            out["fingerprint"] = True
+        if self.joined:
+            out["joined"] = True
+        return out
+
+
+@dataclass(frozen=True)
 class CheckResult:
     """A whole run: one loader file (or factory), several world sizes."""
 
@@ -104,7 +159,7 @@ class CheckResult:
     runs: tuple[WorldResult, ...]
     id_source: str = "index"
     epochs: int = 2
-    options: dict[str, Any] = field(default_factory=dict)
+    options: RunRecord = RunRecord()
     notes: tuple[str, ...] = ()  # things the user should know, e.g. "ids are content hashes"
     interrupted: bool = False  # Ctrl-C or SIGTERM: only the world sizes in ``runs`` were checked
 

@@ -30,7 +30,7 @@ from ddpcheck.checks import run_checks
 from ddpcheck.trace import RankTrace, RunTrace
 
 if TYPE_CHECKING:
-    from ddpcheck.checks.verdict import Verdict
+    from ddpcheck.verdict import Verdict
 
 SamplerFactory = Callable[[int, int, int], Any]
 """``factory(rank, world_size, seed)`` -> a sampler, a batch sampler or a DataLoader for that rank.

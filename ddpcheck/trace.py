@@ -11,7 +11,10 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:  # plain data too, named for type checkers only: this module imports nothing of ddpcheck
+    from ddpcheck.eval_trace import EvalRecord
 
 IdSource = str
 """How sample identity was obtained: ``index``, ``hook``, ``field:<name>`` or ``content-hash``."""
@@ -577,7 +580,8 @@ class RunTrace:
 class ScriptLoader:
     """One loader of a training script, as one rank recorded it (``ddpcheck run``/``ddpcheck.record``).
 
-    ``name`` is the line of the user's code that built it (``train.py:42``); ``set_epoch`` says whether
+    ``name`` is the line of the user's code that built it (``train.py:42``, relative to the script's
+    folder), ``variable`` what that line assigned it to, as the reports call it; ``set_epoch`` says whether
     the script's loop called ``set_epoch`` before every epoch after the first (True where the loader has
     nothing to call it on); ``handed`` counts the batches the script itself received."""
 
@@ -586,6 +590,7 @@ class ScriptLoader:
     id_source: IdSource = "index"
     set_epoch: bool = True
     handed: int = 0
+    variable: str = ""  # the variable the user's line assigned the loader to (``train_loader``); "" none
 
 
 @dataclass(frozen=True)
@@ -710,61 +715,6 @@ class StepTrace:
     loss_scale: str = ""
     twice: bool = False
     compute_dtype: str = ""
-
-
-# --- what the script's own evaluation reported (issue 41): recorded by ddpcheck.checker.evaluation,
-# judged by metric_equivalence (ddpcheck.checks.eval_metric).
-
-
-@dataclass(frozen=True)
-class ReportedValue:
-    """A number the script reported after an evaluation's loop: ``source`` (torchmetrics, evaluate, trainer,
-    lightning, tensorboard, wandb, mlflow, log, print), ``name`` (its key; a printed line's template with
-    ``{}`` for each number), ``position`` (which number of the line), ``occurrence`` (the n-th of that
-    source, name and position in the round), ``unit`` (one unit in the last printed digit; 0.0: read as a
-    number), ``shown`` (as printed), ``label`` (a printed number's words before it and unit after it)."""
-
-    source: str
-    name: str
-    value: float
-    occurrence: int = 0
-    position: int = 0
-    unit: float = 0.0
-    shown: str = ""
-    label: str = ""
-
-
-@dataclass(frozen=True)
-class EvalRound:
-    """One evaluation: consecutive epochs (``epochs``: loader, epoch) iterated with gradients off or a known
-    model in eval mode, no training batch between them, and what was reported until the next training
-    batch or optimizer step. ``index``: the k-th round of the rank (runs are matched by it); ``whole``:
-    every epoch handed to the script whole and iterated to its end; ``held``: "saved", "loaded" or why
-    neither; ``weights``: a fingerprint per model evaluated, in call order; ``drew``: global random streams
-    that moved during a loop; ``collectives``: torch.distributed calls in the round, by name; ``progress``:
-    (source, name) also reported while a loop ran (never compared)."""
-
-    index: int
-    epochs: tuple[tuple[str, int], ...] = ()
-    whole: bool = False
-    held: str = ""
-    weights: tuple[int, ...] = ()
-    train_mode: bool = False  # a model evaluated was in train mode
-    drew: tuple[str, ...] = ()
-    collectives: tuple[tuple[str, int], ...] = ()
-    values: tuple[ReportedValue, ...] = ()
-    progress: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class EvalRecord:
-    """A rank's evaluations; ``outside``: printed line templates seen outside any (never compared);
-    ``libraries``: evaluation libraries the script imported; ``limit``: rounds compared (--eval-rounds)."""
-
-    rounds: tuple[EvalRound, ...] = ()
-    outside: tuple[str, ...] = ()
-    libraries: tuple[str, ...] = ()
-    limit: int = 0
 
 
 SCRIPT_TRACE_VERSION = 3  # 3: integer ids in .npy files beside the trace (ddpcheck.tracefile)

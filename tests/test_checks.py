@@ -13,9 +13,8 @@ from hypothesis import strategies as st
 
 from ddpcheck.checks import REGISTRY, Context, run_checks
 from ddpcheck.checks.diagnose import SHARDED_TWICE
-from ddpcheck.checks.ids import ALL_CHECKS, DATA_CHECKS, METRIC_EQUIVALENCE
-from ddpcheck.checks.verdict import Verdict
 from ddpcheck.trace import EpochTrace, LoaderFacts, RankTrace, RunTrace
+from ddpcheck.verdict import ALL_CHECKS, DATA_CHECKS, METRIC_EQUIVALENCE, Verdict
 from tests.trace_builders import (
     batch_run,
     broken,
@@ -219,7 +218,7 @@ def test_coverage_sampler_drops_more_than_padding_allows() -> None:
     trace = rebuild(good, ids)
     verdict = check("coverage", ref, trace)
     assert verdict.failed
-    assert verdict.data["allowed"] == 0
+    assert verdict.evidence.allowed == 0
     assert verdict.cause == "the loader's length depends on the rank: ranks yield between 2 and 3 samples"
     missing = set(range(10)) - set(ids[0][0] + ids[1][0] + ids[2][0] + ids[3][0])
     assert set(verdict.examples) == missing
@@ -234,7 +233,7 @@ def test_coverage_tail_dropped_evenly_names_tail_cause() -> None:
     verdict = check("coverage", ref, trace)
     assert verdict.failed
     assert verdict.cause == "the sampler drops the tail: pad or use fewer ranks"
-    assert verdict.data == {"missing": 8, "allowed": 0, "items": 40, "epochs_failing": 2}
+    assert verdict.evidence.as_data() == {"missing": 8, "allowed": 0, "items": 40, "epochs_failing": 2}
     assert "8 samples of 40 are never seen by any rank in epoch 0" in verdict.detail
 
 
@@ -290,7 +289,7 @@ def test_coverage_with_resampling_reference_counts_only() -> None:
     assert verdicts["single_process_equivalence"].status == "pass"
     short = ddp_run([o[:20] for o in other], 3)
     verdict = check("coverage", ref, short)
-    assert verdict.failed and verdict.data["missing"] == 9  # 21 yielded (20 padded to 21) of 30
+    assert verdict.failed and verdict.evidence.missing == 9  # 21 yielded (20 padded to 21) of 30
     assert "the ranks together yield 21 samples in epoch 0 (also epoch 1), 9 fewer" in verdict.detail
 
 
@@ -361,7 +360,7 @@ def test_no_overlap_off_by_one_chunks_names_pairs_and_ids() -> None:
     assert verdict.detail.startswith("rank 0 and rank 1 both see sample 9 in epoch 0")
     assert "3 extra copies, at most 0 allowed since the sampler does not pad" in verdict.detail
     assert "num_replicas/rank arithmetic" in verdict.cause
-    assert verdict.data["duplicates"] == 3
+    assert verdict.evidence.duplicates == 3
 
 
 def test_no_overlap_allows_padding_only_when_padding_possible() -> None:
@@ -375,7 +374,7 @@ def test_no_overlap_allows_padding_only_when_padding_possible() -> None:
     verdict = check("padding_bound", ref, no_pad)
     assert verdict.failed
     assert "but the sampler does not pad, so none are allowed" in verdict.detail
-    assert verdict.data == {
+    assert verdict.evidence.as_data() == {
         "duplicates": 2, "bound": 0, "epochs_failing": 2, "copies": 2, "samples": 10, "noun": "samples"
     }  # fmt: skip
 
@@ -388,7 +387,7 @@ def test_padding_bound_pads_to_whole_batches() -> None:
     ref = reference(orders)
     verdict = check("padding_bound", ref, trace)
     assert verdict.failed
-    assert verdict.data["duplicates"] == 6 and verdict.data["bound"] == 3
+    assert verdict.evidence.duplicates == 6 and verdict.evidence.bound == 3
     assert "pads more than world_size - 1" in verdict.cause
     assert "6 duplicated samples in epoch 0" in verdict.detail
 
@@ -416,7 +415,7 @@ def test_equal_steps_uneven_batches() -> None:
         "the next collective after step 4 hangs (uneven steps)"
     )
     assert verdict.ranks == (0, 1)
-    assert verdict.data["max_batches"] == 5 and verdict.data["min_batches"] == 4
+    assert verdict.evidence.max_batches == 5 and verdict.evidence.min_batches == 4
 
 
 def test_equal_steps_wrong_len_loader() -> None:
@@ -547,7 +546,7 @@ def test_determinism_names_first_difference() -> None:
     verdict = check("determinism", ref, trace, rerun)
     assert verdict.failed
     assert verdict.ranks == (1,) and verdict.epochs == (0,)
-    assert verdict.data["position"] == 3
+    assert verdict.evidence.position == 3
     assert "rank 1, epoch 0 differs between two runs with the same seed at position 3" in verdict.detail
     assert (
         verdict.cause
@@ -627,7 +626,7 @@ def test_batch_level_overlap_and_coverage_count_batches() -> None:
     assert isinstance(verdict.examples[0], tuple)
     missing = batch_run([[epochs[0][:2]], [epochs[0][2:4]]], padding=True)
     verdict = check("coverage", ref, missing)
-    assert verdict.failed and verdict.data["missing"] == 2
+    assert verdict.failed and verdict.evidence.missing == 2
 
 
 def test_whole_batch_padding_on_one_rank_is_not_a_worker_repeat() -> None:
@@ -753,7 +752,7 @@ def test_equivalence_rank_dependent_dataset() -> None:
     )
     assert verdict.cause.startswith("the dataset depends on the rank")
     assert verdict.ranks == (2,) and verdict.epochs == (0, 1)
-    assert verdict.data == {"extra": 4, "epochs_failing": 2}
+    assert verdict.evidence.as_data() == {"extra": 4, "epochs_failing": 2}
 
 
 def test_equivalence_missing_samples() -> None:

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from ddpcheck.checks.ids import DATA_CHECKS
 from ddpcheck.cli import build_parser, main, parse
 from ddpcheck.progress import PlainDisplay
+from ddpcheck.verdict import DATA_CHECKS
 from tests.conftest import GOOD, ROOT
 
 
@@ -166,9 +166,9 @@ def test_pyproject_allow_takes_a_comma_list_too(clean_env: Path) -> None:
     assert parse(["x.py"]).allow == ["reshuffle", "coverage", "determinism"]
 
 
-def test_the_readme_synopsis_lists_every_option() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## The command line") :]
+def test_the_docs_synopsis_lists_every_option() -> None:
+    page = (ROOT / "docs" / "command-line.md").read_text(encoding="utf-8")
+    section = page[page.index("## Synopsis") :]
     synopsis = section[section.index("```text") : section.index("```", section.index("```text") + 7)]
     listed = set(re.findall(r"(?<![\w-])(--?[a-z][a-z-]*)", synopsis)) - {"-m"}  # python -m ddpcheck
     options = {o for a in build_parser()._actions for o in a.option_strings}
@@ -176,15 +176,17 @@ def test_the_readme_synopsis_lists_every_option() -> None:
     assert listed - options == set()
 
 
-def test_the_readme_names_only_json_fields_that_exist() -> None:
-    """README once pointed at a ``recorded`` field that the JSON report never had."""
+def test_the_docs_name_only_json_fields_that_exist() -> None:
+    """README once pointed at a ``recorded`` field that the JSON report never had (the README and every
+    docs page)."""
     from ddpcheck.report import json_report
 
-    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
-    named = re.findall(r"JSON report's `(\w+)`", readme)
-    for field in named:
-        assert f'"{field}"' in (json_report.__doc__ or ""), field
-    assert "`recorded`" not in readme
+    for page in (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))):
+        text = " ".join(page.read_text(encoding="utf-8").split())
+        named = re.findall(r"JSON report's `(\w+)`", text)
+        for field in named:
+            assert f'"{field}"' in (json_report.__doc__ or ""), f"{page.name}: {field}"
+        assert "`recorded`" not in text, page.name
 
 
 # --- progress: never past the end, and the rerun named as one ---

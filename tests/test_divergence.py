@@ -17,19 +17,18 @@ import pytest
 import torch
 
 from ddpcheck.checker.loaderfile import defined_names
-from ddpcheck.checks.ids import METRIC_EQUIVALENCE
-from ddpcheck.checks.verdict import Verdict
-from ddpcheck.options import CheckOptions
-from ddpcheck.result import CheckResult, WorldResult
-from ddpcheck.scenarios.divergence import (
+from ddpcheck.checks.metric import (
     Evaluation,
     close,
     count_causes,
     judge_metrics,
     metric_rows,
 )
+from ddpcheck.options import CheckOptions
+from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.scenarios.metric import default_metric, default_outputs, metric_values
 from ddpcheck.session import check_loader
+from ddpcheck.verdict import METRIC_EQUIVALENCE, Verdict
 from tests.conftest import FIXTURES, ROOT
 
 
@@ -109,7 +108,7 @@ def test_rows_and_verdict_for_padding() -> None:
     verdict = judge_metrics(reference, run, rows)
     assert verdict.status == "pass"
     assert "2 padding duplicates" in verdict.detail and "accuracy 0.583333 vs 0.7" in verdict.detail
-    assert verdict.data["duplicated"] == 2 and verdict.examples == (0, 1)
+    assert verdict.evidence.duplicated == 2 and verdict.examples == (0, 1)
 
 
 def test_verdict_fails_when_drop_last_drops_samples() -> None:

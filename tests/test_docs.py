@@ -2,6 +2,8 @@
 
 Each fenced block is one or more tests, chosen by what the block is:
 
+- ```` ```python ```` whose first line starts with ``>>> ``: a doctest, run by ``python -m doctest`` (the
+  lines below each ``>>>`` are what it must print);
 - ```` ```python ```` whose first line is ``# fixtures/<path>``: an excerpt of that fixture file; every
   non-blank line must be a line of the file, verbatim (a line that is only ``...`` marks an elision);
 - ```` ```python ```` that defines ``def test_...``: a pytest file, run by pytest in a fresh project
@@ -15,8 +17,11 @@ Each fenced block is one or more tests, chosen by what the block is:
   project made of the page's own pytest blocks). The exit code is the one the command's comment states
   (``exit N``/``exits N``), else 0. Installs, launchers and tools that need the network, other hosts or
   a GPU are not run; a command with nothing left to run is skipped with the reason;
-- ```` ```text ```` and untagged blocks that start with ``$ `` are output samples, never run
-  (``tests/test_readme.py`` checks the README's sample run against the tool's output).
+- ```` ```text ```` and untagged blocks that start with ``$ `` are transcripts: each ``$ `` line is a
+  command, run in order as a bash command is (its ``# exits N`` comment says its exit code, else 0), and
+  every non-blank line below it, up to the next ``$ ``, must be a line it printed (stdout or stderr, at
+  100 columns, without colour): a line that is only ``...`` marks an elision, a line ending in ``...``
+  matches a printed line that starts with the rest. Other ``text`` blocks are never run.
 """
 
 from __future__ import annotations
@@ -77,9 +82,13 @@ class Block:
 
     @property
     def kind(self) -> str:
-        if self.lang == "text" or (self.lang == "" and self.body.startswith("$ ")):
+        if self.lang in ("text", "") and self.body.startswith("$ "):
+            return "transcript"
+        if self.lang == "text":
             return "sample"
         if self.lang == "python":
+            if self.first_line.startswith(">>> "):
+                return "doctest"
             if EXCERPT.match(self.first_line):
                 return "excerpt"
             if re.search(r"^def test_", self.body, re.M):
@@ -193,7 +202,9 @@ def test_every_block_says_what_it_is(block: Block) -> None:
 def test_the_pages_have_blocks_of_every_kind() -> None:
     """The parser really sees the blocks (a broken fence pattern would make every test vanish)."""
     kinds = {b.kind for b in BLOCKS}
-    assert {"sample", "excerpt", "pytest", "loader", "snippet", "bash"} <= kinds, kinds
+    assert {"sample", "transcript", "doctest", "excerpt", "pytest", "loader", "snippet", "bash"} <= kinds, (
+        kinds
+    )
     assert len(COMMANDS) >= 5
 
 
@@ -252,6 +263,16 @@ def test_python_snippet_runs(block: Block, tmp_path: Path) -> None:
     assert proc.returncode == 0, f"{block.where}: {_output(proc)}"
 
 
+@pytest.mark.parametrize("block", _of_kind("doctest"))
+def test_python_doctest_prints_what_it_shows(block: Block, tmp_path: Path) -> None:
+    (tmp_path / "example.txt").write_text(block.body)
+    proc = subprocess.run(
+        [sys.executable, "-m", "doctest", "example.txt"], cwd=tmp_path, capture_output=True, text=True,
+        timeout=TIMEOUT,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"{block.where}: {_output(proc)}"
+
+
 # --- bash blocks --------------------------------------------------------------------------------------
 
 
@@ -296,6 +317,54 @@ def test_bash_command_exits_as_documented(command: Command, tmp_path: Path) -> N
         assert proc.returncode == expected, f"{command.block.where}: {part}\n{_output(proc)}"
 
 
+# --- transcripts: commands and what they print ----------------------------------------------------------
+
+
+def _transcript(block: Block) -> list[tuple[Command, list[str]]]:
+    """Each ``$ `` line of a transcript as a command, with the lines shown below it."""
+    steps: list[tuple[Command, list[str]]] = []
+    for line in block.body.splitlines():
+        if line.startswith("$ "):
+            code, _, comment = line[2:].partition(" #")
+            steps.append((Command(block, len(steps), code.strip(), comment), []))
+        elif steps and line.strip():
+            steps[-1][1].append(line.rstrip())
+    return steps
+
+
+def _shown_in(shown: str, printed: list[str]) -> bool:
+    if shown.strip() == "...":
+        return True
+    if shown.endswith("..."):
+        return any(line.startswith(shown[:-3]) for line in printed)
+    return shown in printed
+
+
+@pytest.mark.parametrize("block", _of_kind("transcript"))
+def test_transcript_prints_what_it_shows(block: Block, tmp_path: Path) -> None:
+    """A sample output is what the tool prints today (so it cannot go stale)."""
+    env = {**os.environ, "DDPCHECK_REPORT_DIR": str(tmp_path / "reports"), "COLUMNS": "100", "NO_COLOR": "1"}
+    for command, shown in _transcript(block):
+        parts = [part.strip() for part in re.split(r"\s&&\s", command.text)]
+        printed: list[str] = []
+        for i, part in enumerate(parts):
+            argv, why, page = _plan(part, command)
+            assert argv, (
+                f"{block.where}: a transcript shows what a command prints, and {part!r} is not run: {why}"
+            )
+            cwd = ROOT if page is None else _test_project(tmp_path / "project", _page_tests(page)).parent
+            proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+            expected = command.expected_exit if i == len(parts) - 1 else 0
+            assert proc.returncode == expected, f"{block.where}: {part}\n{_output(proc)}"
+            printed = [line.rstrip() for line in (proc.stdout + proc.stderr).splitlines()]
+        missing = [line for line in shown if not _shown_in(line, printed)]
+        assert missing == [], (
+            f"{block.where}: {command.text} did not print:\n"
+            + "\n".join(missing)
+            + ("\n--- it printed\n" + "\n".join(printed))
+        )
+
+
 # --- what the README promises about its commands ------------------------------------------------------
 
 
@@ -329,7 +398,7 @@ def test_the_cpu_wheel_command_pins_the_constrained_torch() -> None:
         if line.startswith("torch")
     )
     cpu = [c for c in COMMANDS if "download.pytorch.org/whl/cpu" in c.text]
-    assert cpu, "the README gives CPU-only users no command for torch's CPU wheel"
+    assert cpu, "the docs give CPU-only users no command for torch's CPU wheel (docs/install.md)"
     for command in cpu:
         assert f"--index-url https://download.pytorch.org/whl/cpu {pin}" in command.text
         assert "pip install -c constraints.txt" in command.text  # the project itself: same constraint

@@ -25,18 +25,10 @@ from ddpcheck.checks.eval_metric import (
     revealing,
 )
 from ddpcheck.checks.reported import close, left_alone, read_line, unit_of
-from ddpcheck.checks.verdict import MetricEvidence
+from ddpcheck.eval_trace import EvalRecord, EvalRound, ReportedValue
+from ddpcheck.evidence import MetricEvidence
 from ddpcheck.layout import Layout
-from ddpcheck.trace import (
-    EpochTrace,
-    EvalRecord,
-    EvalRound,
-    LoaderFacts,
-    RankTrace,
-    ReportedValue,
-    ScriptLoader,
-    ScriptRankTrace,
-)
+from ddpcheck.trace import EpochTrace, LoaderFacts, RankTrace, ScriptLoader, ScriptRankTrace
 
 LOADER = "train.py:40"
 WEIGHTS = (1234,)

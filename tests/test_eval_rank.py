@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ddpcheck.trace import EvalRecord
+from ddpcheck.eval_trace import EvalRecord
 from ddpcheck.tracefile import read_rank
 from tests.conftest import ROOT
 

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from ddpcheck.checks.eval_causes import DROPPED, MEAN_OF_MEANS, PADDED, UNSYNCED
-from ddpcheck.checks.ids import METRIC_EQUIVALENCE
-from ddpcheck.checks.verdict import MetricEvidence, Verdict
+from ddpcheck.evidence import MetricEvidence
 from ddpcheck.result import CheckResult
 from ddpcheck.session.script import check_script
+from ddpcheck.verdict import METRIC_EQUIVALENCE, Verdict
 from tests.conftest import FIXTURES, ROOT
 
 METRICS = FIXTURES / "metrics"

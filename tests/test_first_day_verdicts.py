@@ -10,14 +10,6 @@ from __future__ import annotations
 import pytest
 
 from ddpcheck.checks.equivalence import DEPENDS_ON_RANK
-from ddpcheck.checks.ids import (
-    COVERAGE,
-    PACKING,
-    REPLICA_CONSISTENCY,
-    RESUME,
-    SINGLE_PROCESS_EQUIVALENCE,
-    WORK_BALANCE,
-)
 from ddpcheck.checks.packed import TOKENS_EXTRA
 from ddpcheck.checks.replicas import GLOBAL_RANK, SHARDED_TWICE_MESH
 from ddpcheck.checks.resume_common import RANK0_SAVED, RANK0_STATE, WORKER_OFFSETS
@@ -29,6 +21,14 @@ from ddpcheck.report.table import render_table
 from ddpcheck.report.view import build_view, evidence, resume_summary
 from ddpcheck.result import CheckResult
 from ddpcheck.session import check_loader
+from ddpcheck.verdict import (
+    COVERAGE,
+    PACKING,
+    REPLICA_CONSISTENCY,
+    RESUME,
+    SINGLE_PROCESS_EQUIVALENCE,
+    WORK_BALANCE,
+)
 from tests.conftest import FIXTURES, RESUME_FIXTURES
 
 MESH = FIXTURES / "mesh"
@@ -183,11 +183,11 @@ def test_a_loader_packing_each_dp_ranks_documents_passes_on_tokens() -> None:
     for check in (COVERAGE, SINGLE_PROCESS_EQUIVALENCE):
         verdict = _verdict(result, "dp=2,tp=2", check)
         assert verdict.status == "pass" and "compared token by token" in verdict.detail, verdict.detail
-        assert verdict.data["tokens"] == 896
+        assert verdict.evidence.tokens == 896
     # torchtitan's batch keys ({"input", "positions"}, labels) are tokens: work and packing see them
     assert _verdict(result, "dp=2,tp=2", WORK_BALANCE).status == "pass"
     packing = _verdict(result, "dp=2,tp=2", PACKING)
-    assert packing.status == "pass" and packing.data["tokens_lost"] == 0, packing.detail
+    assert packing.status == "pass" and packing.evidence.tokens_lost == 0, packing.detail
     figures = result.runs[0].figures
     assert figures is not None and figures.packed_rows and PACKED_NOTE in figures.note
 
@@ -198,7 +198,7 @@ def test_without_token_ids_a_packed_loader_is_judged_on_token_counts(cost: str) 
     assert result.exit_code == 0
     verdict = _verdict(result, "dp=2,tp=2", SINGLE_PROCESS_EQUIVALENCE)
     assert verdict.status == "pass" and "compared by token count" in verdict.detail
-    assert verdict.data["tokens"] == 896  # segments' work squared under attention cost: counted back
+    assert verdict.evidence.tokens == 896  # segments' work squared under attention cost: counted back
 
 
 def test_a_packed_loader_that_gives_documents_to_two_ranks_still_fails() -> None:
@@ -206,7 +206,7 @@ def test_a_packed_loader_that_gives_documents_to_two_ranks_still_fails() -> None
     result = _packed("bug_torchtitan_packed_overlap.py")
     verdict = _verdict(result, "dp=2,tp=2", SINGLE_PROCESS_EQUIVALENCE)
     assert verdict.status == "fail" and verdict.cause == TOKENS_EXTRA and verdict.fix
-    assert verdict.data["tokens_extra"] == 64 and "64 of them copies" in verdict.detail
+    assert verdict.evidence.tokens_extra == 64 and "64 of them copies" in verdict.detail
     assert verdict.examples[0] == (24, 0)
 
 

@@ -18,7 +18,10 @@ from typing import Any
 
 import pytest
 
-from ddpcheck.checks.ids import (
+from ddpcheck.options import BadInput, CheckOptions
+from ddpcheck.result import CheckResult
+from ddpcheck.session import check_loader
+from ddpcheck.verdict import (
     BATCH_INTEGRITY,
     COVERAGE,
     DATA_CHECKS,
@@ -32,9 +35,6 @@ from ddpcheck.checks.ids import (
     SINGLE_PROCESS_EQUIVALENCE,
     WORKER_SHARDING,
 )
-from ddpcheck.options import BadInput, CheckOptions
-from ddpcheck.result import CheckResult
-from ddpcheck.session import check_loader
 from tests.conftest import FIXTURES, ROOT
 
 WORLD_SIZES = (1, 2, 3, 4)

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from ddpcheck.checks.ids import (
+from ddpcheck.cli import main
+from ddpcheck.verdict import (
     COVERAGE,
     DETERMINISM,
     EQUAL_STEPS,
@@ -30,7 +31,6 @@ from ddpcheck.checks.ids import (
     SINGLE_PROCESS_EQUIVALENCE,
     WORKER_SHARDING,
 )
-from ddpcheck.cli import main
 from tests.conftest import FRAMEWORKS
 
 EXTRA = "the 'integrations' extra (pip install -c constraints.txt -e '.[integrations]')"

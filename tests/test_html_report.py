@@ -21,8 +21,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddpcheck.checks.ids import ALL_CHECKS
-from ddpcheck.checks.verdict import Verdict, allow, not_applicable
 from ddpcheck.figures import NO_RANK, SEVERAL, FigureData, figure_data
 from ddpcheck.layout import parse_mesh
 from ddpcheck.options import CheckOptions
@@ -33,6 +31,7 @@ from ddpcheck.restores import RankRestore, ResumeRow
 from ddpcheck.result import CheckResult, MetricRow, WorldResult
 from ddpcheck.session import check_loader
 from ddpcheck.trace import EpochTrace, RankFailure, RankTrace, RunTrace
+from ddpcheck.verdict import ALL_CHECKS, Verdict, allow, not_applicable
 from tests.conftest import FIXTURES
 from tests.trace_builders import ddp_run, per_rank, permutations, rebuild, reference, run
 

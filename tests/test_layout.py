@@ -99,7 +99,10 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
 
-CHECK_DATA = ("ddpcheck.checks.ids", "ddpcheck.checks.verdict")  # check ids and the Verdict: plain data
+# the floor: the Verdict, its statuses and the check ids, the checks' typed evidence, the exit codes; plain
+# data that imports nothing of ddpcheck (checks/ids.py and checks/verdict.py re-export it for older code)
+FLOOR = ("ddpcheck.verdict", "ddpcheck.evidence", "ddpcheck.exits")
+CHECK_DATA = ("ddpcheck.checks.ids", "ddpcheck.checks.verdict")
 
 
 @pytest.mark.parametrize(
@@ -110,6 +113,7 @@ CHECK_DATA = ("ddpcheck.checks.ids", "ddpcheck.checks.verdict")  # check ids and
         ("ddpcheck.checks", ("ddpcheck.launch", "ddpcheck.checker", "ddpcheck.scenarios", "ddpcheck.report")),
         ("ddpcheck.report", ("ddpcheck.launch", "ddpcheck.checker", "ddpcheck.scenarios", "ddpcheck.checks")),
         ("ddpcheck.trace", ("ddpcheck.",)),
+        ("ddpcheck.eval_trace", ("ddpcheck.",)),
     ],
 )
 def test_each_layer_imports_only_what_its_role_allows(layer: str, forbidden: tuple[str, ...]) -> None:
@@ -135,8 +139,10 @@ LEVELS = (
     ("ddpcheck.scenarios",),
     ("ddpcheck.checker",),
     ("ddpcheck.launch", "ddpcheck.checks", "ddpcheck.reference", "ddpcheck.report"),
-    ("ddpcheck.trace", "ddpcheck.tracefile", "ddpcheck.result", "ddpcheck.restores", "ddpcheck.figures",
-     "ddpcheck.layout", "ddpcheck.messages", "ddpcheck.options", *CHECK_DATA, "ddpcheck"),
+    ("ddpcheck.trace", "ddpcheck.eval_trace", "ddpcheck.tracefile", "ddpcheck.result", "ddpcheck.restores",
+     "ddpcheck.figures", "ddpcheck.layout", "ddpcheck.messages", "ddpcheck.options", "ddpcheck.recorded",
+     *CHECK_DATA, "ddpcheck"),
+    FLOOR,
 )  # fmt: skip
 
 
@@ -164,6 +170,7 @@ def test_each_module_imports_only_downwards() -> None:
 def test_the_level_of_a_module_is_its_most_specific_entry() -> None:
     assert _unit("ddpcheck.session.run") == (1, "ddpcheck.session")
     assert _unit("ddpcheck.checks.verdict") == (5, "ddpcheck.checks.verdict")  # plain data, not a check
+    assert _unit("ddpcheck.verdict") == (6, "ddpcheck.verdict")  # the floor, below every other module
     assert _unit("ddpcheck.checks.overlap") == (4, "ddpcheck.checks")
     assert _private("ddpcheck.checks._format") and _private("ddpcheck.launch.rank._error_message")
     assert not _private("ddpcheck.launch.rank.error_message") and not _private("ddpcheck.__version__")
@@ -205,6 +212,44 @@ def _private(dotted: str) -> bool:
     return any(part.startswith("_") and not part.startswith("__") for part in dotted.split("."))
 
 
+def test_the_floor_imports_nothing_of_ddpcheck() -> None:
+    """The Verdict, the check ids, the evidence and the exit codes are the bottom: every layer reads them,
+    so they read nothing (the evidence is named for type checkers only), and no arrow runs back up."""
+    graph = _imports(typing=False)
+    assert {m: graph[m] for m in FLOOR} == {m: set() for m in FLOOR}
+    assert "ddpcheck.evidence" in _imports(typing=True)["ddpcheck.verdict"]  # the walk sees the type
+
+
+# the rank side and the session launch, read and wrap: a verdict is built and rewritten in checks/ only
+NO_VERDICTS = ("ddpcheck.session", "ddpcheck.checker", "ddpcheck.scenarios")
+STATUS_WORDS = frozenset({"pass", "fail", "skip", "n/a", "allowed"})
+
+
+def _verdicts_made(module: str) -> list[str]:
+    """``Verdict(`` calls and status literals in ``module``'s source, as ``module:line what``."""
+    path = PACKAGE.parent / (module.replace(".", "/") + ".py")
+    path = path if path.exists() else path.with_suffix("") / "__init__.py"
+    found = []
+    for node in ast.walk(ast.parse(path.read_bytes())):
+        call = node.func if isinstance(node, ast.Call) else None
+        name = call.id if isinstance(call, ast.Name) else call.attr if isinstance(call, ast.Attribute) else ""
+        if name == "Verdict":
+            found.append(f"{module}:{node.lineno} Verdict(")
+        if isinstance(node, ast.Constant) and node.value in STATUS_WORDS:
+            found.append(f"{module}:{node.lineno} {node.value!r}")
+    return found
+
+
+def test_no_verdict_is_built_or_rewritten_outside_the_checks() -> None:
+    modules = [m for m in _imports() if m.startswith(NO_VERDICTS)]
+    assert len(modules) > 40  # the walk really saw the session, the rank side and the scenarios
+    assert [hit for m in modules for hit in _verdicts_made(m)] == []
+
+
+def test_the_verdict_walk_finds_a_verdict_and_a_status() -> None:
+    assert _verdicts_made("ddpcheck.checks.fingerprint")  # the fingerprint's rule builds them: it is a check
+
+
 def test_the_judges_take_plain_data_not_the_result() -> None:
     """The resume judges fill rows that the result holds: the rows are plain data below both."""
     graph = _imports()
@@ -240,7 +285,7 @@ def test_a_plain_type_of_the_checks_costs_no_check_and_no_numpy() -> None:
     imports neither the check modules nor numpy; the package's names still resolve on first use."""
     heavy = "('numpy', 'torch', 'ddpcheck.checks.registry', 'ddpcheck.checks.coverage')"
     code = (
-        "import sys; from ddpcheck.checks.verdict import Verdict; from ddpcheck.checks import ids; "
+        "import sys; from ddpcheck.verdict import Verdict; from ddpcheck.checks import ids; "
         f"print(sorted(m for m in {heavy} if m in sys.modules)); "
         "from ddpcheck.checks import REGISTRY, run_checks; print(len(REGISTRY) > 10, callable(run_checks))"
     )

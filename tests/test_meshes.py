@@ -23,14 +23,6 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddpcheck.checks.ids import (
-    COVERAGE,
-    EQUAL_STEPS,
-    NO_OVERLAP,
-    PADDING_BOUND,
-    REPLICA_CONSISTENCY,
-    SINGLE_PROCESS_EQUIVALENCE,
-)
 from ddpcheck.checks.replicas import (
     GLOBAL_RANK,
     LAYOUT_MISMATCH,
@@ -43,6 +35,14 @@ from ddpcheck.checks.replicas import (
 from ddpcheck.cli import main
 from ddpcheck.layout import Layout, LayoutError, parse_mesh, parse_meshes, shaped_like
 from ddpcheck.trace import EpochTrace, RankTrace, RunTrace
+from ddpcheck.verdict import (
+    COVERAGE,
+    EQUAL_STEPS,
+    NO_OVERLAP,
+    PADDING_BOUND,
+    REPLICA_CONSISTENCY,
+    SINGLE_PROCESS_EQUIVALENCE,
+)
 from tests.conftest import CACHE_ROOT_VAR, CACHE_VARS, FIXTURES, ROOT
 
 MESH = FIXTURES / "mesh"
@@ -354,7 +354,7 @@ def test_replica_consistency_names_each_pattern() -> None:
     noise = check_replica_consistency(
         REFERENCE, _trace(same, {0: [1, 2], 1: [9, 2], 2: [3, 4], 3: [3, 4]}), layout
     )
-    assert noise.cause == PER_RANK_RANDOM and "dp=0" in noise.detail and noise.data["diverging_groups"] == 1
+    assert noise.cause == PER_RANK_RANDOM and "dp=0" in noise.detail and noise.evidence.diverging_groups == 1
     short = {**same, 3: [[1, 3]]}
     assert check_replica_consistency(REFERENCE, _trace(short), layout).cause == REPLICA_STEPS
 

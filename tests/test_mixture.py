@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from ddpcheck.checker.mixture import SourceReader, declared_weights
-from ddpcheck.checks.ids import MIXTURE
 from ddpcheck.checks.mixture import (
     ALPHA,
     EXHAUSTED,
@@ -33,6 +32,7 @@ from ddpcheck.options import CheckOptions
 from ddpcheck.result import CheckResult
 from ddpcheck.session import check_loader
 from ddpcheck.trace import EpochTrace, LoaderFacts, RankTrace, RunTrace, SourceCodes
+from ddpcheck.verdict import MIXTURE
 from tests.conftest import FIXTURES
 
 MIXTURES = FIXTURES / "mixture"

@@ -13,19 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddpcheck.checks.ids import (
-    DATA_CHECKS,
-    METRIC_EQUIVALENCE,
-    MIXTURE,
-    NO_OVERLAP,
-    PACKING,
-    RNG_INDEPENDENCE,
-    SHORT_LABELS,
-    SUPERVISION,
-    TRAINING_EQUIVALENCE,
-    WORK_BALANCE,
-)
-from ddpcheck.checks.verdict import Verdict, allow, not_applicable, passed, skipped
+from ddpcheck.evidence import MetricValues, PaddingCost
 from ddpcheck.options import CheckOptions
 from ddpcheck.report import (
     SCHEMA_VERSION,
@@ -43,9 +31,26 @@ from ddpcheck.report.json_report import jsonable
 from ddpcheck.report.junit import xml_text
 from ddpcheck.report.view import build_view, evidence
 from ddpcheck.restores import RankRestore, ResumeRow
-from ddpcheck.result import CheckResult, MetricRow, WorldResult
+from ddpcheck.result import CheckResult, MetricRow, RunRecord, WorldResult
 from ddpcheck.session import check_loader
 from ddpcheck.trace import RankFailure
+from ddpcheck.verdict import (
+    DATA_CHECKS,
+    METRIC_EQUIVALENCE,
+    MIXTURE,
+    NO_OVERLAP,
+    PACKING,
+    RNG_INDEPENDENCE,
+    SHORT_LABELS,
+    SUPERVISION,
+    TRAINING_EQUIVALENCE,
+    WORK_BALANCE,
+    Verdict,
+    allow,
+    not_applicable,
+    passed,
+    skipped,
+)
 from tests.conftest import FIXTURES, JUNIT_XSD
 
 STACK = (
@@ -339,8 +344,8 @@ def _known() -> CheckResult:
         ranks=(0, 1),
         epochs=(1,),
         examples=(5, (6, (7, 8)), "x", b"\x00"),
-        # a non-str key on purpose: reports must survive what a check puts there
-        data={"count": 2, "ratio": math.nan, (1, 2): {3}, "where": Path("/tmp/x")},  # type: ignore[dict-item]
+        # a NaN on purpose: the report stays strict JSON whatever a check measured
+        evidence=MetricValues({"acc": math.nan}, {"acc": 0.5}, {"acc": math.inf}, 2, 0, 0, False, "exact", 8),
     )
     failure = RankFailure(1, "hang", "timed out after 30 s", "Thread 0x1:\n  f()", "epoch 1, in all_reduce")
     return CheckResult(
@@ -375,7 +380,7 @@ def _known() -> CheckResult:
         ),
         id_source="field:id",
         epochs=3,
-        options={"timeout": 30.0, "workers": (0, 2), "neg": -math.inf},
+        options=RunRecord(judged="/tmp/launch", fingerprint=True),
         notes=("ids come from field 'id'",),
     )
 
@@ -388,7 +393,7 @@ KNOWN_JSON = {
     "loader": "pkg/loader.py",
     "id_source": "field:id",
     "epochs": 3,
-    "options": {"timeout": 30.0, "workers": [0, 2], "neg": "-Infinity"},
+    "options": {"judged": "/tmp/launch", "fingerprint": True},
     "notes": ["ids come from field 'id'"],
     "summary": {
         "passed": 1,
@@ -449,7 +454,17 @@ KNOWN_JSON = {
                     "ranks": [0, 1],
                     "epochs": [1],
                     "examples": [5, [6, [7, 8]], "x", "b'\\x00'"],
-                    "data": {"count": 2, "ratio": "NaN", "(1, 2)": [3], "where": "/tmp/x"},
+                    "data": {
+                        "reference": {"acc": "NaN"},
+                        "naive": {"acc": 0.5},
+                        "corrected": {"acc": "Infinity"},
+                        "duplicated": 2,
+                        "dropped": 0,
+                        "extra": 0,
+                        "order_differs": False,
+                        "tolerance": "exact",
+                        "samples": 8,
+                    },
                 },
             },
             "failures": [
@@ -608,11 +623,12 @@ _HASHABLE = st.recursive(
 @settings(max_examples=60)
 @given(examples=st.lists(_HASHABLE, max_size=5), data=st.dictionaries(_HASHABLE, _HASHABLE, max_size=4))
 def test_any_examples_and_data_give_strict_json(examples: list[object], data: dict[object, object]) -> None:
-    verdict = Verdict("coverage", "fail", "d", examples=tuple(examples), data=data)  # type: ignore[arg-type]
+    verdict = Verdict("coverage", "fail", "d", examples=tuple(examples))
     text = render_json(CheckResult("l.py", (WorldResult(2, "gloo", (verdict,)),)))
     check = _strict_loads(text)["runs"][0]["checks"]["coverage"]  # type: ignore[index]
     assert len(check["examples"]) == len(examples)
-    assert len(check["data"]) <= len(data)  # distinct keys may share a repr, never more keys
+    plain = _strict_loads(json.dumps(jsonable(data), allow_nan=False))
+    assert len(plain) <= len(data)  # distinct keys may share a repr, never more keys
 
 
 def test_json_keeps_repeated_check_ids_apart() -> None:
@@ -1203,9 +1219,9 @@ def test_content_hash_ids_read_short_in_the_table_and_markdown_and_stay_whole_in
 
 
 def test_overlap_repeats_are_not_listed_as_padding() -> None:
-    from ddpcheck.checks.ids import PADDING_BOUND
+    from ddpcheck.verdict import PADDING_BOUND
 
-    pad = Verdict(PADDING_BOUND, "pass", "within bounds", data={"copies": 4, "samples": 64})
+    pad = Verdict(PADDING_BOUND, "pass", "within bounds", evidence=PaddingCost(copies=4, samples=64, noun=""))
     overlap = Verdict(NO_OVERLAP, "fail", "240 samples reach more than one rank", "sharded twice")
     result = CheckResult("l.py", (_world(2, pad), _world(4, pad, overlap)))
     table = render_table(result)
@@ -1224,14 +1240,12 @@ def test_examples_are_named_for_what_they_are() -> None:
 
 
 def test_padding_names_what_was_counted_in_singular_and_plural() -> None:
-    from ddpcheck.checks.ids import PADDING_BOUND
     from ddpcheck.report.view import padding_text
+    from ddpcheck.verdict import PADDING_BOUND
 
     def text(copies: int, samples: int, noun: str | None) -> str:
-        data: dict[str, object] = {"copies": copies, "samples": samples}
-        if noun is not None:
-            data["noun"] = noun
-        return padding_text(_world(2, Verdict(PADDING_BOUND, "pass", "ok", data=data)))
+        cost = PaddingCost(copies=copies, samples=samples, noun=noun or "")
+        return padding_text(_world(2, Verdict(PADDING_BOUND, "pass", "ok", evidence=cost)))
 
     assert text(1, 64, "samples") == "1 padding copy of 64 samples (2%)"
     assert text(3, 12, "batches") == "3 padding copies of 12 batches (25%)"

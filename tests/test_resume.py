@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 
-from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
 from ddpcheck.checks.resume import judge_resume, stop_points
 from ddpcheck.checks.resume_common import BOUNDARY_EMPTY, BOUNDARY_REPLAY, GLOBAL_RANK_STATE, RANK0_STATE
 from ddpcheck.checks.resume_elastic import judge_elastic
@@ -17,6 +16,7 @@ from ddpcheck.restores import RankResume, Stop, StopResult
 from ddpcheck.result import CheckResult
 from ddpcheck.scenarios.resume_rank import failure_text
 from ddpcheck.session import check_loader
+from ddpcheck.verdict import ELASTIC_RESUME, RESUME
 from tests.conftest import FIXTURES, RESUME_FIXTURES
 
 

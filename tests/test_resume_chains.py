@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from ddpcheck.checks.ids import BATCH_INTEGRITY, ELASTIC_RESUME, RESUME
 from ddpcheck.options import CheckOptions
 from ddpcheck.result import CheckResult
 from ddpcheck.session import check_loader
+from ddpcheck.verdict import BATCH_INTEGRITY, ELASTIC_RESUME, RESUME
 from tests.conftest import RESUME_FIXTURES
 
 TRUTH = RESUME_FIXTURES / "truth_chains.jsonl"

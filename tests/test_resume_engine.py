@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from ddpcheck.checker.loaderfile import LoaderSpec, other_factories
-from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
 from ddpcheck.checks.resume import (
     batches_off,
     factory_cause,
@@ -29,6 +28,7 @@ from ddpcheck.restores import ChainResult, RankResume, Stop, StopResult
 from ddpcheck.result import CheckResult
 from ddpcheck.scenarios.resume_rank import answerable, chain_lengths
 from ddpcheck.session import check_loader
+from ddpcheck.verdict import ELASTIC_RESUME, RESUME
 from tests.conftest import RESUME_FIXTURES
 
 EPOCH0 = ((0, 1), (2, 3), (4, 5), (6, 7), (8, 9), (10, 11))

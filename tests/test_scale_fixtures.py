@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from ddpcheck.checks.diagnose import PER_NODE, RANK_SEED
-from ddpcheck.checks.ids import COVERAGE, NO_OVERLAP, RESHUFFLE
 from ddpcheck.checks.ranges import OVERFLOW
 from ddpcheck.checks.reshuffle import LOOP_REPLAYS
 from ddpcheck.options import CheckOptions
 from ddpcheck.session import check_loader
+from ddpcheck.verdict import COVERAGE, NO_OVERLAP, RESHUFFLE
 from tests.conftest import FIXTURES
 
 SCALE = FIXTURES / "scale"
@@ -50,9 +50,9 @@ def test_an_overflowed_index_map_fails_coverage_and_keys_do_not(name: str) -> No
         if truth["missed"]:  # the loop never trained on some samples: the overflow, named
             assert set(failed[ws]) == {COVERAGE}, failed[ws]
             verdict = failed[ws][COVERAGE]
-            assert verdict.cause == OVERFLOW and verdict.data["overflow"] is True
-            assert verdict.data["out_of_range"] == truth["bad_index"] // 2  # one epoch's wrapped indices
-            assert verdict.data["value"] < 0 and "int16" in verdict.detail
+            assert verdict.cause == OVERFLOW and verdict.evidence.overflow is True
+            assert verdict.evidence.out_of_range == truth["bad_index"] // 2  # one epoch's wrapped indices
+            assert verdict.evidence.value < 0 and "int16" in verdict.detail
         else:  # int64 map; sparse keys beyond len(dataset): no finding
             assert failed[ws] == {}, {c: v.detail for c, v in failed[ws].items()}
 
@@ -87,6 +87,6 @@ def test_a_loop_that_replays_its_first_pass_fails_reshuffle(name: str) -> None:
         if TRUTH[(name, ws)]["replays"]:
             assert set(failed[ws]) == {RESHUFFLE}, failed[ws]
             assert failed[ws][RESHUFFLE].cause == LOOP_REPLAYS
-            assert failed[ws][RESHUFFLE].data["pass_length"] == 48 // ws  # each rank's share of a pass
+            assert failed[ws][RESHUFFLE].evidence.pass_length == 48 // ws  # each rank's share of a pass
         else:
             assert failed[ws] == {}, {c: v.detail for c, v in failed[ws].items()}

@@ -24,7 +24,9 @@ from typing import Any
 
 import pytest
 
-from ddpcheck.checks.ids import (
+from ddpcheck.cli import main
+from ddpcheck.tracefile import read_rank
+from ddpcheck.verdict import (
     COVERAGE,
     DETERMINISM,
     NO_OVERLAP,
@@ -34,8 +36,6 @@ from ddpcheck.checks.ids import (
     SINGLE_PROCESS_EQUIVALENCE,
     STEP_EQUIVALENCE,
 )
-from ddpcheck.cli import main
-from ddpcheck.tracefile import read_rank
 from tests.conftest import FIXTURES
 
 SCRIPTS = FIXTURES / "scripts" / "frameworks"
@@ -50,8 +50,10 @@ class Case:
     """One ``ddpcheck run`` and its truth.
 
     ``loaders`` maps the truth's loader names to the source text of the line that built the loader
-    (ddpcheck names a loader ``script.py:LINE``; for the HF Trainer, which builds its loader inside
-    ``train()``, that is the ``trainer.train()`` line). ``must_fail`` maps a layout label ("2",
+    (ddpcheck knows a loader as ``script.py:LINE``; for the HF Trainer, which builds its loader inside
+    ``train()``, that is the ``trainer.train()`` line); ``named`` to the variable the reports call it by
+    (issue 44: what that line assigns the loader to, or the function that returns it), where there is
+    one. ``must_fail`` maps a layout label ("2",
     "dp=2,tp=2") to {truth loader name: checks that fail}; every other check passes, is skipped or does
     not apply. ``may_fail`` holds direct consequences of the same bug (the same missing samples counted
     by single_process_equivalence; padding_bound where every sample is shared)."""
@@ -59,6 +61,7 @@ class Case:
     name: str  # the truth's script name (truth_results.jsonl)
     script: str
     loaders: dict[str, str]
+    named: dict[str, str] = field(default_factory=dict)
     options: tuple[str, ...] = ("--world-sizes", "1,2")
     script_args: tuple[str, ...] = ()
     module: str = ""
@@ -88,11 +91,18 @@ CASES = [
         module="transformers",
         batch_size=4,
     ),
-    Case("accelerate_good", "accelerate_good.py", {"train": "return DataLoader("}, module="accelerate"),
+    Case(
+        "accelerate_good",
+        "accelerate_good.py",
+        {"train": "return DataLoader("},
+        {"train": "loader"},  # loader = build_loader(...): the caller's variable
+        module="accelerate",
+    ),
     Case(
         "accelerate_uneven",  # 100 samples: Accelerate's even_batches pads by wrapping around
         "accelerate_good.py",
         {"train": "return DataLoader("},
+        {"train": "loader"},
         script_args=("--samples", "100"),
         module="accelerate",
     ),
@@ -100,6 +110,7 @@ CASES = [
         "accelerate_sharded_twice",
         "accelerate_sharded_twice.py",
         {"train": "loader = DataLoader("},
+        {"train": "loader"},
         module="accelerate",
         exit_code=1,
         must_fail={"2": {"train": frozenset({COVERAGE})}},
@@ -110,6 +121,7 @@ CASES = [
         "accelerate_dispatch",  # an IterableDataset: rank 0 reads, every rank gets a slice of each batch
         "accelerate_dispatch.py",
         {"train": "loader = DataLoader("},
+        {"train": "loader"},
         module="accelerate",
         shuffles=False,
         batch_size=4,
@@ -118,6 +130,7 @@ CASES = [
         "accelerate_dispatch_split",
         "accelerate_dispatch.py",
         {"train": "loader = DataLoader("},
+        {"train": "loader"},
         script_args=("--split",),
         module="accelerate",
         exit_code=1,
@@ -130,6 +143,7 @@ CASES = [
         "lightning_good",
         "lightning_good.py",
         {"train": "sampler=EvensThenOdds(96)", "valid": "return DataLoader(Numbers(40)"},
+        {"train": "train_dataloader", "valid": "val_dataloader"},  # Lightning calls them: the hooks' names
         module="lightning",
         one_process_shuffles=False,  # Lightning shuffles the custom sampler only when distributed
     ),
@@ -137,6 +151,7 @@ CASES = [
         "lightning_no_distributed_sampler",
         "lightning_no_distributed_sampler.py",
         {"train": "return DataLoader(Numbers(96)", "valid": "return DataLoader(Numbers(40)"},
+        {"train": "train_dataloader", "valid": "val_dataloader"},
         module="lightning",
         exit_code=1,
         must_fail={"2": {"train": frozenset({NO_OVERLAP}), "valid": frozenset({NO_OVERLAP})}},
@@ -147,6 +162,7 @@ CASES = [
         "mesh_dp_tp",
         "mesh_dp_tp.py",
         {"train": "loader = DataLoader("},
+        {"train": "loader"},
         options=("--mesh", DP2_TP2, "--world-sizes", "1"),
         script_args=("--tp", "2"),
     ),
@@ -154,6 +170,7 @@ CASES = [
         "mesh_global_rank",
         "mesh_global_rank.py",
         {"train": "loader = DataLoader("},
+        {"train": "loader"},
         options=("--mesh", DP2_TP2, "--world-sizes", "1"),
         script_args=("--tp", "2"),
         exit_code=1,
@@ -167,12 +184,14 @@ CASES = [
         "own_options",
         "own_options.py",
         {"train": "train = DataLoader(", "eval": "evaluate = DataLoader("},
+        {"train": "train", "eval": "evaluate"},
         script_args=("--epochs", "5", "--steps", "2", "--timeout", "60"),
     ),
     Case(
         "stale_iterator",
         "stale_iterator.py",
         {"train": "loader = KeptIteratorLoader("},
+        {"train": "loader"},
         exit_code=1,
         must_fail={"1": {"train": frozenset({RESHUFFLE})}, "2": {"train": frozenset({RESHUFFLE})}},
         cause="drawn before set_epoch",
@@ -185,6 +204,20 @@ def loader_name(script: str, text: str) -> str:
     lines = [n for n, line in enumerate((SCRIPTS / script).read_text().splitlines(), 1) if text in line]
     assert len(lines) == 1, f"{script}: {text!r} must be on exactly one line, found {lines}"
     return f"{script}:{lines[0]}"
+
+
+def shown_names(case: Case) -> dict[str, str]:
+    """Truth loader -> the name the reports give it: its variable, with its line where two share one;
+    its line alone where it has none (the HF Trainer builds its loader inside ``train()``)."""
+    sites = {truth: loader_name(case.script, text) for truth, text in case.loaders.items()}
+    variables = list(case.named.values())
+    shown = {}
+    for truth, site in sites.items():
+        variable = case.named.get(truth, "")
+        shown[truth] = (
+            site if not variable else variable if variables.count(variable) == 1 else f"{variable} ({site})"
+        )
+    return shown
 
 
 def truth_lines(name: str) -> list[dict[str, Any]]:
@@ -258,7 +291,7 @@ def test_truth_confirms_the_framework_facts() -> None:
 def run_ddpcheck(case: Case, report_dir: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, dict[str, Any]]:
     if case.module:
         pytest.importorskip(case.module, reason=f"needs {case.module}: {EXTRA}")
-    monkeypatch.chdir(SCRIPTS)  # as a user runs it: loaders are named script.py:LINE
+    monkeypatch.chdir(SCRIPTS)  # as a user runs it
     argv = ["run", *case.options, *FAST, "--quiet", "--format", "json", "--report-dir", str(report_dir)]
     code = main([*argv, "--", case.script, *case.script_args])
     return code, json.loads((report_dir / "ddpcheck.json").read_text())
@@ -268,7 +301,7 @@ def run_ddpcheck(case: Case, report_dir: Path, monkeypatch: pytest.MonkeyPatch) 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_verdict(case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     code, report = run_ddpcheck(case, tmp_path, monkeypatch)
-    names = {truth: loader_name(case.script, text) for truth, text in case.loaders.items()}
+    names = shown_names(case)
     truth_of = {name: truth for truth, name in names.items()}
     failures = [f for run in report["runs"] for f in run.get("failures", [])]
     assert not failures, failures

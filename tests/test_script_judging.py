@@ -25,18 +25,18 @@ from torch.utils.data import (
 from ddpcheck.checker.facts import read_facts, subset_of
 from ddpcheck.checker.subsets import base_indices, to_base
 from ddpcheck.checks.diagnose import RANK_SEED, REFERENCE_PART, SPLIT_DIFFERS, TOLD_REPLICAS
-from ddpcheck.checks.ids import COVERAGE, NO_OVERLAP, PADDING_BOUND, SINGLE_PROCESS_EQUIVALENCE
 from ddpcheck.checks.mixture import NO_SOURCE
 from ddpcheck.checks.registry import run_checks
 from ddpcheck.checks.replicas import GLOBAL_RANK, TOLD, told_split
 from ddpcheck.checks.scripts import ALONE, ALONE_FIX, alone, at_loader, in_script_words, launcher_note
-from ddpcheck.checks.verdict import Verdict
 from ddpcheck.checks.work import NO_WORK
+from ddpcheck.evidence import PaddingCost
 from ddpcheck.layout import Layout, parse_mesh
 from ddpcheck.report import render_html, render_markdown, render_table
 from ddpcheck.report.view import build_view
-from ddpcheck.result import CheckResult, WorldResult
+from ddpcheck.result import CheckResult, RunRecord, ScriptRun, WorldResult
 from ddpcheck.trace import EpochTrace, RankTrace, RunTrace
+from ddpcheck.verdict import COVERAGE, NO_OVERLAP, PADDING_BOUND, SINGLE_PROCESS_EQUIVALENCE, Verdict
 
 DATA = TensorDataset(torch.arange(200))
 
@@ -178,22 +178,26 @@ def test_subset_facts_tell_which_samples_a_subset_holds() -> None:
 
 
 def test_a_scripts_report_gives_loaders_a_column_relative_names_and_counts_named(tmp_path: Path) -> None:
-    """Issue 36, readability: loaders in their own column, named relative to the working directory;
+    """Issue 36, readability: loaders in their own column, named by their variable (issue 44: as the
+    rank named them, never climbed to from the working directory, ``../examples/train.py:42``);
     "Script" in the headers; padding and overlap told apart in the padding column."""
     script = tmp_path / "examples" / "train.py"
-    padded = Verdict(PADDING_BOUND, "pass", "", data={"copies": 1, "samples": 96, "noun": "samples"})
-    overlap = Verdict(
-        PADDING_BOUND, "fail", "", "x", data={"copies": 23, "samples": 96, "noun": "samples", "bound": 1}
-    )
+    padded = Verdict(PADDING_BOUND, "pass", "", evidence=PaddingCost(copies=1, samples=96, noun="samples"))
+    cost = PaddingCost(bound=1, copies=23, samples=96, noun="samples")
+    overlap = Verdict(PADDING_BOUND, "fail", "", "x", evidence=cost)
     runs = tuple(
-        WorldResult(ws, "gloo", (verdict,), layout=Layout.plain(ws), loader=f"{script}:42")
+        WorldResult(
+            ws, "gloo", (verdict,), layout=Layout.plain(ws), loader=f"{script}:42", loader_variable="train"
+        )
         for ws, verdict in ((1, padded), (2, overlap))
     )
     cwd = str(tmp_path / "work")
-    result = CheckResult(loader="train.py", runs=runs, options={"script": "train.py", "cwd": cwd})
+    result = CheckResult(
+        loader="train.py", runs=runs, options=RunRecord(script=ScriptRun("train.py", cwd=cwd))
+    )
     view = build_view(result)
     assert view.loader_column and view.subject == "Script"
-    assert [row.loader for row in view.rows] == ["../examples/train.py:42"] * 2
+    assert [row.loader for row in view.rows] == ["train"] * 2
     assert [row.short for row in view.rows] == ["1", "2"]
     assert view.rows[0].padding == "1 padding copy of 96 samples (1%)"  # what the sampler adds by design
     assert view.rows[1].padding == (
@@ -206,5 +210,5 @@ def test_a_scripts_report_gives_loaders_a_column_relative_names_and_counts_named
     assert '<p class="meta">Script <code>train.py</code></p>' in page and "<th>loader</th>" in page
     grid = next(line for line in render_markdown(view).splitlines() if line.startswith("| loader"))
     assert re.split(r"\s*\|\s*", grid)[1:3] == ["loader", "world size"], grid
-    plain = build_view(replace(result, runs=tuple(replace(r, loader="") for r in runs), options={}))
+    plain = build_view(replace(result, runs=tuple(replace(r, loader="") for r in runs), options=RunRecord()))
     assert not plain.loader_column and plain.subject == "Loader" and plain.rows[0].short == "1"

@@ -17,7 +17,6 @@ import pytest
 
 from ddpcheck.checks import step as step_check
 from ddpcheck.checks.fixes import with_fix
-from ddpcheck.checks.ids import ALL_CHECKS, DATA_CHECKS, STEP_CHECKS
 from ddpcheck.checks.registry import run_checks
 from ddpcheck.checks.rng import (
     LOOP_SAME,
@@ -48,6 +47,7 @@ from ddpcheck.checks.step import (
 from ddpcheck.checks.supervision import EMPTY, UNSUPERVISED, check_step_supervision, check_supervision
 from ddpcheck.layout import Layout, parse_mesh
 from ddpcheck.trace import Draw, EpochTrace, FetchDraws, OptimizerStep, RankTrace, RunTrace, StepTrace
+from ddpcheck.verdict import ALL_CHECKS, DATA_CHECKS, STEP_CHECKS
 from tests.step_builders import micro, trace
 
 W2 = Layout.plain(2)
@@ -528,8 +528,8 @@ def test_the_step_checks_are_known_everywhere_a_check_id_is() -> None:
 def test_allow_accepts_the_step_checks() -> None:
     """``--allow`` and ``[tool.ddpcheck]`` are validated by one function against ALL_CHECKS: the step
     checks are accepted, a misspelt one is refused naming them."""
-    from ddpcheck.checks.verdict import Verdict, allow
     from ddpcheck.options import BadInput, CheckOptions
+    from ddpcheck.verdict import Verdict, allow
 
     assert CheckOptions(allow=STEP_CHECKS).allow == STEP_CHECKS
     with pytest.raises(BadInput, match=r"choose from .*step_equivalence, equal_microsteps"):

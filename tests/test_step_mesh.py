@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from ddpcheck.checks.ids import (
+from ddpcheck.cli import main
+from ddpcheck.verdict import (
     COVERAGE,
     REPLICA_CONSISTENCY,
     SINGLE_PROCESS_EQUIVALENCE,
     STEP_EQUIVALENCE,
 )
-from ddpcheck.cli import main
 from tests.conftest import FIXTURES
 
 STEPS = FIXTURES / "steps"

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from ddpcheck.checks.ids import STEP_EQUIVALENCE
 from ddpcheck.checks.step import check_step_equivalence
 from ddpcheck.layout import Layout
 from ddpcheck.report import render_html, render_markdown, write_reports
 from ddpcheck.report.view import build_view
-from ddpcheck.result import CheckResult, WorldResult
+from ddpcheck.result import CheckResult, RunRecord, ScriptRun, WorldResult
+from ddpcheck.verdict import STEP_EQUIVALENCE
 from tests.step_builders import load, step_trace
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -28,7 +28,7 @@ def _result(name: str) -> CheckResult:
     runs = [step_trace(r) for r in log["ranks"]]
     verdict = check_step_equivalence(runs, step_trace(log["replay"], loss_scale="mean"), Layout.plain(2))
     world = WorldResult(2, "gloo", (verdict,), loader="train.py:23")
-    return CheckResult(loader=f"{name}.py", runs=(world,), options={"script": f"{name}.py"})
+    return CheckResult(loader=f"{name}.py", runs=(world,), options=RunRecord(script=ScriptRun(f"{name}.py")))
 
 
 def test_the_compared_steps_are_one_view_in_every_format(tmp_path: Path) -> None:

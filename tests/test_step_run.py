@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from ddpcheck.checks.ids import EQUAL_MICROSTEPS, RNG_INDEPENDENCE, STEP_EQUIVALENCE, SUPERVISION
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.session.script import check_script
+from ddpcheck.verdict import EQUAL_MICROSTEPS, RNG_INDEPENDENCE, STEP_EQUIVALENCE, SUPERVISION
 from tests.conftest import FIXTURES
 
 STEPS = FIXTURES / "steps"

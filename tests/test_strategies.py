@@ -11,7 +11,6 @@ from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ddpcheck.checks.ids import DATA_CHECKS, EQUAL_STEPS, NO_OVERLAP
 from ddpcheck.strategies import (
     LoaderConfig,
     SamplerCheckFailed,
@@ -23,6 +22,7 @@ from ddpcheck.strategies import (
     loader_configs,
     world_sizes,
 )
+from ddpcheck.verdict import DATA_CHECKS, EQUAL_STEPS, NO_OVERLAP
 
 # Deterministic example streams: a property test that fails must fail on every run, not one in a while.
 STEADY = settings(max_examples=60, derandomize=True, suppress_health_check=[HealthCheck.too_slow])

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
 from ddpcheck.checks.resume_common import BOUNDARY_REPLAY, NOT_ELASTIC_STATE, RANK0_STATE, WORKER_OFFSETS
 from ddpcheck.options import CheckOptions
 from ddpcheck.restores import ResumeRow
 from ddpcheck.result import CheckResult
 from ddpcheck.session import check_loader
+from ddpcheck.verdict import ELASTIC_RESUME, RESUME
 from tests.conftest import FIXTURES
 
 STREAMING = FIXTURES / "streaming"

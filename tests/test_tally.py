@@ -246,7 +246,7 @@ def test_an_int16_index_map_is_named_at_its_first_wrapped_position() -> None:
     assert found.position == first and found.value < 0 and "int16" in found.what()
     verdicts = {v.check: v for v in run_checks(_wrapped_run(1, np.int16), run)}
     assert verdicts["coverage"].failed and "overflowed" in verdicts["coverage"].cause
-    assert verdicts["coverage"].data["position"] == first
+    assert verdicts["coverage"].evidence.position == first
 
 
 def test_ids_that_fit_or_are_keys_are_no_overflow() -> None:

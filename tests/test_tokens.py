@@ -18,13 +18,7 @@ import pytest
 import torch
 
 from ddpcheck.checker.work import measure_batch, pack_facts, pad_token_of
-from ddpcheck.checks.ids import (
-    COVERAGE,
-    EQUAL_STEPS,
-    PACKING,
-    TRAINING_EQUIVALENCE,
-    WORK_BALANCE,
-)
+from ddpcheck.checks.training import LOCAL_NORMALISATION
 from ddpcheck.checks.work import (
     BUCKETS_PER_RANK,
     PACKED_PER_RANK,
@@ -38,9 +32,15 @@ from ddpcheck.checks.work import (
 )
 from ddpcheck.options import CheckOptions
 from ddpcheck.result import CheckResult
-from ddpcheck.scenarios.training import LOCAL_NORMALISATION
 from ddpcheck.session import check_loader
 from ddpcheck.trace import PADDED_WIDTH, EpochTrace, LoaderFacts, RankTrace, RunTrace
+from ddpcheck.verdict import (
+    COVERAGE,
+    EQUAL_STEPS,
+    PACKING,
+    TRAINING_EQUIVALENCE,
+    WORK_BALANCE,
+)
 from tests.conftest import FIXTURES
 
 TOKENS = FIXTURES / "tokens"
@@ -185,8 +185,10 @@ def test_the_work_figures_reach_every_report() -> None:
     result = _run(Case("bug_sorted_contiguous.py", world_sizes=(2,)))
     run = result.runs[0]
     verdict = next(v for v in run.verdicts if v.check == WORK_BALANCE)
-    assert verdict.data["rank_totals"][0] == [4211, 12759]  # type: ignore[index]  # truth: NOTES.md
-    assert all(i > c for i, c in zip(verdict.data["idle"], verdict.data["random_batching_p99"], strict=False))  # type: ignore[call-overload]
+    assert verdict.evidence.rank_totals[0] == (4211, 12759)  # type: ignore[index]  # truth: NOTES.md
+    assert all(
+        i > c for i, c in zip(verdict.evidence.idle, verdict.evidence.random_batching_p99, strict=False)
+    )  # type: ignore[call-overload]
     assert "idle 34%" in render_table(result, width=120)
     assert to_json_dict(result)["runs"][0]["idle"].startswith("34%")
     assert run.figures is not None
@@ -284,7 +286,7 @@ def test_max_idle_is_an_absolute_limit_on_a_passing_run() -> None:
     epochs = [_random_batching(lengths, 2, 4, rng) for _ in range(2)]
     verdict = _judge([[epochs[0][r], epochs[1][r]] for r in range(2)])
     assert verdict.status == "pass"
-    idle = max(verdict.data["idle"])  # type: ignore[type-var]
+    idle = max(verdict.evidence.idle)  # type: ignore[type-var]
     assert with_max_idle(verdict, idle + 0.01).status == "pass"
     limited = with_max_idle(verdict, idle / 2)
     assert limited.status == "fail" and "--max-idle" in limited.detail and limited.fix

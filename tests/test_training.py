@@ -2,7 +2,8 @@
 
 The passing fixture (strided split) must match to 1e-10 in float64 after every step, plain and with
 gradient accumulation under ``no_sync``; a contiguous-block split and a summed loss must fail, each
-with its own cause. ``judge_training`` is also tested alone on hand-made weights.
+with its own cause. ``judge_training`` (checks/training.py) is also tested alone on hand-made
+weights, compared as the scenario compares them.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddpcheck.checks.ids import TRAINING_EQUIVALENCE
-from ddpcheck.checks.verdict import Verdict
+from ddpcheck.checks.training import judge_training
+from ddpcheck.evidence import TrainingDiffs
 from ddpcheck.options import BadInput, CheckOptions
 from ddpcheck.result import CheckResult, WorldResult
-from ddpcheck.scenarios.training import RankTraining, ReferenceTraining, judge_training, relative_difference
+from ddpcheck.scenarios.training import RankTraining, ReferenceTraining, compared, relative_difference
 from ddpcheck.session import check_loader
+from ddpcheck.verdict import TRAINING_EQUIVALENCE, Verdict
 from tests.conftest import FIXTURES, ROOT
 
 
@@ -61,21 +63,21 @@ def test_judge_training_reports_the_first_parting_step_and_the_composition() -> 
     same = ReferenceTraining(
         batch_ids=((0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11)), weights=_weights(1, 2, 3)
     )
-    verdict = judge_training(ranks, same, 2)
+    verdict = judge_training(compared(ranks, same), 2)
     assert verdict.status == "pass", verdict.detail
     assert "2 ranks x batch 2 trains like one process with batch 4 for 3 SGD steps" in verdict.detail
 
     later = ReferenceTraining(batch_ids=same.batch_ids, weights=_weights(1, 2, 3.5))
-    verdict = judge_training(ranks, later, 2)
-    assert verdict.failed and verdict.data["first_parting_step"] == 3
+    verdict = judge_training(compared(ranks, later), 2)
+    assert verdict.failed and verdict.evidence.first_parting_step == 3
     assert verdict.detail.startswith("weights part at step 3 of 3")
     assert "loss is not a mean" in verdict.cause  # the batches were right
 
     blocks = ReferenceTraining(
         batch_ids=((0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 12)), weights=_weights(1, 9, 9)
     )
-    verdict = judge_training(ranks, blocks, 2)
-    assert verdict.data["first_parting_step"] == 2
+    verdict = judge_training(compared(ranks, blocks), 2)
+    assert verdict.evidence.first_parting_step == 2
     assert "step 3: 1 of its 4 samples are on no rank" in verdict.cause
 
 
@@ -88,12 +90,13 @@ def test_strided_ddp_trains_like_one_process() -> None:
     for run in result.runs:
         verdict = _verdict(run)
         assert verdict.status == "pass", verdict.detail
-        data = verdict.data
-        assert data["steps"] == 3 and data["per_rank_batch"] == 4
-        assert data["global_batch"] == 4 * run.world_size and data["accumulation"] == 2
-        diffs = [*data["max_relative_difference"], *data["accumulation_max_relative_difference"]]  # type: ignore[misc]
+        data = verdict.evidence
+        assert isinstance(data, TrainingDiffs)
+        assert data.steps == 3 and data.per_rank_batch == 4
+        assert data.global_batch == 4 * run.world_size and data.accumulation == 2
+        diffs = [*data.max_relative_difference, *data.accumulation_max_relative_difference]
         assert len(diffs) == 6 and max(diffs) <= 1e-10, diffs
-        assert data["first_parting_step"] is None and data["accumulation_first_parting_step"] is None
+        assert data.first_parting_step is None and data.accumulation_first_parting_step is None
         assert "under no_sync match batch" in verdict.detail
 
 
@@ -103,14 +106,14 @@ def test_contiguous_blocks_fail_at_the_first_step() -> None:
     assert _verdict(result.runs[0]).status == "pass"  # one rank holds the whole block
     verdict = _verdict(result.runs[1])
     assert verdict.failed
-    assert verdict.data["first_parting_step"] == 1 and verdict.data["accumulation_first_parting_step"] == 1
+    assert verdict.evidence.first_parting_step == 1 and verdict.evidence.accumulation_first_parting_step == 1
     assert verdict.detail.startswith("weights part at step 1 of 3")
     assert "DDP 2 ranks x batch 4 vs one process with batch 8" in verdict.detail
     # Rank 0 holds samples 0-3, rank 1 samples 48-51: 4 of the single-process batch 0-7 are on no rank.
     assert (
         "not slices of the single-process batch (step 1: 4 of its 8 samples are on no rank)" in verdict.cause
     )
-    assert max(verdict.data["max_relative_difference"]) > 1e-3  # type: ignore[call-overload]
+    assert max(verdict.evidence.max_relative_difference) > 1e-3  # type: ignore[call-overload]
 
 
 SUMMED_LOSS = """
@@ -145,7 +148,7 @@ def test_a_summed_loss_breaks_equivalence_with_the_right_batches(tmp_path: Path)
     assert _verdict(mean.runs[0]).status == "pass"  # re-batching a factory without batch_size works
     summed = _check(_loader_file(tmp_path, "((model(x) - y) ** 2).sum()"), (2,))
     verdict = _verdict(summed.runs[0])
-    assert verdict.failed and verdict.data["first_parting_step"] == 1
+    assert verdict.failed and verdict.evidence.first_parting_step == 1
     assert "the loss is not a mean over the batch" in verdict.cause
 
 

@@ -27,7 +27,7 @@ from ddpcheck.checker import patching, rng
 from ddpcheck.checker.eval_weights import LOADED, SAVED, WeightHolder
 from ddpcheck.checker.models import Models
 from ddpcheck.checks.reported import read_line
-from ddpcheck.trace import EvalRecord, EvalRound, ReportedValue
+from ddpcheck.eval_trace import EvalRecord, EvalRound, ReportedValue
 
 COLLECTIVES = (
     "all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "gather",

@@ -11,6 +11,10 @@ differ are looked into: every rank lists its ids that fall in them, and the indi
 ids yielded twice and the ranks that hold them, and the ids no rank yielded, are named. Each rank's
 stream hash (order-dependent) shows ranks that received the same stream.
 
+Whether what the tables show is every index exactly once, padding, or a bug is the rule of
+:mod:`ddpcheck.checks.fingerprint` (``epoch_status``), which this rank side only applies to print its
+verdict in the launch.
+
 The ids are spilled to a temporary file beside the traces while the epoch runs (the rank holds at
 most :data:`HELD_IDS` of them in memory, a table is 512 kB) and removed once the check is done.
 """
@@ -20,12 +24,12 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 import numpy as np
 
+from ddpcheck.checks.fingerprint import EpochCheck, FingerprintReport, SamplerSays, epoch_status
 from ddpcheck.checks.tally import chunks, int_ids, mix, stream_hash
 from ddpcheck.trace import ScriptRankTrace
 
@@ -76,47 +80,6 @@ def index_table(size: int, rank: int, world: int) -> Any:
     lo, hi = size * rank // world, size * (rank + 1) // world
     step = 1 << 20
     return fold(np.arange(a, min(a + step, hi), dtype=np.int64) for a in range(lo, hi, step))
-
-
-@dataclass
-class EpochCheck:
-    """One (loader, epoch) judged over the job."""
-
-    loader: str
-    epoch: int
-    ids: int = 0  # ids yielded by all ranks together
-    dataset: int | None = None  # the indices' range, where the ids are the dataset's indices
-    buckets_differing: int = 0
-    extra: int = 0  # ids yielded more often than once (a lower bound where buckets mix both)
-    missing: int = 0  # indices no rank yielded (a lower bound, likewise)
-    twice: list[tuple[int, list[int]]] = field(default_factory=list)  # (id, ranks holding it)
-    never: list[int] = field(default_factory=list)
-    outside: list[int] = field(default_factory=list)  # ids that are no index of the dataset
-    exact: bool = True  # the counts are exact (every differing bucket looked into), else lower bounds
-    same_streams: list[list[int]] = field(default_factory=list)  # ranks that received one stream
-    status: str = "pass"  # pass, allowed, fail, or n/a (ids that are not indices)
-    detail: str = ""
-
-
-@dataclass
-class FingerprintReport:
-    ranks: int
-    seconds: float
-    cpu_seconds: float  # this rank's
-    state_bytes: int
-    epochs: list[EpochCheck]
-
-    @property
-    def ok(self) -> bool:
-        return all(e.status != "fail" for e in self.epochs)
-
-    def lines(self) -> list[str]:
-        head = (
-            f"ddpcheck.record --fingerprint: {len(self.epochs)} epochs on {self.ranks} ranks checked in "
-            f"{self.seconds:.2f} s ({self.cpu_seconds:.2f} s of CPU on rank 0; "
-            f"{self.state_bytes / 1e6:.1f} MB of summary a rank)"
-        )
-        return [head, *(f"  {e.loader} epoch {e.epoch}: {e.status.upper()}: {e.detail}" for e in self.epochs)]
 
 
 @contextlib.contextmanager
@@ -199,7 +162,8 @@ def exchange(
         check.same_streams = _same((int(h[i][0]), int(h[i][1])) for h in every)
         if n:
             _name(check, ids, observed, expected, (rank, world), group)
-        _verdict(check, facts, world)
+        says = SamplerSays(bool(facts.padding), bool(facts.drop_last), facts.batch_size)
+        check.status, check.detail = epoch_status(check, says, world)
         checks.append(check)
     state = 2 * 2 * BUCKETS * 8 + HELD_IDS * 8  # one epoch's table and the indices' table, the ids held
     report = FingerprintReport(world, time.perf_counter() - started, time.process_time() - cpu, state, checks)
@@ -267,42 +231,3 @@ def _name(
 def _in_buckets(parts: Iterator[Any], look: Any) -> Any:
     found = [part[np.isin(buckets_of(part), look)] for part in parts]
     return np.concatenate(found) if found else np.zeros(0, np.int64)
-
-
-def _verdict(check: EpochCheck, facts: Any, world: int) -> None:
-    """pass: every index exactly once; allowed: the copies a padding sampler adds or the tail a
-    drop_last one leaves (fewer than one a rank, or a batch a rank); fail: anything else."""
-    if check.dataset is None:
-        check.status = "n/a"
-        check.detail = f"{check.ids:,} ids that are not the dataset's indices: nothing to hold them against"
-        return
-    if not check.buckets_differing:
-        check.detail = f"every index of 0..{check.dataset - 1:,} yielded exactly once over {world} ranks"
-        return
-    streams = "; ".join(
-        f"ranks {', '.join(map(str, g))} received the same stream" for g in check.same_streams
-    )
-    parts = []
-    if check.outside:
-        parts.append(f"ids outside 0..{check.dataset - 1:,}: {', '.join(map(str, check.outside))}")
-    least = "" if check.exact else "at least "
-    if check.extra:
-        named = "; ".join(f"{x} on ranks {', '.join(map(str, rs))}" for x, rs in check.twice)
-        parts.append(f"{least}{check.extra:,} extra copies" + (f" (e.g. {named})" if named else ""))
-    if check.missing:
-        shown = ", ".join(map(str, check.never))
-        parts.append(
-            f"{least}{check.missing:,} indices no rank yielded" + (f" (e.g. {shown})" if shown else "")
-        )
-    if streams:
-        parts.append(streams)
-    if not parts:
-        parts.append(f"{check.buckets_differing} buckets hold other ids than the dataset's indices")
-    step = max(facts.batch_size or 1, 1)
-    padding = bool(facts.padding) and 0 < check.extra < world and not check.missing
-    dropped = bool(facts.drop_last) and not check.extra and 0 < check.missing < world * step
-    clean = not check.outside and not streams
-    check.status = "allowed" if clean and (padding or dropped) else "fail"
-    if check.status == "allowed":
-        parts.append("within what the sampler says it " + ("pads" if padding else "drops"))
-    check.detail = "; ".join(parts)

@@ -20,6 +20,7 @@ The result is a :class:`~ddpcheck.trace.ScriptRankTrace`: plain data, no user ob
 
 from __future__ import annotations
 
+import os
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -32,7 +33,7 @@ from ddpcheck.checker.batches import BatchIds, is_collated
 from ddpcheck.checker.evaluation import EvalEpoch, EvalOptions, Evaluations, watch_collectives
 from ddpcheck.checker.face import OpenedLoader
 from ddpcheck.checker.facts import len_or_none
-from ddpcheck.checker.frames import user_site
+from ddpcheck.checker.frames import assigned_name, user_site
 from ddpcheck.checker.hooks import LoaderHooks
 from ddpcheck.checker.identity import batch_digest
 from ddpcheck.checker.index_log import dispatched, indices_of, log_of
@@ -55,7 +56,9 @@ from ddpcheck.checker.step import active_watcher as step_watcher
 from ddpcheck.checker.subsets import base_indices, to_base
 from ddpcheck.checker.watch import drawn_at, install, mark_parts, watching
 from ddpcheck.checker.work import Measured, WorkMeter, looks_like_tokens
-from ddpcheck.trace import EpochTrace, EvalRecord, LoaderFacts, RankTrace, ScriptLoader, ScriptRankTrace
+from ddpcheck.eval_trace import EvalRecord
+from ddpcheck.launch.userfiles import show_paths_from
+from ddpcheck.trace import EpochTrace, LoaderFacts, RankTrace, ScriptLoader, ScriptRankTrace
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,7 @@ class LoaderRecord:
 
     name: str
     order: int
+    variable: str = ""  # what the user's line assigned it to (``train_loader``); "" none
     epochs: list[EpochTrace] = field(default_factory=list)
     facts: LoaderFacts | None = None
     id_source: str = "index"
@@ -417,6 +421,7 @@ class ScriptRecorder:
         self.options = options
         self.loaders: dict[str, LoaderRecord] = {}
         self.by_dataset: dict[int, str] = {}
+        self.variables: dict[str, str] = {}  # loader name -> the variable its line assigned it to
         self.keep: list[Any] = []  # datasets named so far (their ids must not be reused)
         self.site_counts: dict[str, list[int]] = {}
         self.notes: list[str] = []
@@ -431,8 +436,9 @@ class ScriptRecorder:
 
     # naming
     def name_for(self, loader: Any, frame: FrameType | None) -> str:
-        """The user's line that built the loader (``train.py:42``, ``#2`` for the next one there); a
-        loader over a dataset already named (re-created or wrapped) takes that name."""
+        """The user's line that built the loader (``train.py:42``, ``#2`` for the next one there; the
+        variable it assigns the loader to is kept for the reports); a loader over a dataset already named
+        (re-created or wrapped) takes that name."""
         dataset = getattr(loader, "dataset", None)
         if dataset is not None and id(dataset) in self.by_dataset:
             return self.by_dataset[id(dataset)]  # re-created or wrapped: the loader the user built
@@ -442,6 +448,7 @@ class ScriptRecorder:
         if via and site == "<unknown>":
             name = f"{via}#{len(seen) + 1}" if seen else via
         seen.append(id(dataset))
+        self.variables.setdefault(name, assigned_name(frame))
         if dataset is not None:
             self.by_dataset[id(dataset)] = name
             self.keep.append(dataset)
@@ -456,7 +463,8 @@ class ScriptRecorder:
         the script)."""
         record = self.loaders.get(name)
         if record is None:
-            record = self.loaders[name] = LoaderRecord(name=name, order=len(self.loaders))
+            variable = self.variables.get(name, "")
+            record = self.loaders[name] = LoaderRecord(name=name, order=len(self.loaders), variable=variable)
         site = user_site(caller)[0]
         held = None
         previous, record.open = record.open, None
@@ -546,7 +554,8 @@ class ScriptRecorder:
             rank = self.position[0] if self.position is not None else position()[0]
             trace = RankTrace(rank=rank, epochs=tuple(record.epochs), facts=facts)
             set_epoch = not facts.has_set_epoch or record.epochs_after_set >= len(record.epochs) - 1
-            out.append(ScriptLoader(record.name, trace, record.id_source, set_epoch, record.delivered))
+            handed, variable = record.delivered, record.variable
+            out.append(ScriptLoader(record.name, trace, record.id_source, set_epoch, handed, variable))
         return tuple(out)
 
 
@@ -560,7 +569,10 @@ def _facts(opened: OpenedLoader) -> LoaderFacts:
 def record_script(
     target: ScriptTarget, options: ScriptRecordOptions, hooks: ModuleType | None = None
 ) -> ScriptRankTrace:
-    """Run the script in this rank and record its loaders (the entry point of ``ddpcheck.record``)."""
+    """Run the script in this rank and record its loaders (the entry point of ``ddpcheck.record``).
+    Files are named relative to the script's folder (a module's: the working directory, where ``-m``
+    finds it), so a report reads the same wherever ddpcheck ran."""
+    show_paths_from(os.path.dirname(os.path.abspath(target.path)) if target.path else os.getcwd())
     install()
     recorder = ScriptRecorder(options, hooks)
     notes = patch_cuda_choices()

@@ -1,7 +1,7 @@
 """The data checks: pure functions from recorded traces to Verdicts (no processes, no torch).
 
 The registry, the shared context and ``run_checks`` resolve lazily: a front end that only wants a plain
-type (``ddpcheck.checks.verdict.Verdict``, the ids in ``ddpcheck.checks.ids``) imports this package
+type (``ddpcheck.verdict.Verdict``, a check id) imports this package
 without importing every check and numpy.
 """
 
@@ -15,7 +15,7 @@ _EXPORTS = {
     "Check": "ddpcheck.checks.registry",
     "run_checks": "ddpcheck.checks.registry",
     "Context": "ddpcheck.checks.context",
-    "Verdict": "ddpcheck.checks.verdict",
+    "Verdict": "ddpcheck.verdict",
 }
 
 __all__ = ["REGISTRY", "Check", "Context", "Verdict", "run_checks"]
@@ -23,7 +23,7 @@ __all__ = ["REGISTRY", "Check", "Context", "Verdict", "run_checks"]
 if TYPE_CHECKING:
     from ddpcheck.checks.context import Context
     from ddpcheck.checks.registry import REGISTRY, Check, run_checks
-    from ddpcheck.checks.verdict import Verdict
+    from ddpcheck.verdict import Verdict
 
 
 def __getattr__(name: str) -> Any:

@@ -26,17 +26,20 @@ from itertools import pairwise
 from math import gcd
 from typing import Any
 
-from ddpcheck.checks.ids import (
+from ddpcheck.layout import Layout
+from ddpcheck.trace import ScriptRankTrace, SourceTrace
+from ddpcheck.verdict import (
     COVERAGE,
     DATA_CHECKS,
     DETERMINISM,
     EQUAL_STEPS,
     NO_OVERLAP,
+    Verdict,
+    failed,
+    not_applicable,
+    passed,
+    skipped,
 )
-from ddpcheck.checks.verdict import Verdict, failed, not_applicable, passed, skipped
-from ddpcheck.layout import Layout
-from ddpcheck.result import WorldResult
-from ddpcheck.trace import ScriptRankTrace, SourceTrace
 
 MIN_UNIT = 8  # tokens: a shorter common unit would call any repeated phrase a shared read
 SHARED_SHARE = 50  # no_overlap tolerates one unit in this many (chance draws of a sampler), and one
@@ -179,21 +182,15 @@ def judge_sources(
     run: Mapping[int, ScriptRankTrace],
     rerun: Mapping[int, ScriptRankTrace] | None,
     layout: Layout,
-    seconds: float = 0.0,
-) -> list[WorldResult]:
-    """One WorldResult per batch source the run recorded, judged against the single-process run's."""
+) -> list[tuple[str, list[Verdict]]]:
+    """Each batch source the run recorded, with its verdicts against the single-process run's."""
     names: dict[str, None] = {}
     for rank in sorted(run):
         names.update(dict.fromkeys(s.name for s in run[rank].sources))
-    results = []
-    for name in names:
-        verdicts = judge_source(name, _of(reference, name), _of(run, name), _of(rerun, name), layout)
-        results.append(
-            WorldResult(
-                layout.world_size, "gloo", tuple(verdicts), layout=layout, seconds=seconds, loader=name
-            )
-        )
-    return results
+    return [
+        (name, judge_source(name, _of(reference, name), _of(run, name), _of(rerun, name), layout))
+        for name in names
+    ]
 
 
 def _of(traces: Mapping[int, ScriptRankTrace] | None, name: str) -> dict[int, SourceTrace]:

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 from ddpcheck.checks.context import Context, batch_key, broken_reason, same_streams
-from ddpcheck.checks.ids import BATCH_INTEGRITY
-from ddpcheck.checks.verdict import Verdict, not_applicable, passed, skipped
 from ddpcheck.checks.wording import epochs_text, ids_text
+from ddpcheck.evidence import BatchShapes
 from ddpcheck.trace import EpochTrace, LoaderFacts, RunTrace
+from ddpcheck.verdict import BATCH_INTEGRITY, Verdict, not_applicable, passed, skipped
 
 CAUSE = (
     "batches are split or re-formed across ranks: shard whole batches (wrap the batch sampler) instead "
@@ -88,7 +88,7 @@ def check_batch_integrity(
             ranks[:8],
             epochs,
             (example,),
-            {"foreign_batches": total, "ranks_affected": len(ranks)},
+            BatchShapes(foreign_batches=total, ranks_affected=len(ranks)),
         )
     if sizes_only:
         return passed(
@@ -112,7 +112,9 @@ def _grouped_per_rank(run: RunTrace, ref_epochs: Sequence[EpochTrace], per_rank:
                     f"forms more than {largest} ({per_rank})"
                 )
                 cause = "batches grow under DDP: the batch size is not per rank"
-                return Verdict(BATCH_INTEGRITY, "fail", detail, cause, (r,), (e,), (), {"largest": largest})
+                return Verdict(
+                    BATCH_INTEGRITY, "fail", detail, cause, (r,), (e,), (), BatchShapes(largest=largest)
+                )
     return passed(
         BATCH_INTEGRITY,
         f"batches are formed within each rank's share by {per_rank} (the grouping pattern of mmdet's "

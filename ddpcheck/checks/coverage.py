@@ -6,13 +6,13 @@ from dataclasses import dataclass
 
 from ddpcheck.checks.context import Context, EpochView
 from ddpcheck.checks.diagnose import missing_cause, reference_share
-from ddpcheck.checks.ids import COVERAGE
 from ddpcheck.checks.packed import packed_coverage
 from ddpcheck.checks.ranges import OVERFLOW, OVERFLOW_FIX, Overflow, find_overflow
-from ddpcheck.checks.verdict import Verdict, passed, skipped
 from ddpcheck.checks.wording import epochs_text, few, ids_text, ranks_text
+from ddpcheck.evidence import IndexOverflow, MissingSamples, ReferenceShare
 from ddpcheck.messages import count_text
 from ddpcheck.trace import RunTrace
+from ddpcheck.verdict import COVERAGE, Verdict, passed, skipped
 
 
 @dataclass(frozen=True)
@@ -69,16 +69,9 @@ def overflow_verdict(found: Overflow) -> Verdict:
         f"samples ({found.what()}); {count_text(found.count, 'such ids')} in epoch {found.epoch}{more}, "
         "so the samples they should name reach no rank"
     )
-    data: dict[str, object] = {
-        "overflow": True,
-        "rank": found.rank,
-        "epoch": found.epoch,
-        "position": found.position,
-        "value": found.value,
-        "out_of_range": found.count,
-        "negative": found.negative,
-        "dataset_len": found.limit,
-    }
+    evidence = IndexOverflow(
+        found.rank, found.epoch, found.position, found.value, found.count, found.negative, found.limit
+    )
     return Verdict(
         COVERAGE,
         "fail",
@@ -87,7 +80,7 @@ def overflow_verdict(found: Overflow) -> Verdict:
         found.ranks[:8],
         (found.epoch,),
         (found.value,),
-        data,
+        evidence,
         OVERFLOW_FIX,
     )
 
@@ -145,12 +138,7 @@ def check_coverage(
         (),
         tuple(b.epoch for b in bad),
         examples,
-        {
-            "missing": g.missing,
-            "allowed": g.allowed,
-            "items": n,
-            "epochs_failing": len(bad),
-        },
+        MissingSamples(g.missing, g.allowed, n, len(bad)),
     )
 
 
@@ -167,9 +155,5 @@ def _part_of_dataset(ctx: Context, cause: str) -> Verdict:
         f"one process receives {seen}{of} samples per epoch, in all {count_text(len(views), 'epochs')}"
         + (f"; never seen: {ids_text(examples)}" if examples else "")
     )
-    data: dict[str, object] = {
-        "seen": seen,
-        "items": size or seen,
-        "replicas": ctx.ref_facts.sampler_replicas or 0,
-    }
-    return Verdict(COVERAGE, "fail", detail, cause, (), tuple(v.epoch for v in views), examples, data)
+    evidence = ReferenceShare(seen, size or seen, ctx.ref_facts.sampler_replicas or 0)
+    return Verdict(COVERAGE, "fail", detail, cause, (), tuple(v.epoch for v in views), examples, evidence)

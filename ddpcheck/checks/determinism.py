@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 from ddpcheck.checks.context import Context, batch_key, broken_reason, paired_ranks, same_sequence
-from ddpcheck.checks.ids import DETERMINISM
 from ddpcheck.checks.tally import first_difference, int_ids
-from ddpcheck.checks.verdict import Verdict, passed, skipped
+from ddpcheck.evidence import RunsDiffer
 from ddpcheck.trace import EpochTrace, RunTrace
+from ddpcheck.verdict import DETERMINISM, Verdict, passed, skipped
 
 CAUSE = "the order changes from run to run: an unseeded generator or per-process random state"
 
@@ -102,7 +102,7 @@ def check_determinism(
                 (r,),
                 (e,),
                 examples,
-                {"rank": r, "epoch": e, "position": pos, "ranks_differing": differing},
+                RunsDiffer(r, e, pos, differing),
             )
     how = "exactly" if ordered else "batch for batch (in any order: in_order=False)"
     ranks = f"{run.world_size} ranks"

@@ -9,13 +9,14 @@ from __future__ import annotations
 from ddpcheck.checks.context import Context, EpochView
 from ddpcheck.checks.coverage import drop_text, gap, missing_examples
 from ddpcheck.checks.diagnose import missing_cause, reference_share, split_cause
-from ddpcheck.checks.ids import SINGLE_PROCESS_EQUIVALENCE as CHECK
 from ddpcheck.checks.packed import packed_equivalence
 from ddpcheck.checks.tally import Strangers
-from ddpcheck.checks.verdict import Verdict, passed, skipped
 from ddpcheck.checks.wording import epochs_text, ids_text
+from ddpcheck.evidence import ForeignSamples, MissingSamples
 from ddpcheck.messages import count_text
 from ddpcheck.trace import RunTrace
+from ddpcheck.verdict import SINGLE_PROCESS_EQUIVALENCE as CHECK
+from ddpcheck.verdict import Verdict, passed, skipped
 
 DEPENDS_ON_RANK = "the dataset depends on the rank: under DDP it yields samples a single process never does"
 
@@ -75,7 +76,7 @@ def check_single_process_equivalence(
             ranks[:8],
             tuple(v.epoch for v, _ in bad),
             examples,
-            {"extra": extra.count, "epochs_failing": len(bad)},
+            ForeignSamples(extra.count, len(bad)),
         )
     gaps = [gap(ctx, v) for v in views]
     short = [g for g in gaps if not g.ok]
@@ -98,7 +99,7 @@ def check_single_process_equivalence(
             (),
             tuple(s.epoch for s in short),
             examples,
-            {"missing": g.missing, "allowed": g.allowed, "items": n, "epochs_failing": len(short)},
+            MissingSamples(g.missing, g.allowed, n, len(short)),
         )
     n = len(views[0].ref_items)
     distinct = views[0].ref_distinct

@@ -2,7 +2,7 @@
 script's own evaluation reports equal the single process's, on the same weights.
 
 Pure: plain traces in (:class:`~ddpcheck.trace.EvalRecord` per rank, with the loaders' epochs), a Verdict
-with typed evidence (:class:`~ddpcheck.checks.verdict.MetricEvidence`) out. The k-th evaluation (round) of
+with typed evidence (:class:`~ddpcheck.evidence.MetricEvidence`) out. The k-th evaluation (round) of
 a run is compared with the k-th of the single process when both ran whole and their weights' fingerprints
 agree; a value is compared when both reported it under the same key (source, name, position in its line,
 occurrence in the round) and it is not left alone (:mod:`ddpcheck.checks.reported`: timings, learning
@@ -21,12 +21,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ddpcheck.checks.eval_causes import COMBINING, UNEXPLAINED, Split, mechanism, split_of
-from ddpcheck.checks.ids import METRIC_EQUIVALENCE
 from ddpcheck.checks.reported import close, left_alone, reports_metric, words
-from ddpcheck.checks.verdict import ComparedValue, MetricEvidence, Status, Verdict, not_applicable
+from ddpcheck.eval_trace import EvalRecord, EvalRound, ReportedValue
+from ddpcheck.evidence import ComparedValue, MetricEvidence
 from ddpcheck.layout import Layout
 from ddpcheck.messages import count_text
-from ddpcheck.trace import EpochTrace, EvalRecord, EvalRound, LoaderFacts, ReportedValue, ScriptRankTrace
+from ddpcheck.trace import EpochTrace, LoaderFacts, ScriptRankTrace
+from ddpcheck.verdict import METRIC_EQUIVALENCE, Status, Verdict, not_applicable
 
 REL = 1e-5  # float32 sums over other shares differ by up to ~1e-6 (benchmarks/bench_metric_noise.py)
 ABSOLUTE = 1e-8

@@ -29,8 +29,8 @@ from ddpcheck.checks.mixture import MIXTURE_FIXES
 from ddpcheck.checks.reshuffle import FROZEN_SHARDS, LOOP_REPLAYS, NO_SET_EPOCH, NOT_FORWARDED
 from ddpcheck.checks.reshuffle import REPEATS as ORDER_REPEATS
 from ddpcheck.checks.steps import UNEVEN, UNEVEN_BATCHES, UNEVEN_ITERABLE
-from ddpcheck.checks.verdict import Verdict
 from ddpcheck.checks.workers import WORKERS
+from ddpcheck.verdict import Verdict
 
 SAME_DATASET = "build the same dataset on every rank and let the sampler pick each rank's share"
 EVEN_STEPS = "give every rank the same number of batches: pad the shards or drop the remainder"

@@ -45,10 +45,10 @@ from itertools import combinations
 from typing import Any, cast
 
 from ddpcheck.checks.context import Context
-from ddpcheck.checks.ids import MIXTURE
-from ddpcheck.checks.verdict import Verdict, not_applicable, skipped
+from ddpcheck.evidence import MixtureShares
 from ddpcheck.messages import count_text
 from ddpcheck.trace import EpochTrace, RunTrace, SourceCodes
+from ddpcheck.verdict import MIXTURE, Verdict, not_applicable, skipped
 
 ALPHA = 0.01  # family-wise false-alarm rate per layout (Bonferroni over every test of the layout)
 MIN_EXPECTED = 5.0  # chi-square cells expected below this are pooled
@@ -492,18 +492,7 @@ def _judge(t: Tally, run: RunTrace) -> Verdict:
     """The verdict from the layout's tests; a cause that claims a drift only where a share test failed."""
     failures = t.tests.failed()
     limit = ALPHA / max(len(t.tests.results), 1)
-    data = _data(
-        t.names,
-        t.declared,
-        t.expected_per_epoch,
-        t.union_total,
-        t.rank_total,
-        t.worker_total,
-        t.reference_total,
-    )
-    data.update(
-        tests=len(t.tests.results), alpha=ALPHA, smallest_p=min((r[0] for r in t.tests.results), default=None)
-    )
+    data = _shares_evidence(t)
     summary = _summary(t.names, t.declared, t.union_total, t.rank_total, len(t.tests.results))
     if t.undeclared:
         detail = f"{', '.join(sorted(t.undeclared))} not in source_weights(); {summary}"
@@ -519,7 +508,7 @@ def _judge(t: Tally, run: RunTrace) -> Verdict:
             summary += (
                 f"; {source} runs out {gap} samples before the end of {stream.where}'s {n}, every share holds"
             )
-        return Verdict(MIXTURE, "pass", summary, data=data)
+        return Verdict(MIXTURE, "pass", summary, evidence=data)
     epochs_failed = tuple(sorted({e for _, _, _, e in shares}))
     if tail:
         p, stream, source, gap, n = min(tail, key=lambda e: e[0])
@@ -531,7 +520,7 @@ def _judge(t: Tally, run: RunTrace) -> Verdict:
 
 
 def _same_order(
-    t: Tally, failures: list[tuple[float, str, str, int]], data: dict[str, Any], summary: str
+    t: Tally, failures: list[tuple[float, str, str, int]], data: MixtureShares, summary: str
 ) -> Verdict:
     _, a, b, matches, length, chance = min(t.same_order, key=lambda s: s[0])
     repeated = _repeated(a, b)
@@ -550,7 +539,7 @@ def _share_cause(
     run: RunTrace,
     shares: list[tuple[float, str, str, int]],
     limit: float,
-    data: dict[str, Any],
+    data: MixtureShares,
     summary: str,
 ) -> Verdict:
     """Name why the shares drift: weights scaled by the workers, per-rank shares, or other shares."""
@@ -584,8 +573,8 @@ def _pairs(n: int) -> list[tuple[int, int]]:
     return sorted({(0, j) for j in range(1, n)} | {(j - 1, j) for j in range(2, n)})
 
 
-def _fail(cause: str, detail: str, data: dict[str, Any], **evidence: Any) -> Verdict:
-    return Verdict(MIXTURE, "fail", detail, cause, data=data, fix=MIXTURE_FIXES[cause], **evidence)
+def _fail(cause: str, detail: str, data: MixtureShares, **said: Any) -> Verdict:
+    return Verdict(MIXTURE, "fail", detail, cause, evidence=data, fix=MIXTURE_FIXES[cause], **said)
 
 
 def _scheduled(codes: Any) -> bool:
@@ -639,27 +628,25 @@ def _shares(counts: Sequence[int]) -> list[float]:
     return [round(c / n, 4) if n else 0.0 for c in counts]
 
 
-def _data(
-    names: Sequence[str],
-    declared: Sequence[float] | None,
-    expected: Sequence[Sequence[float]],
-    union: Sequence[int],
-    ranks: Sequence[Sequence[int]],
-    workers: dict[tuple[int, int], list[int]],
-    reference: Sequence[int],
-) -> dict[str, Any]:
-    """Counts summed over the epochs: the union, each rank, each (rank, worker), the single process."""
-    return {
-        "sources": list(names),
-        "expected_from": "source_weights()" if declared is not None else "single-process run",
-        "expected": [round(p, 4) for p in (declared if declared is not None else _shares(reference))],
-        "declared": [round(p, 4) for p in declared] if declared is not None else None,
-        "reference_counts": list(reference),
-        "union_counts": list(union),
-        "rank_counts": [list(c) for c in ranks],
-        "worker_counts": [[r, w, list(c)] for (r, w), c in sorted(workers.items())],
-        "epochs": len(expected),
-    }
+def _shares_evidence(t: Tally) -> MixtureShares:
+    """Counts summed over the epochs: the union, each rank, each (rank, worker), the single process; what
+    they are held against; the tests."""
+    declared = t.declared
+    expected = declared if declared is not None else _shares(t.reference_total)
+    return MixtureShares(
+        sources=tuple(t.names),
+        expected_from="source_weights()" if declared is not None else "single-process run",
+        expected=tuple(round(p, 4) for p in expected),
+        declared=tuple(round(p, 4) for p in declared) if declared is not None else None,
+        reference_counts=tuple(t.reference_total),
+        union_counts=tuple(t.union_total),
+        rank_counts=tuple(tuple(c) for c in t.rank_total),
+        worker_counts=tuple((r, w, tuple(c)) for (r, w), c in sorted(t.worker_total.items())),
+        epochs=len(t.expected_per_epoch),
+        tests=len(t.tests.results),
+        alpha=ALPHA,
+        smallest_p=min((r[0] for r in t.tests.results), default=None),
+    )
 
 
 def _summary(

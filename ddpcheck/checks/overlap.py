@@ -7,13 +7,15 @@ per extra *rank* that sees it and names who shares what; ``padding_bound`` count
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ddpcheck.checks.context import Context, EpochView
 from ddpcheck.checks.diagnose import duplicate_cause, identical_streams, overlap_evidence
-from ddpcheck.checks.ids import NO_OVERLAP, PADDING_BOUND
-from ddpcheck.checks.verdict import Verdict, passed, skipped
 from ddpcheck.checks.wording import epochs_text, ids_text
+from ddpcheck.evidence import PaddingCost, SharedSamples
 from ddpcheck.messages import count_text, singular
 from ddpcheck.trace import RunTrace
+from ddpcheck.verdict import NO_OVERLAP, PADDING_BOUND, Verdict, passed, skipped
 
 MAX_RANKS = 8
 
@@ -85,12 +87,7 @@ def check_no_overlap(
         ranks,
         tuple(v.epoch for v in bad),
         evidence.shared,
-        {
-            "duplicates": view.cross_excess,
-            "allowed": allowed,
-            "shared_items": view.overlap_count,
-            "epochs_failing": len(bad),
-        },
+        SharedSamples(view.cross_excess, allowed, view.overlap_count, len(bad)),
     )
 
 
@@ -112,10 +109,10 @@ def check_padding_bound(
     bound = ctx.world_size * unit - 1 if ctx.facts.padding is not False else 0
     bad = [(v, c) for v, c in zip(views, copies, strict=True) if c > bound]
     # what padding costs (reports show it when it passes): the most copies in any epoch, of how many
-    cost = {"copies": max(copies), "samples": views[0].ref_distinct, "noun": ctx.noun}
+    cost = PaddingCost(copies=max(copies), samples=views[0].ref_distinct, noun=ctx.noun)
     if not bad:
         detail = f"at most {count_text(max(copies), 'duplicated ' + ctx.noun)} per epoch (bound {bound})"
-        return Verdict(PADDING_BOUND, "pass", detail, data=cost)
+        return Verdict(PADDING_BOUND, "pass", detail, evidence=cost)
     view, extra = bad[0]
     if ctx.facts.padding is False:
         limit = "but the sampler does not pad, so none are allowed"
@@ -136,5 +133,5 @@ def check_padding_bound(
         group[:MAX_RANKS],
         tuple(v.epoch for v, _ in bad),
         view.duplicated_examples(),
-        {"duplicates": extra, "bound": bound, "epochs_failing": len(bad), **cost},
+        replace(cost, duplicates=extra, bound=bound, epochs_failing=len(bad)),
     )

@@ -18,15 +18,15 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ddpcheck.checks.context import Context
-from ddpcheck.checks.ids import COVERAGE, SINGLE_PROCESS_EQUIVALENCE
-from ddpcheck.checks.verdict import Verdict
 from ddpcheck.checks.wording import epochs_text
+from ddpcheck.evidence import TokenCoverage
 from ddpcheck.figures import rows_packed_per_rank
 from ddpcheck.messages import count_text
 from ddpcheck.trace import EpochTrace, RunTrace
+from ddpcheck.verdict import COVERAGE, SINGLE_PROCESS_EQUIVALENCE, Verdict
 
 TOKENS_LOST = (
     "documents reach no data-parallel rank: the split of documents by rank leaves some out before "
@@ -160,18 +160,16 @@ def packed_coverage(ctx: Context) -> Verdict | None:
     if not gaps:
         return None
     bad = [g for g in gaps if g.lost > g.lost_allowed]
-    data: dict[str, object] = {
-        "tokens": gaps[0].expected,
-        "exact": gaps[0].exact,
-        "tokens_lost": max(g.lost for g in gaps),
-    }
+    counted = TokenCoverage(
+        tokens=gaps[0].expected, exact=gaps[0].exact, tokens_lost=max(g.lost for g in gaps)
+    )
     if not bad:
         worst = max(g.lost for g in gaps)
         detail = (
             f"{_lead(gaps)}: every epoch's {count_text(gaps[0].expected, 'tokens')} reach some rank "
             f"(at most {worst} lost, {gaps[0].lost_allowed} allowed: a partial row per rank)"
         )
-        return Verdict(COVERAGE, "pass", detail, data=data)
+        return Verdict(COVERAGE, "pass", detail, evidence=counted)
     g = bad[0]
     more = f" (also {epochs_text([b.epoch for b in bad[1:]])})" if len(bad) > 1 else ""
     detail = (
@@ -186,7 +184,7 @@ def packed_coverage(ctx: Context) -> Verdict | None:
         (),
         tuple(b.epoch for b in bad),
         g.examples,
-        {**data, "epochs_failing": len(bad)},
+        replace(counted, epochs_failing=len(bad)),
         PACKED_FIXES[TOKENS_LOST],
     )
 
@@ -199,12 +197,12 @@ def packed_equivalence(ctx: Context) -> Verdict | None:
     gaps = token_gaps(ctx)
     if not gaps:
         return None
-    data: dict[str, object] = {
-        "tokens": gaps[0].expected,
-        "exact": gaps[0].exact,
-        "tokens_extra": max(g.extra for g in gaps),
-        "tokens_lost": max(g.lost for g in gaps),
-    }
+    counted = TokenCoverage(
+        tokens=gaps[0].expected,
+        exact=gaps[0].exact,
+        tokens_extra=max(g.extra for g in gaps),
+        tokens_lost=max(g.lost for g in gaps),
+    )
     extra = [g for g in gaps if g.too_many]
     short = [g for g in gaps if g.lost > g.lost_allowed]
     if not extra and not short:
@@ -213,7 +211,7 @@ def packed_equivalence(ctx: Context) -> Verdict | None:
             f"{count_text(gaps[0].expected, 'tokens')} in all {count_text(len(gaps), 'epochs')} "
             f"(at most {max(g.lost for g in gaps)} lost, {max(g.extra for g in gaps)} extra)"
         )
-        return Verdict(SINGLE_PROCESS_EQUIVALENCE, "pass", detail, data=data)
+        return Verdict(SINGLE_PROCESS_EQUIVALENCE, "pass", detail, evidence=counted)
     if extra:
         g, cause, bad = extra[0], TOKENS_EXTRA, extra
         said = (
@@ -240,6 +238,6 @@ def packed_equivalence(ctx: Context) -> Verdict | None:
         (),
         tuple(b.epoch for b in bad),
         g.examples,
-        {**data, "epochs_failing": len(bad)},
+        replace(counted, epochs_failing=len(bad)),
         PACKED_FIXES[cause],
     )

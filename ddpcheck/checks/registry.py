@@ -11,7 +11,16 @@ from ddpcheck.checks.coverage import check_coverage
 from ddpcheck.checks.determinism import check_determinism
 from ddpcheck.checks.equivalence import check_single_process_equivalence
 from ddpcheck.checks.fixes import with_fix
-from ddpcheck.checks.ids import (
+from ddpcheck.checks.mixture import check_mixture
+from ddpcheck.checks.overlap import check_no_overlap, check_padding_bound
+from ddpcheck.checks.reshuffle import check_reshuffle
+from ddpcheck.checks.rng import check_rng_independence_run
+from ddpcheck.checks.steps import check_equal_steps
+from ddpcheck.checks.supervision import check_supervision
+from ddpcheck.checks.work import check_packing, check_work_balance
+from ddpcheck.checks.workers import check_worker_sharding
+from ddpcheck.trace import RunTrace
+from ddpcheck.verdict import (
     ALL_CHECKS,
     BATCH_INTEGRITY,
     COVERAGE,
@@ -28,17 +37,8 @@ from ddpcheck.checks.ids import (
     SUPERVISION,
     WORK_BALANCE,
     WORKER_SHARDING,
+    Verdict,
 )
-from ddpcheck.checks.mixture import check_mixture
-from ddpcheck.checks.overlap import check_no_overlap, check_padding_bound
-from ddpcheck.checks.reshuffle import check_reshuffle
-from ddpcheck.checks.rng import check_rng_independence_run
-from ddpcheck.checks.steps import check_equal_steps
-from ddpcheck.checks.supervision import check_supervision
-from ddpcheck.checks.verdict import Verdict
-from ddpcheck.checks.work import check_packing, check_work_balance
-from ddpcheck.checks.workers import check_worker_sharding
-from ddpcheck.trace import RunTrace
 
 
 class Check(Protocol):

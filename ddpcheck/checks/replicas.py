@@ -16,21 +16,24 @@ from dataclasses import dataclass, replace
 from ddpcheck.checks.arrays import same_ints
 from ddpcheck.checks.context import broken_reason
 from ddpcheck.checks.fixes import with_fix
-from ddpcheck.checks.ids import (
+from ddpcheck.checks.registry import run_checks
+from ddpcheck.checks.steps import check_equal_steps
+from ddpcheck.checks.wording import few, ids_text
+from ddpcheck.evidence import FirstDivergence, GroupDivergence, ReplicaGroups
+from ddpcheck.layout import Layout
+from ddpcheck.messages import count_text
+from ddpcheck.trace import EpochTrace, RankTrace, RunTrace
+from ddpcheck.verdict import (
     COVERAGE,
     EQUAL_STEPS,
     NO_OVERLAP,
     PADDING_BOUND,
     REPLICA_CONSISTENCY,
     SINGLE_PROCESS_EQUIVALENCE,
+    Verdict,
+    not_applicable,
+    skipped,
 )
-from ddpcheck.checks.registry import run_checks
-from ddpcheck.checks.steps import check_equal_steps
-from ddpcheck.checks.verdict import Verdict, not_applicable, skipped
-from ddpcheck.checks.wording import few, ids_text
-from ddpcheck.layout import Layout
-from ddpcheck.messages import count_text
-from ddpcheck.trace import EpochTrace, RankTrace, RunTrace
 
 GLOBAL_RANK = (
     "the sampler uses the global rank where the data-parallel rank belongs: ranks that should share a "
@@ -89,7 +92,8 @@ def judge_layout(reference: RunTrace, run: RunTrace, rerun: RunTrace | None, lay
             full = replace(full, cause=REPLICA_STEPS, fix=MESH_FIXES[REPLICA_STEPS])  # replicas, not shards
         verdicts = [with_fix(full) if v.check == EQUAL_STEPS else v for v in verdicts]
     replica = with_fix(check_replica_consistency(reference, run, layout))
-    mesh_cause = str(replica.data.get("mesh_cause", ""))
+    said = replica.evidence
+    mesh_cause = said.mesh_cause or "" if isinstance(said, ReplicaGroups) else ""
     if mesh_cause:
         verdicts = [_explained(v, mesh_cause) for v in verdicts]
     at = next((i + 1 for i, v in enumerate(verdicts) if v.check == EQUAL_STEPS), len(verdicts))
@@ -153,32 +157,35 @@ def check_replica_consistency(reference: RunTrace, run: RunTrace, layout: Layout
         compared = f"ids of every batch, content of the first {min(heads, default=0)} of each epoch"
     if content and layout.sequence_dims:
         compared += f" (content not across {', '.join(layout.sequence_dims)}, which slices every sequence)"
-    data: dict[str, object] = {
-        "groups": len(groups),
-        "replicas": layout.replicas,
-        "content": content,
-        "diverging_groups": len({d.dp_rank for d in found}),
-        "per_group": _per_group(layout, groups, by_rank, found),
-    }
+    counted = ReplicaGroups(
+        groups=len(groups),
+        replicas=layout.replicas,
+        content=content,
+        diverging_groups=len({d.dp_rank for d in found}),
+        per_group=_per_group(layout, groups, by_rank, found),
+    )
     if not found:
         return Verdict(
             REPLICA_CONSISTENCY,
             "pass",
             f"every replica group ({len(groups)} groups of {layout.replicas} ranks) receives the same "
             f"batches step by step in all {count_text(epochs, 'epochs')} (compared: {compared})",
-            data=data,
+            evidence=counted,
         )
     first = min(found, key=lambda d: (d.epoch, d.step, d.dp_rank))
     cause = _mesh_cause(reference, run, layout, found)
-    data["mesh_cause"] = cause if cause in (GLOBAL_RANK, SHARDED_TWICE_MESH, LAYOUT_MISMATCH) else ""
-    data["first"] = {"dp_rank": first.dp_rank, "epoch": first.epoch, "step": first.step, "kind": first.kind}
+    counted = replace(
+        counted,
+        mesh_cause=cause if cause in (GLOBAL_RANK, SHARDED_TWICE_MESH, LAYOUT_MISMATCH) else "",
+        first=FirstDivergence(first.dp_rank, first.epoch, first.step, first.kind),
+    )
     one, two = by_rank[first.first].epochs[first.epoch], by_rank[first.other].epochs[first.epoch]
     detail = (
         f"{layout.data_coords(first.first)}: {layout.replica_coords(first.first)} and "
         f"{layout.replica_coords(first.other)} differ from step {first.step} of epoch {first.epoch} "
         f"({_what(first, one, two)})"
     )
-    groups_bad = data["diverging_groups"]
+    groups_bad = counted.diverging_groups
     if groups_bad != 1 or len(groups) > 1:
         detail += f"; {groups_bad} of {len(groups)} replica groups differ"
     return Verdict(
@@ -188,7 +195,7 @@ def check_replica_consistency(reference: RunTrace, run: RunTrace, layout: Layout
         cause,
         ranks=(first.first, first.other),
         epochs=tuple(sorted({d.epoch for d in found})),
-        data=data,
+        evidence=counted,
         fix=MESH_FIXES.get(cause, ""),
     )
 
@@ -224,26 +231,26 @@ MAX_PICTURED_GROUPS = 64  # replica groups listed for the picture (the first one
 
 def _per_group(
     layout: Layout, groups: list[list[int]], by_rank: dict[int, RankTrace], found: Sequence[Divergence]
-) -> list[dict[str, object]]:
+) -> tuple[GroupDivergence, ...]:
     """For the replica picture: per group its steps in epoch 0 and where its replicas first differ."""
     first: dict[int, Divergence] = {}
     for found_one in sorted(found, key=lambda d: (d.epoch, d.step)):
         first.setdefault(found_one.dp_rank, found_one)
-    out: list[dict[str, object]] = []
+    out: list[GroupDivergence] = []
     for dp, group in enumerate(groups[:MAX_PICTURED_GROUPS]):
         head = by_rank[group[0]]
         d = first.get(dp)
         out.append(
-            {
-                "where": layout.data_coords(group[0]),
-                "steps": head.epochs[0].num_batches if head.epochs else 0,
-                "epoch": d.epoch if d else None,
-                "step": d.step if d else None,
-                "kind": d.kind if d else "",
-                "ranks": [group[0], d.other] if d else list(group),
-            }
+            GroupDivergence(
+                where=layout.data_coords(group[0]),
+                steps=head.epochs[0].num_batches if head.epochs else 0,
+                epoch=d.epoch if d else None,
+                step=d.step if d else None,
+                kind=d.kind if d else "",
+                ranks=(group[0], d.other) if d else tuple(group),
+            )
         )
-    return out
+    return tuple(out)
 
 
 def _first_difference(a: EpochTrace, b: EpochTrace, *, content: bool = True) -> tuple[int, str] | None:

@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 
 from ddpcheck.checks.context import Context, same_sequence
-from ddpcheck.checks.ids import RESHUFFLE
 from ddpcheck.checks.tally import int_ids, unique, values_of
-from ddpcheck.checks.verdict import Verdict, passed, skipped
 from ddpcheck.checks.wording import ranks_text
+from ddpcheck.evidence import RepeatedOrder
 from ddpcheck.messages import count_text
 from ddpcheck.trace import LoaderFacts, RunTrace
+from ddpcheck.verdict import RESHUFFLE, Verdict, passed, skipped
 
 CHANCE = 1e-3  # a repeat rarer than this under an honest reshuffle is treated as a bug
 REPEATS = "set_epoch is not called, or the generator is re-seeded every epoch"
@@ -95,7 +95,8 @@ def _stale_epoch(reference: RunTrace, ctx: Context) -> Verdict | None:
         f"epoch 1 repeats epoch 0 in one process ({n} {ctx.noun}, {_chance_text(log_p)} by chance), although "
         f"its {facts.sampler or 'sampler'} shuffles and set_epoch was called before each epoch"
     )
-    return Verdict(RESHUFFLE, "fail", detail, STALE_EPOCH, (0,), (0, 1), (), {"ranks": ctx.world_size})
+    evidence = RepeatedOrder(ranks=ctx.world_size)
+    return Verdict(RESHUFFLE, "fail", detail, STALE_EPOCH, (0,), (0, 1), (), evidence)
 
 
 def _stream(run: RunTrace, rank: int) -> Any:
@@ -159,8 +160,8 @@ def _replayed_pass(ctx: Context) -> Verdict | None:
         f"pass's order ({m:,} {ctx.noun} in the same order, {_chance_text(-_log_falling(p, m))} by chance; "
         f"{where})"
     )
-    data: dict[str, object] = {"pass_length": p, "replayed": m, "ranks": len(ranks)}
-    return Verdict(RESHUFFLE, "fail", detail, LOOP_REPLAYS, ranks[:8], (), (), data)
+    evidence = RepeatedOrder(pass_length=p, replayed=m, ranks=len(ranks))
+    return Verdict(RESHUFFLE, "fail", detail, LOOP_REPLAYS, ranks[:8], (), (), evidence)
 
 
 def check_reshuffle(
@@ -242,8 +243,8 @@ def _repeated(ctx: Context, run: RunTrace, e: int) -> Verdict | str:
         f"epoch {e + 1} repeats epoch {e} on rank {repeated[0]}: {REPEATS} "
         f"({who} the order; one process reshuffles)"
     )
-    data: dict[str, object] = {"repeated_ranks": len(repeated), "ranks": w}
-    return Verdict(RESHUFFLE, "fail", detail, cause, tuple(repeated[:8]), (e, e + 1), (), data)
+    evidence = RepeatedOrder(repeated_ranks=len(repeated), ranks=w)
+    return Verdict(RESHUFFLE, "fail", detail, cause, tuple(repeated[:8]), (e, e + 1), (), evidence)
 
 
 def _frozen(ctx: Context, run: RunTrace, e: int) -> Verdict | str:
@@ -267,5 +268,5 @@ def _frozen(ctx: Context, run: RunTrace, e: int) -> Verdict | str:
         f"while one process reshuffles across the whole epoch"
     )
     set_epoch_note = "" if run.set_epoch else "; the loop did not call set_epoch"
-    data: dict[str, object] = {"ranks": w, "epoch": e + 1}
-    return Verdict(RESHUFFLE, "fail", detail + set_epoch_note, FROZEN_SHARDS, (), (e, e + 1), (), data)
+    evidence = RepeatedOrder(ranks=w, epoch=e + 1)
+    return Verdict(RESHUFFLE, "fail", detail + set_epoch_note, FROZEN_SHARDS, (), (e, e + 1), (), evidence)

@@ -18,7 +18,6 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, replace
 
-from ddpcheck.checks.ids import RESUME
 from ddpcheck.checks.resume_chains import ChainJudgement, judge_chains
 from ddpcheck.checks.resume_common import (
     BOUNDARY_EMPTY,
@@ -33,9 +32,10 @@ from ddpcheck.checks.resume_common import (
     shift_of,
     via,
 )
-from ddpcheck.checks.verdict import Verdict, failed, not_applicable, passed, skipped
+from ddpcheck.evidence import RestoreLog
 from ddpcheck.messages import count_text
 from ddpcheck.restores import Batches, RankRestore, RankResume, ResumeRow, Stop, StopResult
+from ddpcheck.verdict import RESUME, Verdict, failed, not_applicable, passed, skipped
 
 
 def stop_points(run_batches: Sequence[int], epochs: int, elastic: bool) -> tuple[Stop, ...]:
@@ -444,10 +444,11 @@ def _resume_verdict(
         + (f" ({len(bad)} of {len(judgements)} stop points fail)" if len(bad) > 1 else "")
     )
     verdict = failed(RESUME, detail, cause=first.cause, ranks=tuple(first.ranks), epochs=(first.stop.epoch,))
-    data: dict[str, object] = {}
+    log = None
     if first.logged:  # the library's own word on the restore (torchtitan: "DataLoader state is empty ...")
-        data["logged"] = [f"rank {r}: {line}" for r, lines in sorted(first.logged.items()) for line in lines]
-    return replace(verdict, fix=TOPOLOGY_FIXES.get(first.cause, ""), data=data)
+        said = sorted(first.logged.items())
+        log = RestoreLog(tuple(f"rank {r}: {line}" for r, lines in said for line in lines))
+    return replace(verdict, fix=TOPOLOGY_FIXES.get(first.cause, ""), evidence=log)
 
 
 # ----------------------------------------------------------------------------- other loaders of the file

@@ -8,7 +8,6 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import replace
 
-from ddpcheck.checks.ids import ELASTIC_RESUME
 from ddpcheck.checks.resume_common import (
     GLOBAL_RANK_STATE,
     NOT_ELASTIC,
@@ -20,10 +19,10 @@ from ddpcheck.checks.resume_common import (
     first_difference,
     flat,
 )
-from ddpcheck.checks.verdict import Verdict, failed, passed, skipped
 from ddpcheck.layout import Layout
 from ddpcheck.messages import count_text
 from ddpcheck.restores import Batches, RankRestore, RankResume, ResumeRow, Stop, StopResult, Topology
+from ddpcheck.verdict import ELASTIC_RESUME, Verdict, failed, passed, skipped
 
 
 def change_text(old: Topology, new: Topology, old_workers: int) -> str:

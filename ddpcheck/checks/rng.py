@@ -27,11 +27,10 @@ from dataclasses import dataclass
 from itertools import combinations
 
 from ddpcheck.checks.context import Context
-from ddpcheck.checks.ids import RNG_INDEPENDENCE
-from ddpcheck.checks.verdict import Verdict, not_applicable, skipped
 from ddpcheck.layout import Layout
 from ddpcheck.messages import count_text
 from ddpcheck.trace import Draw, EpochTrace, RunTrace, StepTrace
+from ddpcheck.verdict import RNG_INDEPENDENCE, Verdict, not_applicable, skipped
 
 WORKER_ID_SEED = (
     "a worker_init_fn seeds {stream} from the worker id alone: worker {worker} of every rank draws the same "

@@ -6,7 +6,8 @@ a script whose ranks never joined a process group is told to start them with its
 make a framework believe in another number of processes, are named. Once the checks have judged, the
 rules only a script needs turn verdicts around: a loop that never calls ``set_epoch``, a framework that
 builds another sampler at one process (:func:`framework_sampler`), a launch judged without a
-single-process run (:func:`standin_reference`, :func:`script_cause`) or recorded once (:func:`no_rerun`).
+single-process run (:func:`standin_reference`, :func:`script_cause`) or recorded once (:data:`RECORDED_ONCE`).
+The judge (:mod:`ddpcheck.checks.judge`) applies them in its one order.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import Any
 
 from ddpcheck.checks.diagnose import IGNORES_RANK, TOLD_REPLICAS
 from ddpcheck.checks.fixes import FIXES
-from ddpcheck.checks.ids import COVERAGE, DETERMINISM, RESHUFFLE, RNG_INDEPENDENCE, SINGLE_PROCESS_EQUIVALENCE
 from ddpcheck.checks.mixture import NO_SOURCE
 from ddpcheck.checks.replicas import (
     GLOBAL_RANK,
@@ -29,10 +29,18 @@ from ddpcheck.checks.replicas import (
     told_split,
 )
 from ddpcheck.checks.reshuffle import NOT_FORWARDED, STALE_EPOCH, evaluation_order
-from ddpcheck.checks.verdict import Verdict
 from ddpcheck.checks.work import NO_WORK
+from ddpcheck.evidence import IndexOverflow
 from ddpcheck.layout import Layout
 from ddpcheck.trace import EpochTrace, RankTrace, RunTrace, UnionIds
+from ddpcheck.verdict import (
+    COVERAGE,
+    DETERMINISM,
+    RESHUFFLE,
+    RNG_INDEPENDENCE,
+    SINGLE_PROCESS_EQUIVALENCE,
+    Verdict,
+)
 
 _NOT_FORWARDED_FIX = next(fix for text, fix in FIXES if text == NOT_FORWARDED.split("{")[0])
 SCRIPT_WORDS: dict[str, str] = {
@@ -184,7 +192,7 @@ def framework_sampler(verdict: Verdict, reference: RunTrace, run: RunTrace) -> V
 def script_cause(verdict: Verdict, run: RunTrace, name: str, standin: str, single: bool) -> Verdict:
     """Causes said of the script; checks a stand-in reference cannot decide, skipped with the reason."""
     if (
-        standin and verdict.check in NEEDS_REFERENCE and not verdict.data.get("overflow")
+        standin and verdict.check in NEEDS_REFERENCE and not isinstance(verdict.evidence, IndexOverflow)
     ):  # the dataset decides
         return Verdict(verdict.check, "skip", f"not judged without a single-process run: {standin}")
     if verdict.check == DETERMINISM and verdict.status == "skip" and not single:
@@ -227,9 +235,4 @@ def repeats_without_set_epoch(run: RunTrace) -> tuple[int, int] | None:
     return None
 
 
-def no_rerun(verdict: Verdict) -> Verdict:
-    if verdict.check == DETERMINISM and verdict.status in ("skip", "n/a"):
-        return Verdict(
-            DETERMINISM, "skip", "a recorded launch runs once: record it twice to check determinism"
-        )
-    return verdict
+RECORDED_ONCE = "a recorded launch runs once: record it twice to check determinism"

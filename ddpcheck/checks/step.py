@@ -32,12 +32,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ddpcheck.checks.ids import EQUAL_MICROSTEPS, STEP_EQUIVALENCE
 from ddpcheck.checks.shards import join_shards, sharded, with_whole_gradients
-from ddpcheck.checks.verdict import ComparedStep, StepEvidence, Verdict, not_applicable, skipped
+from ddpcheck.evidence import ComparedStep, MicroMismatch, MicroMismatches, StepEvidence
 from ddpcheck.layout import Layout
 from ddpcheck.messages import count_text
 from ddpcheck.trace import MicroStep, OptimizerStep, StepTrace
+from ddpcheck.verdict import EQUAL_MICROSTEPS, STEP_EQUIVALENCE, Verdict, not_applicable, skipped
 
 # relative L2 difference an exact replay may show, by the dtype the step computed in (module docstring);
 # float16/bfloat16 autocast on CPU, exact splits of the fixtures' models: at most 4.6e-4 / 3.7e-3
@@ -752,7 +752,7 @@ def check_equal_microsteps(run: Sequence[StepTrace | None], layout: Layout) -> V
         cause = MODULE_SKIPPED.format(module=first.module)
         fix = MICRO_FIXES[MODULE_SKIPPED].format(module=first.module)
     odd = tuple(r for r, n in enumerate(first.counts) if n != max(set(first.counts), key=first.counts.count))
-    data: dict[str, object] = {
-        "mismatches": [{"where": m.step, "module": m.module, "counts": list(m.counts)} for m in found[:64]]
-    }
-    return Verdict(EQUAL_MICROSTEPS, "fail", detail, cause, ranks=odd or tuple(ranks), data=data, fix=fix)
+    evidence = MicroMismatches(tuple(MicroMismatch(m.step, m.module, tuple(m.counts)) for m in found[:64]))
+    return Verdict(
+        EQUAL_MICROSTEPS, "fail", detail, cause, ranks=odd or tuple(ranks), evidence=evidence, fix=fix
+    )

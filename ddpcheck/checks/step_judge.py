@@ -12,14 +12,21 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ddpcheck.checks.ids import EQUAL_MICROSTEPS, RNG_INDEPENDENCE, STEP_EQUIVALENCE, SUPERVISION
 from ddpcheck.checks.rng import check_rng_independence
 from ddpcheck.checks.step import check_equal_microsteps, check_step_equivalence
 from ddpcheck.checks.supervision import check_step_supervision
-from ddpcheck.checks.verdict import Verdict, not_applicable
 from ddpcheck.layout import Layout
 from ddpcheck.options import IGNORE_INDEX
+from ddpcheck.recorded import Recorded
 from ddpcheck.trace import EpochTrace, StepTrace
+from ddpcheck.verdict import (
+    EQUAL_MICROSTEPS,
+    RNG_INDEPENDENCE,
+    STEP_EQUIVALENCE,
+    SUPERVISION,
+    Verdict,
+    not_applicable,
+)
 
 NO_BACKWARD = "the script ran no backward pass while it was recorded"
 
@@ -43,6 +50,22 @@ class StepRecord:
     def backward(self) -> bool:
         """Whether any rank ran a backward pass while recorded."""
         return any(t is not None and (t.steps or t.open_micro) for t in self.steps)
+
+
+def step_record(run: Recorded, ignore_index: int = IGNORE_INDEX) -> StepRecord:
+    """What the step checks read from one launch: each rank's steps, each loader's epochs per rank."""
+    ranks = range(run.layout.world_size)
+    steps = tuple(run.traces[r].steps if r in run.traces else None for r in ranks)
+    names = dict.fromkeys(lo.name for r in sorted(run.traces) for lo in run.traces[r].loaders)
+    loading: dict[str, list[tuple[EpochTrace, ...]]] = {}
+    for name in names:
+        loading[name] = [
+            next((lo.trace.epochs for lo in run.traces[r].loaders if lo.name == name), ())
+            if r in run.traces
+            else ()
+            for r in ranks
+        ]
+    return StepRecord(steps, loading=loading, ignore_index=ignore_index)
 
 
 def fed_loader(steps: Sequence[StepTrace | None]) -> str:

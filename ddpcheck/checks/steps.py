@@ -6,11 +6,13 @@ in that collective forever. A wrong ``len(loader)`` breaks schedulers and progre
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ddpcheck.checks.context import Context
-from ddpcheck.checks.ids import EQUAL_STEPS
-from ddpcheck.checks.verdict import Verdict, passed, skipped
 from ddpcheck.checks.wording import epochs_text
+from ddpcheck.evidence import UnevenSteps
 from ddpcheck.trace import RunTrace
+from ddpcheck.verdict import EQUAL_STEPS, Verdict, passed, skipped
 
 UNEVEN = (
     "ranks get different numbers of batches: the sampler gives ranks unequal shards "
@@ -46,7 +48,7 @@ def check_equal_steps(
             if t.len_loader is not None and t.len_loader != t.num_batches
         ]
     wrong_epochs = sorted({w[0] for w in wrong_len})
-    data: dict[str, object] = {"uneven_epochs": len(uneven), "len_mismatches": len(wrong_len)}
+    counted = UnevenSteps(uneven_epochs=len(uneven), len_mismatches=len(wrong_len))
     if uneven:
         e = uneven[0]
         counts = [t.num_batches for t in run.epoch(e)]
@@ -65,9 +67,9 @@ def check_equal_steps(
             cause = UNEVEN_ITERABLE
         else:
             cause = UNEVEN
-        data.update({"max_batches": hi, "min_batches": lo})
+        evidence = replace(counted, max_batches=hi, min_batches=lo)
         epochs = tuple(sorted({*uneven, *wrong_epochs}))
-        return Verdict(EQUAL_STEPS, "fail", detail, cause, (r_hi, r_lo), epochs, (), data)
+        return Verdict(EQUAL_STEPS, "fail", detail, cause, (r_hi, r_lo), epochs, (), evidence)
     if wrong_len:
         e, r, said, got = wrong_len[0]
         ranks = tuple(sorted({w[1] for w in wrong_len}))
@@ -77,8 +79,8 @@ def check_equal_steps(
             else ""
         )
         detail = f"len(loader) says {said} but rank {r} yielded {got} in epoch {e}{more}"
-        data.update({"len_loader": said, "yielded": got})
-        return Verdict(EQUAL_STEPS, "fail", detail, WRONG_LEN, ranks[:8], tuple(wrong_epochs), (), data)
+        evidence = replace(counted, len_loader=said, yielded=got)
+        return Verdict(EQUAL_STEPS, "fail", detail, WRONG_LEN, ranks[:8], tuple(wrong_epochs), (), evidence)
     steps = [run.epoch(e)[0].num_batches for e in range(run.num_epochs)]
     shown = ", ".join(map(str, steps))
     return passed(

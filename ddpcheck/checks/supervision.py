@@ -14,12 +14,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ddpcheck.checks.context import Context
-from ddpcheck.checks.ids import SUPERVISION
-from ddpcheck.checks.verdict import Verdict, not_applicable, passed, skipped
 from ddpcheck.checks.wording import ranks_text
+from ddpcheck.evidence import Supervision
 from ddpcheck.messages import count_text
 from ddpcheck.options import IGNORE_INDEX
 from ddpcheck.trace import RunTrace, StepTrace
+from ddpcheck.verdict import SUPERVISION, Verdict, not_applicable, passed, skipped
 
 UNSUPERVISED = (
     "micro-batches whose every label is the ignore index: a masked mean (loss * mask).sum() / mask.sum() is "
@@ -85,7 +85,7 @@ def judge_units(units: Iterable[Unit], ranks: int, ignore_index: int = IGNORE_IN
             unsupervised.append(unit)
     if not total:
         return not_applicable(SUPERVISION, "no micro-batch was recorded")
-    data: dict[str, object] = {"micro_batches": total, "empty": len(empty), "unsupervised": len(unsupervised)}
+    counted = Supervision(total, len(empty), len(unsupervised))
     over = f"{count_text(total, 'micro-batches')} on {count_text(ranks, 'ranks')}"
     if not empty and not unsupervised:
         if not labelled:
@@ -93,10 +93,13 @@ def judge_units(units: Iterable[Unit], ranks: int, ignore_index: int = IGNORE_IN
                 SUPERVISION,
                 "pass",
                 f"every one of {over} holds a sample (batches carry no labels)",
-                data=data,
+                evidence=counted,
             )
         return Verdict(
-            SUPERVISION, "pass", f"every one of {over} holds a label other than {ignore_index}", data=data
+            SUPERVISION,
+            "pass",
+            f"every one of {over} holds a label other than {ignore_index}",
+            evidence=counted,
         )
     found, cause = (empty, EMPTY) if empty else (unsupervised, UNSUPERVISED)
     first = found[0]
@@ -122,7 +125,7 @@ def judge_units(units: Iterable[Unit], ranks: int, ignore_index: int = IGNORE_IN
         ranks=tuple(bad_ranks),
         epochs=tuple(sorted({u.epoch for u in found})),
         examples=tuple(f"rank {u.rank}: {u.where}" for u in found[:5]),
-        data=data,
+        evidence=counted,
         fix=SUPERVISION_FIXES[cause],
     )
 

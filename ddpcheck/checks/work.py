@@ -28,10 +28,10 @@ from dataclasses import replace
 from typing import Any
 
 from ddpcheck.checks.context import Context
-from ddpcheck.checks.ids import PACKING, WORK_BALANCE
-from ddpcheck.checks.verdict import Verdict, not_applicable, skipped
+from ddpcheck.evidence import PackingCounts, WorkBalance
 from ddpcheck.messages import count_text
 from ddpcheck.trace import PADDED_WIDTH, EpochTrace, PackingTally, RunTrace
+from ddpcheck.verdict import PACKING, PASS, WORK_BALANCE, Verdict, not_applicable, skipped
 
 QUANTILE = 0.99
 MAX_DRAWS = 200
@@ -218,16 +218,17 @@ def check_work_balance(
         supervised.append(
             [int(sum(c or ())) for c in counted] if all(c is not None for c in counted) else None
         )
-    data: dict[str, Any] = {
-        "source": source,
-        "idle": idle,
-        "random_batching_p99": chance,
-        "draws": draws,
-        "rank_totals": totals,
-        "slowest_share": shares,
-        "supervised_totals": supervised,
-        "steps_per_rank": [[len(r.epochs[e].batch_sizes) for r in run.ranks] for e in range(epochs)],
-    }
+    steps = tuple(tuple(len(r.epochs[e].batch_sizes) for r in run.ranks) for e in range(epochs))
+    balance = WorkBalance(
+        source,
+        tuple(idle),
+        tuple(chance),
+        tuple(draws),
+        tuple(tuple(t) for t in totals),
+        tuple(tuple(s) for s in shares),
+        tuple(tuple(s) if s is not None else None for s in supervised),
+        steps,
+    )
     shown = ", ".join(f"{x:.0%}" for x in idle)
     baseline = ", ".join(f"{x:.0%}" for x in chance)
     rank_text = "/".join(str(t) for t in totals[0])
@@ -242,8 +243,7 @@ def check_work_balance(
             "every epoch"
         )
     if all(i > c for i, c in zip(idle, chance, strict=True)):
-        counts = data["steps_per_rank"]
-        if any(len(set(c)) > 1 for c in counts):
+        if any(len(set(c)) > 1 for c in steps):
             cause = TOKEN_BUDGET_PER_RANK
         elif ordered is not None:
             cause = SORTED_SHARDS
@@ -252,9 +252,9 @@ def check_work_balance(
         detail = f"the ranks wait systematically: {summary}"
         epochs_seen = tuple(range(epochs))
         return Verdict(
-            WORK_BALANCE, "fail", detail, cause, epochs=epochs_seen, data=data, fix=WORK_FIXES[cause]
+            WORK_BALANCE, "fail", detail, cause, epochs=epochs_seen, evidence=balance, fix=WORK_FIXES[cause]
         )
-    return Verdict(WORK_BALANCE, "pass", summary, data=data)
+    return Verdict(WORK_BALANCE, "pass", summary, evidence=balance)
 
 
 def padded_widths(run: RunTrace) -> bool:
@@ -286,10 +286,10 @@ def _ordered_rank(shares: Sequence[Sequence[float]]) -> int | None:
 
 def with_max_idle(verdict: Verdict, max_idle: float | None) -> Verdict:
     """``work_balance`` failed also when an epoch's idle fraction exceeds the user's limit."""
-    if max_idle is None or verdict.check != WORK_BALANCE or verdict.status != "pass":
+    balance = verdict.evidence
+    if max_idle is None or verdict.check != WORK_BALANCE or verdict.status != PASS:
         return verdict
-    raw = verdict.data.get("idle", ())
-    idle = [float(x) for x in raw] if isinstance(raw, (list, tuple)) else []
+    idle = [float(x) for x in balance.idle] if isinstance(balance, WorkBalance) else []
     if not idle or max(idle) <= max_idle:
         return verdict
     detail = f"idle {max(idle):.0%} exceeds --max-idle {max_idle:.0%}: {verdict.detail}"
@@ -344,28 +344,34 @@ def _packing_problems(total: PackingTally) -> list[tuple[str, str]]:
     return problems
 
 
-def _token_coverage(reference: RunTrace, run: RunTrace, data: dict[str, Any]) -> tuple[str, str] | str:
+TokenCounts = tuple[int | None, int | None]  # tokens lost, unexpected over the epochs compared (None: none)
+
+
+def _token_coverage(reference: RunTrace, run: RunTrace) -> tuple[tuple[str, str] | str, TokenCounts]:
     """Every token of each single-process epoch reaches exactly the ranks' tokens: the first epoch where
-    not as a problem (cause, text), else what was checked ("" nothing could be); counts go to ``data``."""
+    not as a problem (cause, text), else what was checked ("" nothing could be); and the counts so far."""
     checked_tokens = ""
+    lost_total: int | None = None
+    unexpected_total: int | None = None
     epochs = min((len(r.epochs) for r in run.ranks), default=0)
     for epoch in range(min(epochs, min((len(r.epochs) for r in reference.ranks), default=0))):
         seen, expected = _tokens(run, epoch), _tokens(reference, epoch)
         if seen is None or expected is None:
             break
         lost, unexpected = len(expected - seen), len(seen - expected)
-        data["tokens_lost"] = (data["tokens_lost"] or 0) + lost
-        data["tokens_unexpected"] = (data["tokens_unexpected"] or 0) + unexpected
+        lost_total = (lost_total or 0) + lost
+        unexpected_total = (unexpected_total or 0) + unexpected
         checked_tokens = (
             f"; {count_text(len(expected), 'tokens')} of the single-process epoch each reach a rank"
         )
         if lost or unexpected:
-            return (
+            problem = (
                 PACKED_PER_RANK,
                 f"epoch {epoch}: {count_text(lost, 'tokens')} of the single-process epoch reach no rank, "
                 f"{count_text(unexpected, 'tokens')} appear only here",
             )
-    return checked_tokens
+            return problem, (lost_total, unexpected_total)
+    return checked_tokens, (lost_total, unexpected_total)
 
 
 def check_packing(
@@ -381,22 +387,22 @@ def check_packing(
     total = PackingTally()
     for tally in tallies:
         total.add(tally)
-    data: dict[str, Any] = {
-        "sources": list(total.sources),
-        "batches": total.batches,
-        "segments": total.segments,
-        "boundaries_without_reset": total.no_reset,
-        "resets_inside_a_segment": total.reset_inside,
-        "batches_with_disagreeing_metadata": total.disagree,
-        "position_jumps": total.jumps,
-        "mixed_segments": total.mixed,
-        "cuts_continued": total.cut_continued,
-        "cuts_restarted": total.cut_restarted,
-        "tokens_lost": None,
-        "tokens_unexpected": None,
-    }
     problems = _packing_problems(total)
-    covered = _token_coverage(reference, run, data)
+    covered, (lost, unexpected) = _token_coverage(reference, run)
+    counted = PackingCounts(
+        tuple(total.sources),
+        total.batches,
+        total.segments,
+        total.no_reset,
+        total.reset_inside,
+        total.disagree,
+        total.jumps,
+        total.mixed,
+        total.cut_continued,
+        total.cut_restarted,
+        lost,
+        unexpected,
+    )
     checked_tokens = ""
     if isinstance(covered, tuple):
         problems.append(covered)
@@ -409,8 +415,8 @@ def check_packing(
             f", {count_text(total.cut_continued, 'cut documents')} continued" if total.cut_continued else ""
         )
         detail = f"positions restart at every document boundary: {where}{cuts}{checked_tokens}"
-        return Verdict(PACKING, "pass", detail, data=data)
+        return Verdict(PACKING, "pass", detail, evidence=counted)
     cause, first = problems[0]
     more = "; ".join(text for _, text in problems[1:])
     detail = f"{first}: {where}" + (f"; also {more}" if more else "")
-    return Verdict(PACKING, "fail", detail, cause, data=data, fix=PACKING_FIXES[cause])
+    return Verdict(PACKING, "fail", detail, cause, evidence=counted, fix=PACKING_FIXES[cause])

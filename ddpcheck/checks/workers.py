@@ -12,11 +12,11 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from ddpcheck.checks.context import Context
-from ddpcheck.checks.ids import WORKER_SHARDING
-from ddpcheck.checks.verdict import Verdict, not_applicable, passed, skipped
 from ddpcheck.checks.wording import epochs_text, few, ids_text
+from ddpcheck.evidence import WorkerRepeats
 from ddpcheck.messages import count_text
 from ddpcheck.trace import EpochTrace, RunTrace
+from ddpcheck.verdict import WORKER_SHARDING, Verdict, not_applicable, passed, skipped
 
 WORKERS = "the iterable dataset is not split across DataLoader workers (use get_worker_info())"
 REPEATS = (
@@ -160,5 +160,5 @@ def check_worker_sharding(
         ranks[:8],
         epochs,
         examples,
-        {"repeated": sum(per_epoch.values()), "ranks_affected": len(ranks), "workers": len(workers)},
+        WorkerRepeats(sum(per_epoch.values()), len(ranks), len(workers)),
     )

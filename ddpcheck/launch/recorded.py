@@ -2,13 +2,13 @@
 in a collective for a rank that did, or was stopped after another failed).
 
 A launch started here (:func:`read_launch`, from what :mod:`ddpcheck.launch.script` watched) and a launch
-recorded elsewhere (:func:`read_trace_dir`, ``ddpcheck judge DIR``) become the same :class:`Recorded`;
-:func:`launch_problem` says why nothing of one can be judged.
+recorded elsewhere (:func:`read_trace_dir`, ``ddpcheck judge DIR``) become the same plain
+:class:`~ddpcheck.recorded.Recorded`, which the judge reads.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 from ddpcheck.launch.script import ScriptLaunch, output_tail
@@ -16,21 +16,9 @@ from ddpcheck.launch.userfiles import is_user_file, shown_path
 from ddpcheck.layout import Layout
 from ddpcheck.messages import one_line
 from ddpcheck.options import BadInput
+from ddpcheck.recorded import Recorded
 from ddpcheck.trace import RankFailure, ScriptRankTrace
 from ddpcheck.tracefile import TRACE_GLOB, BadTraceFile, read_rank, trace_path
-
-
-@dataclass
-class Recorded:
-    """One launch read back: each rank's trace, or why there is none."""
-
-    layout: Layout
-    traces: dict[int, ScriptRankTrace]
-    failures: tuple[RankFailure, ...]
-    seconds: float = 0.0
-    environment: dict[str, str] = field(default_factory=dict)  # what ddpcheck set for the ranks
-    outputs: dict[int, str] = field(default_factory=dict)  # the last lines each rank printed
-    out: str = ""  # the launch's trace directory (a replay reads its saved steps there)
 
 
 def read_launch(launch: ScriptLaunch, layout: Layout) -> Recorded:
@@ -128,24 +116,6 @@ def _read_trace(path: str, *, untrusted: bool = False) -> ScriptRankTrace | None
         return read_rank(path, untrusted=untrusted)
     except BadTraceFile:
         return None
-
-
-def launch_problem(recorded: Recorded) -> str:
-    """Why nothing of this launch can be judged ("" when it can)."""
-    if recorded.failures:
-        first = min(recorded.failures, key=lambda f: (f.kind == "secondary", f.rank))
-        return first.message
-    fallbacks = {t.fallback for t in recorded.traces.values() if t.fallback}
-    if fallbacks:
-        return sorted(fallbacks)[0]
-    if not any(t.loaders or t.sources for t in recorded.traces.values()):
-        return "the script iterated no DataLoader"
-    return ""
-
-
-def launch_failure(message: str, recorded: Recorded | None = None) -> RankFailure:
-    """The launch's one failure (no rank failed, yet nothing can be judged), with what rank 0 printed."""
-    return RankFailure(0, "error", message, output=recorded.outputs.get(0, "") if recorded else "")
 
 
 def read_trace_dir(directory: str | Path, layout: Layout | None = None) -> Recorded:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 _LIBRARY_ROOTS: tuple[str, ...] = ()
+_SHOWN_FROM: str = ""  # the folder paths are shown relative to ("": the working directory)
 
 
 def library_roots() -> tuple[str, ...]:
@@ -34,8 +35,16 @@ def is_user_file(filename: str) -> bool:
     return not real.startswith(library_roots())
 
 
+def show_paths_from(folder: str) -> None:
+    """Name this process's files relative to ``folder`` (a script's rank: the script's folder, so a report
+    reads the same wherever ddpcheck ran); "" goes back to the working directory."""
+    global _SHOWN_FROM
+    _SHOWN_FROM = os.path.realpath(folder) if folder else ""
+
+
 def shown_path(filename: str) -> str:
-    """``train.py`` relative to the working directory where it lies below it, else as given."""
+    """``train.py`` relative to the folder paths are shown from (:func:`show_paths_from`, else the working
+    directory) where it lies below it, else the whole path: never a ``../..`` climb out of it."""
     real = os.path.realpath(filename)
-    cwd = os.path.realpath(os.getcwd())
-    return os.path.relpath(real, cwd) if real.startswith(cwd + os.sep) else real
+    root = _SHOWN_FROM or os.path.realpath(os.getcwd())
+    return os.path.relpath(real, root) if real.startswith(root + os.sep) else real

@@ -15,6 +15,7 @@ _EXPORTS = {
     "render": "ddpcheck.report.dispatch",
     "ReportWriteError": "ddpcheck.report.files",
     "write_reports": "ddpcheck.report.files",
+    "reasons_path": "ddpcheck.report.files",
     "render_html": "ddpcheck.report.html",
     "SCHEMA_VERSION": "ddpcheck.report.json_report",
     "render_json": "ddpcheck.report.json_report",
@@ -29,7 +30,7 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from ddpcheck.report.dispatch import render
-    from ddpcheck.report.files import ReportWriteError, write_reports
+    from ddpcheck.report.files import ReportWriteError, reasons_path, write_reports
     from ddpcheck.report.formats import FORMATS, Format
     from ddpcheck.report.github import render_github
     from ddpcheck.report.html import render_html

@@ -152,3 +152,18 @@ def _fsync_directory(directory: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def reasons_path(paths: Iterable[Path]) -> str:
+    """Where the terminal says the reasons checks do not apply are (the Markdown report): relative to the
+    working directory when below it, else its name alone when the whole path would not fit a line
+    (stderr's ``reports:`` line has it whole)."""
+    path = next((p for p in paths if p.suffix == ".md"), None)
+    if path is None:
+        return "the report files"
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:
+        relative = str(path)
+    shown = str(path) if relative.startswith("..") else relative
+    return shown if len(shown) <= 40 else f"{path.name} (in the report directory)"

@@ -77,4 +77,5 @@ def render_github(result: CheckResult | ReportView) -> str:
     """``result`` as annotations on its loader file (the factory the run used, ``make_loader`` by default)."""
     res = as_view(result).result
     path = res.loader.partition("::")[0]
-    return github_annotations(result, path, str(res.options.get("factory") or "make_loader"))
+    options = res.options.options
+    return github_annotations(result, path, options.factory if options is not None else "make_loader")

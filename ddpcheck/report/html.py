@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from html import escape
 
-from ddpcheck.checks.ids import SHORT_LABELS
 from ddpcheck.figures import PACKED_NOTE
 from ddpcheck.report.junit import xml_text
 from ddpcheck.report.rows import Row
@@ -35,6 +34,7 @@ from ddpcheck.report.view import (
     trim_stack,
 )
 from ddpcheck.result import CheckResult
+from ddpcheck.verdict import SHORT_LABELS
 
 HTML_STACK_LINES = 80
 OUTCOME_CSS = {"exact": "pass", "resharded": "pass", "refused": "refused", "failed": "fail"}
@@ -174,7 +174,7 @@ def _grid(view: ReportView) -> list[str]:
     padding = any(row.padding for row in view.rows)
     idle = any(row.idle for row in view.rows)
     rows = []
-    for row in view.rows:
+    for row in view.grid_rows:
         pictured = row.run.figures is not None
         shown = row.short if view.loader_column else row.label
         label = f'<a href="#{_e(row.anchor)}">{_e(shown)}</a>' if pictured else _e(shown)

@@ -82,13 +82,13 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ddpcheck.checks.verdict import Verdict
 from ddpcheck.report.mixture_view import MixtureTable
 from ddpcheck.report.rows import Row
 from ddpcheck.report.view import Cause, ReportView, as_view
 from ddpcheck.restores import ResumeRow
 from ddpcheck.result import CheckResult, MetricRow
 from ddpcheck.trace import RankFailure
+from ddpcheck.verdict import Verdict
 
 SCHEMA_VERSION = 3  # 2: layouts (label, mesh), padding, each cause's fix; 3: resume topology/outcome, idle
 _MAX_DEPTH = 32  # deeper (or cyclic) structures end in their repr instead of a RecursionError
@@ -139,7 +139,7 @@ def to_json_dict(result: CheckResult | ReportView) -> dict[str, Any]:
         "loader": res.loader,
         "id_source": res.id_source,
         "epochs": res.epochs,
-        "options": jsonable(dict(res.options)),
+        "options": jsonable(res.options.as_data()),
         "notes": [str(note) for note in res.notes],
         "summary": {
             "passed": counts.passed,
@@ -239,7 +239,7 @@ def _verdict(verdict: Verdict) -> dict[str, Any]:
         "ranks": jsonable(list(verdict.ranks)),
         "epochs": jsonable(list(verdict.epochs)),
         "examples": jsonable(list(verdict.examples)),
-        "data": jsonable(verdict.evidence.as_data() if verdict.evidence else dict(verdict.data)),
+        "data": jsonable(verdict.evidence.as_data() if verdict.evidence is not None else {}),
     }
 
 

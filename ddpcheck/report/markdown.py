@@ -131,7 +131,7 @@ def _grid(view: ReportView) -> str:
             *(_status(row, c) for c in view.grid_columns),
             md_escape(row.ranks),
         ]
-        for row in view.rows
+        for row in view.grid_rows
     ]
     return _table(rows, headers)
 

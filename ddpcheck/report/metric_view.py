@@ -11,9 +11,9 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ddpcheck.checks.ids import METRIC_EQUIVALENCE
-from ddpcheck.checks.verdict import ComparedValue, MetricEvidence
+from ddpcheck.evidence import ComparedValue, MetricEvidence
 from ddpcheck.messages import count_text
+from ddpcheck.verdict import METRIC_EQUIVALENCE
 
 if TYPE_CHECKING:
     from ddpcheck.report.rows import Row

@@ -3,10 +3,12 @@ worker), part of the report view (:mod:`ddpcheck.report.view`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ddpcheck.checks.ids import MIXTURE
+from ddpcheck.evidence import MixtureShares
+from ddpcheck.verdict import MIXTURE
 
 if TYPE_CHECKING:
     from ddpcheck.report.rows import Row
@@ -38,30 +40,23 @@ class MixtureTable:
 def mixture_table(row: Row) -> MixtureTable | None:
     """The mixture verdict's data as a table (None where batches carry no source)."""
     verdict = next((v for v in row.run.verdicts if v.check == MIXTURE), None)
-    data = verdict.data if verdict is not None else {}
-    sources = data.get("sources")
-    if verdict is None or not isinstance(sources, list) or not sources:
+    shares = verdict.evidence if verdict is not None else None
+    if verdict is None or not isinstance(shares, MixtureShares) or not shares.sources:
         return None
+    sources = shares.sources
 
-    def group(who: str, counts: object) -> tuple[str, int, tuple[float, ...]] | None:
-        if not isinstance(counts, list) or len(counts) != len(sources):
+    def group(who: str, counts: Sequence[int]) -> tuple[str, int, tuple[float, ...]] | None:
+        if len(counts) != len(sources):
             return None
         n = sum(int(c) for c in counts)
         return (who, n, tuple(int(c) / n if n else 0.0 for c in counts))
 
-    expected = data.get("expected")
-    groups = [("expected", 0, tuple(float(x) for x in expected))] if isinstance(expected, list) else []
-    found = [
-        group("single process", data.get("reference_counts")),
-        group("all ranks", data.get("union_counts")),
-    ]
-    ranks = data.get("rank_counts")
-    workers = data.get("worker_counts")
-    by_rank: dict[int, list[tuple[int, object]]] = {}
-    for item in workers if isinstance(workers, list) else []:
-        if isinstance(item, list) and len(item) == 3:
-            by_rank.setdefault(int(item[0]), []).append((int(item[1]), item[2]))
-    for r, counts in enumerate(ranks if isinstance(ranks, list) else []):
+    groups = [("expected", 0, tuple(float(x) for x in shares.expected))]
+    found = [group("single process", shares.reference_counts), group("all ranks", shares.union_counts)]
+    by_rank: dict[int, list[tuple[int, Sequence[int]]]] = {}
+    for rank, worker, counts in shares.worker_counts:
+        by_rank.setdefault(int(rank), []).append((int(worker), counts))
+    for r, counts in enumerate(shares.rank_counts):
         found.append(group(f"rank {r}", counts))
         found += [group(f"rank {r} worker {w}", c) for w, c in by_rank.get(r, [])]
     groups += [g for g in found if g is not None]
@@ -70,6 +65,6 @@ def mixture_table(row: Row) -> MixtureTable | None:
         anchor=f"mixture-{row.anchor}",
         status=verdict.status,
         sources=tuple(str(s) for s in sources),
-        expected_from=str(data.get("expected_from", "")),
+        expected_from=shares.expected_from,
         groups=tuple(groups),
     )

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from html import escape
 from typing import TYPE_CHECKING
 
-from ddpcheck.checks.ids import STEP_EQUIVALENCE
-from ddpcheck.checks.verdict import ComparedStep, StepEvidence
+from ddpcheck.evidence import ComparedStep, StepEvidence
+from ddpcheck.verdict import STEP_EQUIVALENCE
 
 if TYPE_CHECKING:
     from ddpcheck.report.rows import Row

@@ -19,7 +19,13 @@ from html import escape
 
 import numpy as np
 
-from ddpcheck.checks.ids import (
+from ddpcheck.figures import NO_RANK, SEVERAL, EpochFigure, FigureData
+from ddpcheck.messages import spans
+from ddpcheck.report.rows import restore_outcome
+from ddpcheck.report.view import ReportView, as_view
+from ddpcheck.restores import ResumeRow
+from ddpcheck.result import CheckResult, WorldResult
+from ddpcheck.verdict import (
     COVERAGE,
     EQUAL_STEPS,
     NO_OVERLAP,
@@ -28,12 +34,6 @@ from ddpcheck.checks.ids import (
     SINGLE_PROCESS_EQUIVALENCE,
     WORK_BALANCE,
 )
-from ddpcheck.figures import NO_RANK, SEVERAL, EpochFigure, FigureData
-from ddpcheck.messages import spans
-from ddpcheck.report.rows import restore_outcome
-from ddpcheck.report.view import ReportView, as_view
-from ddpcheck.restores import ResumeRow
-from ddpcheck.result import CheckResult, WorldResult
 
 WIDTH = 960
 LEFT = 96  # label column

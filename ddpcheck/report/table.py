@@ -1,9 +1,11 @@
 """The terminal report: a PASS/FAIL grid, the evidence behind each failure, divergence, one summary line.
 
 The grid has one row per world size and one column per check (short labels, explained by a legend
-line), which fits 100 columns even with all eleven checks. On a narrower ``width`` the grid turns
-(``layout="auto"``): one row per check, one column per world size. Both forms end in "ranks" (rank
-failures, or why a world size was skipped).
+line), which fits 100 columns even with all eleven checks. A training script's loaders get a column of
+their own, or, where that would not fit, a line above each loader's rows. On a narrower ``width`` the
+grid turns (``layout="auto"``): one row per check, one column per world size (a table per script
+loader), cut into several tables where the world sizes do not fit side by side. Both forms end in
+"ranks" (rank failures, or why a world size was skipped).
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from typing import Literal
 import tabulate as tabulate_module
 from tabulate import tabulate
 
-from ddpcheck.checks.ids import NO_OVERLAP, SHORT_LABELS
 from ddpcheck.messages import short_hash_ids
 from ddpcheck.report.rows import Row
 from ddpcheck.report.view import (
@@ -36,6 +37,7 @@ from ddpcheck.report.view import (
     trim_stack,
 )
 from ddpcheck.result import CheckResult
+from ddpcheck.verdict import NO_OVERLAP, SHORT_LABELS
 
 Layout = Literal["auto", "wide", "tall"]
 Paint = Callable[[str, str], str]
@@ -44,6 +46,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _COLORS = {"pass": "32", "fail": "1;31", "skip": "33", "n/a": "2", "allowed": "35"}
 _MIN_WRAP = 16  # narrowest a wrapped free-text column may get
 _MIN_NOTE = 28  # a note column narrower than this goes below its table (no word-per-line columns)
+_MIN_COLUMN = 8  # narrowest a layout's column of the tall grid gets
 _INDENT = "    "
 
 
@@ -154,43 +157,103 @@ def _grid(view: ReportView, paint: Paint, width: int, layout: Layout) -> str:
         wide = _wide_grid(view, paint, width)
         if layout == "wide" or visible_width(wide) <= width:
             return wide
+        if view.loader_column:  # a script's loaders: each a line above its rows instead of a column
+            grouped = _wide_grid(view, paint, width, grouped=True)
+            if visible_width(grouped) <= width:
+                return grouped
     return _tall_grid(view, paint, width)
 
 
-def _wide_grid(view: ReportView, paint: Paint, width: int) -> str:
-    """One row per layout, one column per check (short labels, explained in a legend line)."""
+def _wide_grid(view: ReportView, paint: Paint, width: int, *, grouped: bool = False) -> str:
+    """One row per layout, one column per check (short labels, explained in a legend line). A script's
+    loaders get a column of their own, or (``grouped``) a line above each loader's rows."""
     checks = view.grid_columns
-    named = ["loader"] if view.loader_column else []  # a script's loaders: a column of their own
+    named = ["loader"] if view.loader_column and not grouped else []
     headers = [*named, "ws", *(SHORT_LABELS.get(check, check) for check in checks)]
+    shown = view.grid_rows
     rows = [
         [*([row.loader] if named else []), row.short, *(_status_cell(row, check, paint) for check in checks)]
-        for row in view.rows
+        for row in shown
     ]
+    if named:  # a loader's name once, on its first row
+        for cells, before, row in zip(rows[1:], shown, shown[1:], strict=False):
+            cells[0] = "" if row.loader == before.loader else cells[0]
     room = max(width - visible_width(_table(rows, headers, pad=False)) - 2, _MIN_WRAP)
-    for cells, row in zip(rows, view.rows, strict=True):
+    for cells, row in zip(rows, shown, strict=True):
         cells.append(_printable(row.ranks))
     grid = _table(rows, [*headers, "ranks"], pad=False, maxcolwidths=[None] * len(headers) + [room])
+    if grouped:
+        grid = _group_lines(grid, shown, width)
     if not view.legend:
         return grid
     return grid + "\n\n" + textwrap.fill(f"columns: {view.legend}", width=width, subsequent_indent="  ")
 
 
+def _group_lines(grid: str, rows: Sequence[Row], width: int) -> str:
+    """``grid`` (a header, a rule, then each row's lines) with each loader's name on a line of its own
+    above its first row. A row's ranks may wrap over several lines: rows are found by their first cell."""
+    lines = grid.splitlines()
+    out, body = lines[:2], lines[2:]
+    starts = [i for i, line in enumerate(body) if line[:1].strip()]  # a wrapped line starts blank
+    for n, (row, start) in enumerate(zip(rows, starts, strict=False)):
+        if n == 0 or row.loader != rows[n - 1].loader:
+            out += _wrap(_printable(row.loader), width, "", _INDENT)
+        end = starts[n + 1] if n + 1 < len(starts) else len(body)
+        out += body[start:end]
+    return "\n".join(out)
+
+
 def _tall_grid(view: ReportView, paint: Paint, width: int) -> str:
-    """One row per check, one column per layout: fits any number of checks."""
-    checks = view.grid_columns
-    headers = ["check", *(row.label.replace(" ", "\n") for row in view.rows)]
-    rows = [[check, *(_status_cell(row, check, paint) for row in view.rows)] for check in checks]
+    """One row per check, one column per layout: fits any number of checks. A script's loaders get a
+    table each, under their name; layouts that do not fit side by side go on in another table."""
+    if not view.loader_column:
+        return _tall_tables(view.rows, view.grid_columns, paint, width, lambda row: row.label)
+    blocks = []
+    for loader in dict.fromkeys(row.loader for row in view.rows):
+        mine = [row for row in view.rows if row.loader == loader]
+        table = _tall_tables(mine, view.grid_columns, paint, width, _layout_alone)
+        blocks.append("\n".join([*_wrap(_printable(loader), width, "", _INDENT), table]))
+    return "\n\n".join(blocks)
+
+
+def _layout_alone(row: Row) -> str:
+    """A script loader's row headed by its layout alone (``ws=2``): the loader names its table."""
+    return row.label.removeprefix(f"{row.loader} ")
+
+
+def _tall_tables(
+    rows: Sequence[Row], checks: Sequence[str], paint: Paint, width: int, head: Callable[[Row], str]
+) -> str:
+    """``rows`` as tall tables, as many layouts side by side as fit ``width`` (a layout 8 columns or more)."""
     label_width = max(len(label) for label in ["check", "ranks", *checks])
-    runs = len(view.rows)
-    column = max((width - label_width - 2 * runs) // runs, 8)
-    texts = [_printable(row.ranks) for row in view.rows]
+    fit = max((width - label_width) // (_MIN_COLUMN + 2), 1)
+    tables = []
+    for start in range(0, len(rows), fit):
+        chunk = rows[start : start + fit]
+        column = max((width - label_width - 2 * len(chunk)) // len(chunk), _MIN_COLUMN)
+        tables.append(_tall_table(chunk, checks, paint, width, head, label_width, column))
+    return "\n\n".join(tables)
+
+
+def _tall_table(
+    rows: Sequence[Row],
+    checks: Sequence[str],
+    paint: Paint,
+    width: int,
+    head: Callable[[Row], str],
+    label_width: int,
+    column: int,
+) -> str:
+    headers = ["check", *(head(row).replace(" ", "\n") for row in rows)]
+    cells = [[check, *(_status_cell(row, check, paint) for row in rows)] for check in checks]
+    texts = [_printable(row.ranks) for row in rows]
     below = [_word_a_line(text, column) for text in texts]  # those go under the grid, whole
-    rows.append(["ranks", *(("below" if low else text) for text, low in zip(texts, below, strict=True))])
-    grid = _table(rows, headers, maxcolwidths=[None] + [column] * runs)
+    cells.append(["ranks", *(("below" if low else text) for text, low in zip(texts, below, strict=True))])
+    grid = _table(cells, headers, maxcolwidths=[None] + [column] * len(rows))
     if not any(below):
         return grid
     lines = [grid, ""]
-    for row, text, low in zip(view.rows, texts, below, strict=True):
+    for row, text, low in zip(rows, texts, below, strict=True):
         if low:
             lines += _wrap(f"ranks at {row.label}: {text}", width)
     return "\n".join(lines)

@@ -12,14 +12,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-import os
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from ddpcheck.checks.ids import ALL_CHECKS, PADDING_BOUND, SHORT_LABELS, WORK_BALANCE
-from ddpcheck.checks.verdict import Verdict
+from ddpcheck.evidence import PaddingCost, RestoreLog, WorkBalance
 from ddpcheck.messages import count_text, short_id, spans
 from ddpcheck.report.metric_view import MetricTable, metric_table
 from ddpcheck.report.mixture_view import MixtureTable, mixture_table
@@ -28,6 +26,7 @@ from ddpcheck.report.step_view import StepTable, step_table
 from ddpcheck.restores import ResumeRow
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.trace import RankFailure
+from ddpcheck.verdict import ALL_CHECKS, PADDING_BOUND, PASS, SHORT_LABELS, WORK_BALANCE, Verdict
 
 STATUS_WORD = {"pass": "PASS", "fail": "FAIL", "skip": "skip", "n/a": "n/a", "allowed": "allowed"}
 STATUS_RANK = ("fail", "allowed", "pass", "skip", "n/a")  # a cell with several verdicts shows the first
@@ -146,8 +145,15 @@ class ReportView:
     @property
     def subject(self) -> str:
         """What was checked, as a report's header names it: Script, Traces (``ddpcheck judge``) or Loader."""
-        options = self.result.options
-        return "Script" if "script" in options else "Traces" if "judged" in options else "Loader"
+        record = self.result.options
+        return "Script" if record.script is not None else "Traces" if record.judged else "Loader"
+
+    @property
+    def grid_rows(self) -> tuple[Row, ...]:
+        """The rows as the grids show them: a script's loaders each with its layouts together (loaders in
+        the order first seen), a loader file's in run order."""
+        order = {loader: n for n, loader in enumerate(dict.fromkeys(row.loader for row in self.rows))}
+        return tuple(sorted(self.rows, key=lambda row: order[row.loader]))
 
     @property
     def loader_column(self) -> bool:
@@ -258,26 +264,27 @@ def _failure_cause(found: Sequence[Cause], run: WorldResult, failure: RankFailur
 
 
 def shown_loaders(result: CheckResult) -> CheckResult:
-    """A script's loaders named relative to the working directory it ran in (``options["cwd"]``), as the
-    script's own paths read there: ``../examples/train.py:42`` rather than an absolute path."""
-    cwd = result.options.get("cwd")
-    if not isinstance(cwd, str) or not cwd or not any(run.loader for run in result.runs):
+    """A script's loaders named as its code names them (:func:`loader_names`), in every report."""
+    if not any(run.loader for run in result.runs):
         return result
-    runs = tuple(
-        replace(run, loader=loader_shown(run.loader, cwd)) if run.loader else run for run in result.runs
-    )
+    names = loader_names(result.runs)
+    runs = tuple(replace(run, loader=names[run.loader]) if run.loader else run for run in result.runs)
     return replace(result, runs=runs)
 
 
-def loader_shown(name: str, cwd: str) -> str:
-    """``/abs/path/train.py:42#2`` relative to ``cwd``; any other name as it is."""
-    path, colon, line = name.rpartition(":")
-    if not colon or not os.path.isabs(path):
-        return name
-    try:
-        return f"{os.path.relpath(path, cwd)}:{line}"
-    except ValueError:  # another drive
-        return name
+def loader_names(runs: Sequence[WorldResult]) -> dict[str, str]:
+    """Each script loader's name in the reports: the variable the script assigned it to (``train_loader``),
+    followed by the line that built it where two loaders share the variable (``loader (train.py:42)``);
+    the line alone where it assigned none. The line is the rank's, relative to the script's folder."""
+    variables: dict[str, str] = {}
+    for run in runs:
+        if run.loader:
+            variables.setdefault(run.loader, run.loader_variable)
+    shared = Counter(v for v in variables.values() if v)
+    return {
+        site: site if not variable else variable if shared[variable] == 1 else f"{variable} ({site})"
+        for site, variable in variables.items()
+    }
 
 
 def check_columns(result: CheckResult) -> tuple[str, ...]:
@@ -330,12 +337,11 @@ def idle_text(run: WorldResult) -> str:
     """``14%, 12% (random batching: 16%, 17%)``: the share of rank-steps the ranks would wait for the
     slowest, per epoch, from work_balance's data; "" when work was not measured."""
     verdict = next((v for v in run.verdicts if v.check == WORK_BALANCE), None)
-    idle = verdict.data.get("idle") if verdict is not None else None
-    chance = verdict.data.get("random_batching_p99") if verdict is not None else None
-    if not isinstance(idle, list) or not isinstance(chance, list) or not idle:
+    balance = verdict.evidence if verdict is not None else None
+    if not isinstance(balance, WorkBalance) or not balance.idle:
         return ""
-    shown = ", ".join(f"{float(x):.0%}" for x in idle)
-    return f"{shown} (random batching: {', '.join(f'{float(x):.0%}' for x in chance)})"
+    shown = ", ".join(f"{float(x):.0%}" for x in balance.idle)
+    return f"{shown} (random batching: {', '.join(f'{float(x):.0%}' for x in balance.random_batching_p99)})"
 
 
 def padding_text(run: WorldResult) -> str:
@@ -344,17 +350,18 @@ def padding_text(run: WorldResult) -> str:
     counted); where it fails, the copies named as overlap between ranks ("23 extra copies of 96 samples
     (24%): overlap between ranks (at most 1 can be padding)"); ``none``; or "" when not judged."""
     verdict = next((v for v in run.verdicts if v.check == PADDING_BOUND), None)
-    if verdict is None:
+    cost = verdict.evidence if verdict is not None else None
+    if verdict is None or not isinstance(cost, PaddingCost):
         return ""
-    copies, samples = verdict.data.get("copies"), verdict.data.get("samples")
+    copies, samples = cost.copies, cost.samples
     if not isinstance(copies, int) or not isinstance(samples, int) or samples <= 0:
         return ""
     if copies == 0:
         return "none"
-    noun = str(verdict.data.get("noun") or "samples")  # samples, batches, rows: what the check counted
+    noun = cost.noun or "samples"  # samples, batches, rows: what the check counted
     share = f"of {count_text(samples, noun)} ({copies / samples:.0%})"
-    bound = verdict.data.get("bound")
-    if verdict.status == "pass" or not isinstance(bound, int):
+    bound = cost.bound
+    if verdict.status == PASS or not isinstance(bound, int):
         return f"{count_text(copies, 'padding copies')} {share}"  # what the sampler adds by design
     padding = f"at most {bound} can be padding" if bound else "the sampler adds no padding"
     return f"{count_text(copies, 'extra copies')} {share}: overlap between ranks ({padding})"
@@ -492,8 +499,8 @@ def evidence(verdict: Verdict, *, cause: bool = True) -> list[tuple[str, str]]:
 
 def _logged(verdict: Verdict) -> list[object]:
     """What the loader's library logged or warned where the check saw the failure (resume: restoring)."""
-    lines = verdict.data.get("logged", ())
-    return list(lines) if isinstance(lines, (list, tuple)) else []
+    log = verdict.evidence
+    return list(log.logged) if isinstance(log, RestoreLog) else []
 
 
 def trim_stack(stack: str, max_lines: int = STACK_LINES) -> list[str]:

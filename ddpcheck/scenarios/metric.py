@@ -28,7 +28,7 @@ naive DDP value gathers every rank's outputs with ``sync_dicts_ddp(outputs, worl
 copies kept, rank-major order, what most code does); the corrected value gathers with
 ``sync_dicts_ddp(outputs, world_size, ids_key="__ids__")``. Ids are those recording uses: the
 ``sample_ids`` hook, the dataset index for map-style datasets, an ``id``/``idx``/``index`` field, or
-a content hash. :mod:`ddpcheck.scenarios.divergence` turns the three values into rows and the verdict.
+a content hash. :mod:`ddpcheck.checks.metric` turns the three values into rows and the verdict.
 """
 
 from __future__ import annotations
@@ -40,13 +40,12 @@ from typing import TYPE_CHECKING, Any
 from ddpcheck.checker.face import OpenedLoader, open_loader
 from ddpcheck.checker.loaderfile import LoaderSpec
 from ddpcheck.checker.recipe import LoaderRecipe
-from ddpcheck.checks.ids import METRIC_EQUIVALENCE
-from ddpcheck.checks.verdict import skipped
+from ddpcheck.checks.metric import Evaluation, judge_metrics, metric_rows
 from ddpcheck.launch import GroupCall, TargetRef, report_progress, run_ranks
 from ddpcheck.layout import Layout, shaped_like
-from ddpcheck.scenarios.divergence import Evaluation, judge_metrics, metric_rows
 from ddpcheck.scenarios.protocol import DataRun, Outcome, rank_failures
 from ddpcheck.trace import RankFailure, compact_ids
+from ddpcheck.verdict import METRIC_EQUIVALENCE, skipped
 
 if TYPE_CHECKING:
     from ddpcheck.options import CheckOptions

@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from ddpcheck.checks.verdict import Verdict
 from ddpcheck.layout import Layout
 from ddpcheck.restores import ResumeRow
 from ddpcheck.result import MetricRow
 from ddpcheck.trace import RankFailure, RunTrace
+from ddpcheck.verdict import Verdict
 
 if TYPE_CHECKING:
     from ddpcheck.launch import GroupResult

@@ -11,11 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from ddpcheck.checker.loaderfile import LoaderSpec, other_factories
 from ddpcheck.checker.recipe import LoaderRecipe
-from ddpcheck.checks.ids import ELASTIC_RESUME, RESUME
 from ddpcheck.checks.resume import judge_all, stop_points
 from ddpcheck.checks.resume_common import HOW_TO_ENABLE, NOT_ELASTIC, NOT_ELASTIC_STATE, WORKER_OFFSETS, flat
 from ddpcheck.checks.resume_elastic import change_text, judge_restore, restore_cause, topology_verdict
-from ddpcheck.checks.verdict import not_applicable, skipped
 from ddpcheck.launch import GroupCall, GroupResult, TargetRef, run_groups, run_ranks
 from ddpcheck.layout import Layout
 from ddpcheck.restores import RankResume, Restore, ResumeRow, Stop, Topology
@@ -26,6 +24,7 @@ from ddpcheck.scenarios.resume_rank import (  # noqa: F401
     restore_rank,
     resume_rank,
 )
+from ddpcheck.verdict import ELASTIC_RESUME, RESUME, not_applicable, skipped
 
 if TYPE_CHECKING:
     from ddpcheck.options import CheckOptions
@@ -222,7 +221,7 @@ class ResumeCheck:
         workers = self.by_workers.pop(new.label, None)
         if workers is not None:
             first = workers.verdicts[0]
-            cause = first.cause if first.status == "fail" else cause
+            cause = first.cause if first.failed else cause
             rows = [*workers.resume, *rows]
         return Outcome(verdicts=(topology_verdict(rows, cause),), resume=tuple(rows))
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 from itertools import islice
@@ -47,12 +46,11 @@ from typing import TYPE_CHECKING, Any
 from ddpcheck.checker.face import OpenedLoader, open_loader
 from ddpcheck.checker.loaderfile import LoaderSpec
 from ddpcheck.checker.recipe import LoaderRecipe, group_position
-from ddpcheck.checks.ids import TRAINING_EQUIVALENCE
-from ddpcheck.checks.verdict import Verdict, skipped
+from ddpcheck.checks.training import ACCUMULATION, TOLERANCE, Batches, TrainingRun, judge_training
 from ddpcheck.launch import GroupCall, TargetRef, report_progress, run_ranks
 from ddpcheck.layout import Layout, shaped_like
-from ddpcheck.messages import count_text
 from ddpcheck.scenarios.protocol import DataRun, Outcome, rank_failures
+from ddpcheck.verdict import TRAINING_EQUIVALENCE, skipped
 
 if TYPE_CHECKING:
     import torch
@@ -60,13 +58,9 @@ if TYPE_CHECKING:
     from ddpcheck.options import CheckOptions
 
 TRAIN_HOOKS = ("make_model", "loss")
-TOLERANCE = 1e-10
-ACCUMULATION = 2
 LEARNING_RATE = 0.1
 SEED = 0
 SIMULATE_SKIP = "needs real gloo ranks (DDP all-reduces gradients); run without --simulate"
-
-Batches = tuple[tuple[Hashable, ...], ...]
 
 
 @dataclass(frozen=True)
@@ -163,14 +157,6 @@ def flat_weights(model: torch.nn.Module) -> torch.Tensor:
 
 
 LOCAL, GLOBAL = "local", "global"
-LOCAL_NORMALISATION = (
-    "each rank divides its token loss by its own token count, where one process divides by the count of "
-    "the whole global batch: tokens on a rank with few of them weigh more"
-)
-LOCAL_NORMALISATION_FIX = (
-    "divide by the token count summed over ranks (all_reduce it, then multiply by the world size to undo "
-    "DDP's mean); transformers' Trainer: average_tokens_across_devices=True"
-)
 
 
 def _is_pair(value: Any) -> bool:
@@ -383,7 +369,7 @@ def train_reference_rank(
     )
 
 
-# --------------------------------------------------------------------------- judging (pure)
+# ------------------------------------------------ comparing (the judge: ddpcheck/checks/training.py)
 
 
 def relative_difference(ddp: torch.Tensor, one: torch.Tensor) -> float:
@@ -395,131 +381,23 @@ def relative_difference(ddp: torch.Tensor, one: torch.Tensor) -> float:
     return diff / scale if scale > 0 else diff
 
 
-def _first_over(diffs: Sequence[float], tolerance: float) -> int | None:
-    return next((i for i, d in enumerate(diffs) if not d <= tolerance), None)
-
-
-def _union(ranks: Sequence[RankTraining], start: int, count: int) -> Counter[Hashable]:
-    merged: Counter[Hashable] = Counter()
-    for rank in ranks:
-        for ids in rank.batch_ids[start : start + count]:
-            merged.update(ids)
-    return merged
-
-
-def _composition(
-    ranks: Sequence[RankTraining], reference: Batches, per_step: int
-) -> tuple[int, int, int] | None:
-    """First step whose rank batches are not the single-process batch: (step, missing, batch size)."""
-    for step, ids in enumerate(reference):
-        union = _union(ranks, step * per_step, per_step)
-        want = Counter(ids)
-        if union != want:
-            return step, sum((want - union).values()), len(ids)
-    return None
-
-
-def judge_training(
-    ranks: Sequence[RankTraining],
-    reference: ReferenceTraining,
-    world_size: int,
-    tolerance: float = TOLERANCE,
-    accumulation: int = ACCUMULATION,
-) -> Verdict:
-    """``training_equivalence``: the weights after every DDP step equal one process's, within tolerance."""
+def compared(ranks: Sequence[RankTraining], reference: ReferenceTraining) -> TrainingRun:
+    """What the judge reads of both runs: the relative weight difference after every step (rank 0's
+    weights: DDP keeps the ranks equal) and the samples of every batch."""
     lead = ranks[0]
-    plain = [relative_difference(a, b) for a, b in zip(lead.weights, reference.weights, strict=False)]
-    grouped = [
-        relative_difference(a, b) for a, b in zip(lead.accumulated, reference.accumulated, strict=False)
-    ]
-    b = lead.batch_size
-    global_batch = b * world_size
-    data: dict[str, object] = {
-        "steps": len(plain),
-        "per_rank_batch": b,
-        "global_batch": global_batch,
-        "accumulation": accumulation,
-        "tolerance": tolerance,
-        "max_relative_difference": plain,
-        "accumulation_max_relative_difference": grouped,
-        "first_parting_step": None,
-        "accumulation_first_parting_step": None,
-    }
-    setup = f"DDP {world_size} ranks x batch {b} vs one process with batch {global_batch}"
-    if not plain:
-        return skipped(TRAINING_EQUIVALENCE, "no step could be compared (the loaders yield no batch)")
-    parted = _first_over(plain, tolerance)
-    parted_acc = _first_over(grouped, tolerance)
-    data["first_parting_step"] = None if parted is None else parted + 1
-    data["accumulation_first_parting_step"] = None if parted_acc is None else parted_acc + 1
-    if parted is None and parted_acc is None:
-        detail = _passing_detail(lead, world_size, plain, grouped, accumulation)
-        return Verdict(TRAINING_EQUIVALENCE, "pass", detail, data=data)
-    if parted is not None:
-        step, diffs, what = parted, plain, setup
-        shape = _composition(ranks, reference.batch_ids, 1)
-    else:
-        assert parted_acc is not None
-        step, diffs = parted_acc, grouped
-        what = (
-            f"DDP {world_size} ranks x {accumulation} accumulated micro-batches of {b} under no_sync vs one "
-            f"process with batch {global_batch * accumulation}"
-        )
-        shape = _composition(ranks, reference.accumulated_ids, accumulation)
-    detail = (
-        f"weights part at step {step + 1} of {len(diffs)}: max relative difference {diffs[step]:.3g} > "
-        f"{tolerance:g} ({what})"
-    )
-    if lead.pair and parted is not None:
-        local_only = [
-            relative_difference(a, b) for a, b in zip(lead.global_weights, reference.weights, strict=False)
-        ]
-        data["global_normalisation_max_relative_difference"] = local_only
-        if local_only and _first_over(local_only, tolerance) is None:
-            detail += "; dividing by the token count over all ranks matches"
-            return Verdict(
-                TRAINING_EQUIVALENCE,
-                "fail",
-                detail,
-                LOCAL_NORMALISATION,
-                data=data,
-                fix=LOCAL_NORMALISATION_FIX,
-            )
-    return Verdict(TRAINING_EQUIVALENCE, "fail", detail, _parting_cause(shape), data=data)
 
+    def diffs(ours: Sequence[Any], theirs: Sequence[Any]) -> tuple[float, ...]:
+        return tuple(relative_difference(a, b) for a, b in zip(ours, theirs, strict=False))
 
-def _passing_detail(
-    lead: RankTraining, world_size: int, plain: list[float], grouped: list[float], accumulation: int
-) -> str:
-    b = lead.batch_size
-    global_batch = b * world_size
-    acc_text = (
-        f"; {accumulation} micro-batches accumulated under no_sync match batch "
-        f"{global_batch * accumulation} ({max(grouped):.2g})"
-        if grouped
-        else "; gradient accumulation is not compared for a (sum, count) loss"
-        if lead.pair
-        else "; too few batches to check gradient accumulation"
-    )
-    return (
-        f"DDP with {count_text(world_size, 'ranks')} x batch {b} trains like one process with batch "
-        f"{global_batch} for {len(plain)} SGD steps (max relative weight difference "
-        f"{max(plain):.2g}){acc_text}"
-    )
-
-
-def _parting_cause(shape: tuple[int, int, int] | None) -> str:
-    """Why the weights part: batches that are no slices of the single-process batch (``shape``: step,
-    missing, batch size), else the same samples training differently."""
-    if shape is not None:
-        return (
-            f"per-rank batches are not slices of the single-process batch (step {shape[0] + 1}: "
-            f"{shape[1]} of its {shape[2]} samples are on no rank): split each global batch across "
-            "ranks strided, as DistributedSampler does, not in contiguous blocks"
-        )
-    return (
-        "the same samples train differently: the loss is not a mean over the batch, or the model "
-        "depends on the batch (BatchNorm statistics, dropout)"
+    return TrainingRun(
+        batch_size=lead.batch_size,
+        plain=diffs(lead.weights, reference.weights),
+        accumulated=diffs(lead.accumulated, reference.accumulated),
+        pair=lead.pair,
+        global_count=diffs(lead.global_weights, reference.weights) if lead.pair else (),
+        rank_batches=tuple(r.batch_ids for r in ranks),
+        batches=reference.batch_ids,
+        accumulated_batches=reference.accumulated_ids,
     )
 
 
@@ -592,5 +470,5 @@ class TrainingEquivalence:
         reference: ReferenceTraining = ref_group.values[0]
         if reference.skip:
             return Outcome(verdicts=(skipped(TRAINING_EQUIVALENCE, reference.skip),))
-        verdict = judge_training(ranks, reference, world_size, TOLERANCE, self.options.accumulation)
+        verdict = judge_training(compared(ranks, reference), world_size, TOLERANCE, self.options.accumulation)
         return Outcome(verdicts=(verdict,))

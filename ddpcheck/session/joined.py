@@ -5,9 +5,10 @@ judges them against a single-process reference that rank 0 computed in a fresh l
 joining, and writes the report; every rank then exits with the code rank 0 decided. This is how a
 multi-node check runs: ``torchrun --nnodes=2 --nproc-per-node=8 -m ddpcheck loader.py``.
 
-Judging is the local runs' own (:func:`ddpcheck.session.run.judge_world`: the data checks,
-``--max-idle``, ``--allow``). What a joined launch cannot do is said in the result: ``determinism``
-(the launch runs once) and the checks that start process groups of their own (:data:`SCENARIOS_NOTE`).
+Judging is the local runs' own (:func:`ddpcheck.session.run.judge_world`, which hands the recordings
+to :func:`ddpcheck.checks.judge.judge`: the data checks, ``--max-idle``, ``--allow``). What a joined
+launch cannot do is said in the result: ``determinism`` (the launch runs once) and the checks that
+start process groups of their own (:data:`SCENARIOS_NOTE`).
 """
 
 from __future__ import annotations
@@ -24,14 +25,15 @@ from ddpcheck.checker.loaderfile import BadLoaderFile, LoaderSpec, precheck
 from ddpcheck.checker.recipe import record_options
 from ddpcheck.checker.recording import RankRecording, record_rank
 from ddpcheck.checks.replicas import data_parallel_view
+from ddpcheck.exits import EXIT_BAD_INPUT
 from ddpcheck.figures import figure_data
 from ddpcheck.launch.rank import error_message
 from ddpcheck.layout import Layout
 from ddpcheck.options import BadInput, CheckOptions
-from ddpcheck.result import EXIT_BAD_INPUT, CheckResult
+from ddpcheck.result import CheckResult, RunRecord
 from ddpcheck.session.plan import reference_layout
 from ddpcheck.session.record import Job, record
-from ddpcheck.session.run import jsonable_options, judge_world, raise_if_bad_input, reference_notes, timed
+from ddpcheck.session.run import judge_world, raise_if_bad_input, reference_notes, timed
 from ddpcheck.trace import RankFailure, RunTrace
 
 DETERMINISM_SKIP = "a joined launch runs once: start the launch twice and compare to check determinism"
@@ -114,7 +116,7 @@ def check_joined(path: str, options: CheckOptions, target: JoinTarget) -> tuple[
                 f"mesh {layout.spec} has {layout.world_size} ranks, but the launch has {info.world_size}: "
                 "--mesh describes the launch's own ranks"
             )
-        payload: tuple[str, Any] = ("skip", None)
+        payload: tuple[str, Any] = ("refused", None)  # rank 0 refused the loader: nothing recorded
         if not _broadcast(bad, info.rank):
             try:
                 payload = (
@@ -221,13 +223,13 @@ def _judge(
         failures=failures,
     )
     figures = figure_data(reference, data_parallel_view(layout, run))
-    judged = judge_world(reference, run, None, layout, options, figures=figures, no_rerun=DETERMINISM_SKIP)
+    judged = judge_world(reference, run, None, layout, options, figures=figures, once=DETERMINISM_SKIP)
     world = timed(judged, started)
     return CheckResult(
         loader=str(path),
         runs=(world,),
         id_source=reference.id_source,
         epochs=options.epochs,
-        options={**jsonable_options(options), "joined": True},
+        options=RunRecord(options, joined=True),
         notes=(*reference_notes(reference, (layout.dp_world_size,)), SCENARIOS_NOTE),
     )

@@ -18,7 +18,14 @@ from ddpcheck.checker.batches import MIXED_IDS
 from ddpcheck.checker.loaderfile import LoaderSpec
 from ddpcheck.checker.recipe import RecordOptions, record_options
 from ddpcheck.checker.recording import RankRecording, record_rank
-from ddpcheck.launch import GroupCall, GroupResult, StartedGroups, TargetRef, started_groups
+from ddpcheck.launch import (
+    GroupCall,
+    GroupResult,
+    ProgressCallback,
+    StartedGroups,
+    TargetRef,
+    started_groups,
+)
 from ddpcheck.layout import Layout
 from ddpcheck.options import BadInput, CheckOptions
 from ddpcheck.scenarios import rank_failures
@@ -61,11 +68,13 @@ def rerun_sample(world_size: int) -> tuple[int, ...]:
     return tuple(sorted(edge | spread))
 
 
-def record(spec: LoaderSpec, jobs: Sequence[Job], *, alone: bool = False) -> list[RunTrace]:
+def record(
+    spec: LoaderSpec, jobs: Sequence[Job], *, alone: bool = False, on_progress: ProgressCallback | None = None
+) -> list[RunTrace]:
     """Record each job: side by side where their ranks fit the cores, else one by one (``alone``:
     always, for a loader that names shared memory machine-wide). Only the first job reports live
-    progress."""
-    with recording(spec, jobs, None, alone=alone) as started:
+    progress, to ``on_progress`` (the live display's, when there is one)."""
+    with recording(spec, jobs, None, alone=alone, on_progress=on_progress) as started:
         return started.jobs()
 
 
@@ -118,22 +127,28 @@ class Recording:
 
 @contextlib.contextmanager
 def recording(
-    spec: LoaderSpec, jobs: Sequence[Job], held: Job | None, *, alone: bool = False
+    spec: LoaderSpec,
+    jobs: Sequence[Job],
+    held: Job | None,
+    *,
+    alone: bool = False,
+    on_progress: ProgressCallback | None = None,
 ) -> Iterator[Recording]:
     """Fork every real rank of ``jobs`` and ``held`` (nothing runs yet); stop and reap them on the way
-    out. ``alone``: the groups run one after another (see :class:`Recording`)."""
+    out. ``alone``: the groups run one after another (see :class:`Recording`); ``on_progress``: hears
+    the first job's ranks, and the held one's (it runs alone, after the jobs)."""
     first = jobs[0] if jobs else held
     if first is None or first.options.simulate:
         yield Recording(spec, jobs, held, None)
         return
-    calls = [_group_call(spec, job, progress=i == 0) for i, job in enumerate(jobs)]
+    calls = [_group_call(spec, job, on_progress if i == 0 else None) for i, job in enumerate(jobs)]
     if held is not None:
-        calls.append(_group_call(spec, held, progress=True))  # it runs alone, after the jobs
+        calls.append(_group_call(spec, held, on_progress))  # it runs alone, after the jobs
     with started_groups(calls, hold=True) as started:
         yield Recording(spec, jobs, held, started, alone)
 
 
-def _group_call(spec: LoaderSpec, job: Job, *, progress: bool) -> GroupCall:
+def _group_call(spec: LoaderSpec, job: Job, on_progress: ProgressCallback | None) -> GroupCall:
     options = job.options
     return GroupCall(
         TargetRef.of(record_rank),
@@ -141,7 +156,7 @@ def _group_call(spec: LoaderSpec, job: Job, *, progress: bool) -> GroupCall:
         backend=options.backend,
         timeout=options.timeout,
         kwargs={"options": job.record_options(spec)},
-        on_progress=options.on_progress if progress else None,
+        on_progress=on_progress,
     )
 
 

@@ -1,7 +1,8 @@
 """Carrying a plan out: the reference, then each layout's recordings, checks and scenarios.
 
 The one place that knows the whole data path: it records (through :mod:`ddpcheck.session.record`),
-hands traces to the pure checks, runs the scenarios, and never renders anything.
+runs the scenarios, hands what came back to the judge (:mod:`ddpcheck.checks.judge`) and wraps its
+verdicts; it never decides a verdict and never renders anything.
 """
 
 from __future__ import annotations
@@ -9,26 +10,25 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from ddpcheck.checker.identity import OBJECT_ITEMS
 from ddpcheck.checker.loaderfile import BadLoaderFile, LoaderSpec, defined_names, precheck
-from ddpcheck.checks.ids import DETERMINISM, REPLICA_CONSISTENCY
-from ddpcheck.checks.replicas import data_parallel_view, judge_layout
-from ddpcheck.checks.verdict import Verdict, allow, skipped
-from ddpcheck.checks.work import with_max_idle
+from ddpcheck.checks.judge import Launch, LoaderRecord, Rules, judge, judge_finished
+from ddpcheck.checks.replicas import data_parallel_view
+from ddpcheck.evidence import ReplicaGroups
 from ddpcheck.figures import FigureData, ReplicaGroup, figure_data
-from ddpcheck.launch import shared_tmp
+from ddpcheck.launch import ProgressCallback, shared_tmp
 from ddpcheck.launch.preload import frozen_heap, preload_imports
 from ddpcheck.layout import Layout, LayoutError, check_ranks
 from ddpcheck.messages import count_text
 from ddpcheck.options import BadInput, CheckOptions
-from ddpcheck.result import CheckResult, WorldResult
+from ddpcheck.result import CheckResult, RunRecord, WorldResult
 from ddpcheck.scenarios import DataRun, Outcome, Scenario
 from ddpcheck.scenarios import build as build_scenarios
 from ddpcheck.session.plan import LayoutPlan, RunPlan, plan_run
 from ddpcheck.session.record import Job, record, recording, shortcut_note
 from ddpcheck.trace import RunTrace
+from ddpcheck.verdict import REPLICA_CONSISTENCY, Verdict
 
 Progress = Callable[[str], None]
 
@@ -42,9 +42,16 @@ class Interrupted(Exception):
 
 
 def check_loader(
-    path: str, options: CheckOptions | None = None, *, progress: Progress | None = None
+    path: str,
+    options: CheckOptions | None = None,
+    *,
+    progress: Progress | None = None,
+    on_progress: ProgressCallback | None = None,
 ) -> CheckResult:
-    """Run the loader file in every planned layout and judge it. Raises BadInput (exit 2)."""
+    """Run the loader file in every planned layout and judge it. Raises BadInput (exit 2).
+
+    ``progress`` hears the run's messages; ``on_progress`` every rank's position while a group runs (the
+    live display's callback: not an option of the run, never reported)."""
     options = options or CheckOptions()  # checked when made
     if not options.simulate:  # the one limit on real ranks, as the command line and the marker apply it
         try:
@@ -57,7 +64,7 @@ def check_loader(
         precheck(spec)
     except BadLoaderFile as exc:
         raise BadInput(str(exc)) from None
-    session = _Session(spec, options, progress or (lambda _msg: None))
+    session = _Session(spec, options, progress or (lambda _msg: None), on_progress)
     try:
         with shared_tmp(), frozen_heap():  # what is loaded now stays out of the preload's collections
             session.preload()
@@ -84,8 +91,10 @@ class _Judged:
 class _Session:
     """One run's state: what finished so far (the result of an interrupted run is built from it)."""
 
-    def __init__(self, spec: LoaderSpec, options: CheckOptions, say: Progress) -> None:
-        self.spec, self.options, self.say = spec, options, say
+    def __init__(
+        self, spec: LoaderSpec, options: CheckOptions, say: Progress, on_progress: ProgressCallback | None
+    ) -> None:
+        self.spec, self.options, self.say, self.on_progress = spec, options, say, on_progress
         self.runs: list[WorldResult] = []
         self.notes: list[str] = []
         self.reference: RunTrace | None = None
@@ -98,7 +107,7 @@ class _Session:
             runs=tuple(self.runs),
             id_source=self.reference.id_source if self.reference else "index",
             epochs=self.options.epochs,
-            options=jsonable_options(self.options),
+            options=RunRecord(self.options),
             notes=tuple(self.notes),
             interrupted=interrupted,
         )
@@ -120,10 +129,11 @@ class _Session:
             quiet = replace(
                 plan.reference, options=replace(plan.reference.options, work=False, mixture=False)
             )
-            self.reference, rerun = record(self.spec, [plan.reference, quiet])  # the rerun measures no work
+            both = record(self.spec, [plan.reference, quiet], on_progress=self.on_progress)
+            self.reference, rerun = both  # the rerun measures no work
             self.alone = self.reference.named_memory or rerun.named_memory
         else:
-            self.reference = record(self.spec, [plan.reference])[0]
+            self.reference = record(self.spec, [plan.reference], on_progress=self.on_progress)[0]
             self.alone = self.reference.named_memory
         raise_if_bad_input(self.reference)
         if self.reference.failures:  # nothing can be judged without it: stop here, its ranks reported
@@ -146,7 +156,7 @@ class _Session:
             for label, outcome in scenario.finish().items():
                 for i, run in enumerate(self.runs):
                     if run.label == label:
-                        self.runs[i] = with_outcome(run, outcome, self.options.allow)
+                        self.runs[i] = with_outcome(run, outcome, self.options)
                         if run.ok and not self.runs[i].ok:  # said "ok so far" before: say what changed
                             self.say(f"{layout_name(run.layout or Layout.plain(run.world_size))}: "
                                      f"{status_text(self.runs[i])}")  # fmt: skip
@@ -182,14 +192,15 @@ class _Session:
         assert self.reference is not None
         reference = self.reference
         notes: list[str] = []
-        with recording(self.spec, plan.jobs, plan.rerun, alone=self.alone) as started:
+        watch = self.on_progress
+        with recording(self.spec, plan.jobs, plan.rerun, alone=self.alone, on_progress=watch) as started:
             traces = started.jobs()
             self.alone = self.alone or any(t.named_memory for t in traces)
             if plan.window is not None:
                 reference = traces.pop(0)
             run = reference if plan.run is None else traces.pop(0)
             rerun_job = plan.rerun
-            redone = _by_data(self.spec, self.options, plan, self.single, reference, run)
+            redone = _by_data(self.spec, self.options, plan, self.single, reference, run, watch)
             if redone is not None:
                 reference, run, by_data, note = redone
                 self.say(note)
@@ -206,7 +217,7 @@ class _Session:
             elif rerun_job is started.held:
                 rerun, figures = started.held_run(draw)
             else:
-                with recording(self.spec, [], rerun_job) as by_itself:
+                with recording(self.spec, [], rerun_job, on_progress=watch) as by_itself:
                     rerun, figures = by_itself.held_run(draw)
         # the run's note; the rerun's only when it had to be redone (its sample says nothing more)
         name = layout_name(plan.layout)
@@ -225,32 +236,29 @@ def judge_world(
     scenarios: Sequence[Scenario] = (),
     *,
     figures: FigureData | None = None,
-    no_rerun: str = "",
+    once: str = "",
 ) -> WorldResult:
-    """One layout's result from its recordings: the one judging path of local and joined runs.
-
-    The data checks (``judge_layout``), ``--max-idle`` on ``work_balance``, the scenarios' checks (their
-    own rank-side runs: metric, training, resume; only when the run is ok), then ``--allow`` over all
-    of them. ``no_rerun``: why there is no determinism rerun, when none could be recorded (a joined
-    launch runs once). Its ``seconds`` are the caller's to time (:func:`timed`).
+    """One layout's result from its recordings, for local and joined runs alike: the scenarios run (their
+    own rank-side runs: metric, training, resume; only when the run is ok), then the judge decides every
+    verdict (:func:`ddpcheck.checks.judge.judge`), and this wraps them with the failures and rows.
+    ``once``: why there is no determinism rerun, when none could be recorded (a joined launch runs once).
+    Its ``seconds`` are the caller's to time (:func:`timed`).
     """
-    verdicts = judge_layout(reference, run, rerun, layout)
-    if no_rerun and rerun is None:
-        verdicts = [skipped(DETERMINISM, no_rerun) if v.check == DETERMINISM else v for v in verdicts]
-    verdicts = [with_max_idle(v, options.max_idle) for v in verdicts]
     failures = run.failures + (rerun.failures if rerun is not None else ())
     extra = Outcome()
     for scenario in scenarios if run.ok else ():
         extra += scenario.world(DataRun(layout.world_size, run, reference, layout=layout))
+    launch = Launch(layout, (LoaderRecord("", reference, run, rerun),), once=once, extra=extra.verdicts)
+    (judged,) = judge(launch, Rules.of(options))
     return WorldResult(
         layout=layout,
         world_size=layout.world_size,
         backend=run.backend,
-        verdicts=tuple(allowed(verdicts + list(extra.verdicts), options.allow)),
+        verdicts=judged.verdicts,
         failures=failures + extra.failures,
         divergence=extra.divergence,
         resume=extra.resume,
-        figures=with_replicas(figures, layout, verdicts) if figures is not None else None,
+        figures=with_replicas(figures, layout, judged.verdicts) if figures is not None else None,
     )
 
 
@@ -266,6 +274,7 @@ def _by_data(
     single: Layout,
     reference: RunTrace,
     run: RunTrace,
+    on_progress: ProgressCallback | None = None,
 ) -> tuple[RunTrace, RunTrace, CheckOptions, str] | None:
     """The reference and the run recorded again with samples identified by their data, when indices
     cannot be compared: each rank indexes its own dataset from 0 (datasets' ``split_dataset_by_node``),
@@ -279,7 +288,8 @@ def _by_data(
     by_data = replace(options, ids_from_data=True)
     digest = plan.run.digest if plan.run is not None else False
     jobs = [Job(replace(by_data, set_epoch=True), single), Job(by_data, plan.layout, digest=digest)]
-    alt_reference, alt_run = record(spec, jobs, alone=reference.named_memory or run.named_memory)
+    alone = reference.named_memory or run.named_memory
+    alt_reference, alt_run = record(spec, jobs, alone=alone, on_progress=on_progress)
     usable = alt_run.id_source.startswith("field:") if local else True
     if not local and _hashes_collide(reference, alt_reference):
         raise BadInput(
@@ -331,12 +341,9 @@ def with_replicas(figures: FigureData, layout: Layout, verdicts: Sequence[Verdic
     if not layout.mesh:
         return figures
     replica = next((v for v in verdicts if v.check == REPLICA_CONSISTENCY), None)
-    listed = replica.data.get("per_group", []) if replica is not None else []
-    assert isinstance(listed, list)
-    groups = tuple(
-        ReplicaGroup(str(g["where"]), int(g["steps"]), g["epoch"], g["step"], str(g["kind"]))
-        for g in listed if isinstance(g, dict)
-    )  # fmt: skip
+    said = replica.evidence if replica is not None else None
+    listed = said.per_group if isinstance(said, ReplicaGroups) else ()
+    groups = tuple(ReplicaGroup(g.where, g.steps, g.epoch, g.step, g.kind) for g in listed)
     return replace(figures, where=f"mesh {layout.label}", rank_noun="dp rank", replicas=groups)
 
 
@@ -369,16 +376,11 @@ def layout_name(layout: Layout) -> str:
     return f"mesh {layout.label}" if layout.mesh else f"world size {layout.world_size}"
 
 
-def allowed(verdicts: Sequence[Verdict], allow_checks: Sequence[str]) -> list[Verdict]:
-    """``--allow CHECK``: that check's failure is reported as ``allowed``."""
-    return [allow(v) if v.check in allow_checks else v for v in verdicts]
-
-
-def with_outcome(result: WorldResult, outcome: Outcome, allow_checks: Sequence[str]) -> WorldResult:
-    """``result`` with what a scenario added once every layout had run (elastic resume)."""
+def with_outcome(result: WorldResult, outcome: Outcome, options: CheckOptions) -> WorldResult:
+    """``result`` with what a scenario added once every layout had run (elastic resume), judged."""
     return replace(
         result,
-        verdicts=result.verdicts + tuple(allowed(outcome.verdicts, allow_checks)),
+        verdicts=result.verdicts + judge_finished(outcome.verdicts, Rules.of(options)),
         failures=result.failures + outcome.failures,
         divergence=result.divergence + outcome.divergence,
         resume=result.resume + outcome.resume,
@@ -423,18 +425,3 @@ def reference_notes(reference: RunTrace, world_sizes: Sequence[int]) -> list[str
                 "some ranks can only see padding (allowed, but every such rank repeats samples)"
             )
     return notes
-
-
-def jsonable_options(options: CheckOptions) -> dict[str, Any]:
-    """The run's options as the JSON report lists them."""
-    unlisted = ("factory_args", "on_progress", "option_sources", "config_file")
-    out = {k: v for k, v in options.__dict__.items() if k not in unlisted}
-    out["world_sizes"] = list(options.world_sizes)
-    out["meshes"] = [m.spec if isinstance(m, Layout) else m for m in options.meshes]
-    if options.factory_args:
-        out["factory_args"] = dict(options.factory_args)
-    if options.option_sources:
-        out["option_sources"] = dict(options.option_sources)
-    if options.config_file:
-        out["config_file"] = options.config_file
-    return out

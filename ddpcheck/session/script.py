@@ -23,35 +23,27 @@ from pathlib import Path
 from typing import Any
 
 from ddpcheck.checker.script_env import GPUS_ENV, NEEDS_CUDA, ScriptTarget
-from ddpcheck.checks.batch_sources import judge_sources, nothing_iterated
-from ddpcheck.checks.eval_metric import MetricJudgement, evenly_note, judge_metric
-from ddpcheck.checks.ids import METRIC_EQUIVALENCE
+from ddpcheck.checks.batch_sources import nothing_iterated
+from ddpcheck.checks.eval_metric import evenly_note
+from ddpcheck.checks.judge import Rules, judge, launch_of
 from ddpcheck.checks.replicas import data_parallel_view
-from ddpcheck.checks.scripts import (
-    alone,
-    at_loader,
-    framework_sampler,
-    in_script_words,
-    launcher_note,
-    no_rerun,
-    script_cause,
-    standin_reference,
-    told_cause,
-)
+from ddpcheck.checks.scripts import RECORDED_ONCE, launcher_note
 from ddpcheck.checks.step import loss_scale, wants_loss_probe
-from ddpcheck.checks.step_judge import StepRecord, fed_loader, judge_step, merged
-from ddpcheck.checks.verdict import MetricEvidence, Verdict, not_applicable
+from ddpcheck.checks.step_judge import StepRecord, step_record
+from ddpcheck.evidence import MetricEvidence
 from ddpcheck.figures import figure_data
-from ddpcheck.launch.recorded import Recorded, launch_failure, launch_problem, read_launch, read_trace_dir
+from ddpcheck.launch.recorded import read_launch, read_trace_dir
 from ddpcheck.launch.script import launch_script
 from ddpcheck.launch.workdir import WorkdirGuard, WorkdirUnavailable
 from ddpcheck.layout import Layout, LayoutError, check_ranks
 from ddpcheck.messages import count_text, one_line
 from ddpcheck.options import IGNORE_INDEX, TEST_WORLD_SIZES, BadInput, CheckOptions, mesh_layouts, validate
-from ddpcheck.result import CheckResult, WorldResult
+from ddpcheck.recorded import Recorded, launch_failure, launch_problem
+from ddpcheck.result import CheckResult, RunRecord, ScriptRun, WorldResult
 from ddpcheck.session.fingerprinted import is_fingerprinted, judge_fingerprinted
-from ddpcheck.session.run import Interrupted, allowed, jsonable_options, judge_world, layout_name, status_text
-from ddpcheck.trace import EpochTrace, RunTrace, ScriptLoader, StepTrace
+from ddpcheck.session.run import Interrupted, layout_name, status_text, with_replicas
+from ddpcheck.trace import StepTrace
+from ddpcheck.verdict import METRIC_EQUIVALENCE
 
 Progress = Callable[[str], None]
 DEFAULT_MODEL_STEPS = 2
@@ -221,13 +213,7 @@ class _ScriptSession:
         self.launches = 0
 
     def result(self, *, interrupted: bool = False) -> CheckResult:
-        options = {
-            **jsonable_options(self.options.check),
-            "script": self.target.shown,
-            "script_args": list(self.target.args),
-            "model_steps": "all" if self.options.model_steps is None else self.options.model_steps,
-            "cwd": self.cwd,
-        }
+        script = ScriptRun(self.target.shown, tuple(self.target.args), self.options.model_steps, self.cwd)
         source = "index"
         if self.reference is not None and self.reference.traces:
             loaders = next(iter(self.reference.traces.values())).loaders
@@ -237,7 +223,7 @@ class _ScriptSession:
             runs=tuple(self.runs),
             id_source=source,
             epochs=self.options.check.epochs,
-            options=options,
+            options=RunRecord(self.options.check, script=script),
             notes=tuple(
                 dict.fromkeys(
                     [*self.notes, *metric_notes(self.runs), *(self.guard.notes() if self.guard else [])]
@@ -294,7 +280,8 @@ class _ScriptSession:
             self.runs.extend(results)
             for result in results:
                 self.say(
-                    f"{result.loader} at {layout_name(layout)}: {status_text(result)} ({result.seconds:.2f}s)"
+                    f"{_progress_name(result)} at {layout_name(layout)}: "
+                    f"{status_text(result)} ({result.seconds:.2f}s)"
                 )
 
     def _compared(self, compare: bool) -> list[str]:
@@ -425,7 +412,7 @@ class _ScriptSession:
                     loader=self.target.shown,
                 )
             ]
-        return judge_launch(reference, run, rerun, layout, self.options.check, step=step)
+        return script_results(reference, run, rerun, self.options.check, step=step)
 
 
 def metric_notes(runs: Sequence[WorldResult]) -> list[str]:
@@ -471,161 +458,68 @@ def _trace_notes(recorded: Recorded) -> list[str]:
     return notes
 
 
-# --- judging --------------------------------------------------------------------------------------------
+# --- wrapping the judge's verdicts -------------------------------------------------------------------------
+
+SCRIPT_BACKEND = "gloo"  # what a script's results say: its ranks' traces name no backend of their own
 
 
-def judge_launch(
+def script_results(
     reference: Recorded,
     run: Recorded,
     rerun: Recorded | None,
-    layout: Layout,
     options: CheckOptions,
     *,
     standin: str = "",
+    once: str = "",
     step: StepRecord | None = None,
 ) -> list[WorldResult]:
-    """Every loader of ``run`` judged against the same loader of ``reference``: one WorldResult each.
+    """Every loader and batch source of ``run`` judged (:func:`ddpcheck.checks.judge.judge`) against the
+    same loader of ``reference``: one WorldResult each, with its pictures and the launch's seconds.
 
-    ``standin`` (non-empty: why) means the reference is not a real single-process run; the checks
-    that need one are skipped with that reason. ``step``: the launch's step recordings, judged with the
-    loader whose batches reached backward (the first loader when none did)."""
-    results = _judge_loaders(reference, run, rerun, layout, options, standin)
-    if options.metrics is not False and results:  # the script's own evaluation (issue 41)
-        results = with_metric(results, judge_metric(reference.traces, run.traces, layout), options, standin)
-    if step is None or not results:
-        return results
-    fed = fed_loader(step.steps)
-    at = next((i for i, r in enumerate(results) if r.loader == fed), 0)
-    grouped = _grouped(run)
-    verdicts = [
-        in_script_words(at_loader(alone(v, *grouped), results[at].loader)) for v in judge_step(step, layout)
-    ]
-    joined = merged(results[at].verdicts, allowed(verdicts, options.allow))
-    results[at] = replace(results[at], verdicts=tuple(joined))
-    return results
-
-
-def with_metric(
-    results: list[WorldResult], judged: MetricJudgement, options: CheckOptions, standin: str
-) -> list[WorldResult]:
-    """``metric_equivalence`` joins the row of the eval loader it judged (the first row where none)."""
-    verdict = judged.verdict
-    if standin:
-        verdict = not_applicable(METRIC_EQUIVALENCE, f"needs the single process's evaluation: {standin}")
-    at = next((i for i, r in enumerate(results) if r.loader == judged.loader), 0)
-    joined = (*results[at].verdicts, *allowed([verdict], options.allow))
-    return [*results[:at], replace(results[at], verdicts=joined), *results[at + 1 :]]
-
-
-def step_record(run: Recorded, ignore_index: int = IGNORE_INDEX) -> StepRecord:
-    """What the step checks read from one launch: each rank's steps, each loader's epochs per rank."""
-    ranks = range(run.layout.world_size)
-    steps = tuple(run.traces[r].steps if r in run.traces else None for r in ranks)
-    loading: dict[str, list[tuple[EpochTrace, ...]]] = {}
-    for name in _loader_names(run, run):
-        per_rank = [
-            next((lo.trace.epochs for lo in run.traces[r].loaders if lo.name == name), ())
-            if r in run.traces
-            else ()
-            for r in ranks
-        ]
-        loading[name] = per_rank
-    return StepRecord(steps, loading=loading, ignore_index=ignore_index)
-
-
-def _judge_loaders(
-    reference: Recorded,
-    run: Recorded,
-    rerun: Recorded | None,
-    layout: Layout,
-    options: CheckOptions,
-    standin: str,
-) -> list[WorldResult]:
-    seconds = run.seconds
-    results = []
-    grouped = _grouped(run)
-    for name in _loader_names(reference, run):
-        ref = _run_trace(reference, name, 1)
-        current = _run_trace(run, name, layout.world_size)
-        again = _run_trace(rerun, name, layout.world_size) if rerun is not None else None
-        missing = _missing_ranks(run, name)
-        if current is None or missing:
-            why = (
-                f"ranks {', '.join(map(str, missing))} never iterate it"
-                if missing
-                else "the script did not iterate it at this layout"
-            )
-            results.append(
-                WorldResult(
-                    layout.world_size,
-                    "gloo",
-                    (Verdict("coverage", "n/a", why),),
-                    layout=layout,
-                    seconds=seconds,
-                    loader=name,
-                )
-            )
-            continue
-        reason = standin
-        if ref is None:
-            reason = reason or "the single-process run did not iterate this loader"
-            ref = standin_reference(current)
-        figures = figure_data(ref, data_parallel_view(layout, current))
-        judged = judge_world(ref, current, again, layout, options, figures=figures)  # as loader files are
-        verdicts = [script_cause(v, current, name, reason, layout.world_size == 1) for v in judged.verdicts]
-        verdicts = [framework_sampler(v, ref, current) for v in verdicts]
-        verdicts = [told_cause(alone(v, *grouped), current, layout) for v in verdicts]
-        verdicts = [in_script_words(at_loader(v, name)) for v in verdicts]
-        results.append(
-            replace(judged, verdicts=tuple(allowed(verdicts, options.allow)), seconds=seconds, loader=name)
-        )
-    single, twice = ({} if standin else reference.traces), (rerun.traces if rerun is not None else None)
-    for source in judge_sources(single, run.traces, twice, layout, seconds):  # --batches functions
-        results.append(replace(source, verdicts=tuple(allowed(list(source.verdicts), options.allow))))
-    return results
-
-
-def _grouped(run: Recorded) -> tuple[bool, tuple[str, ...]]:
-    """(whether the ranks ran in a process group, the frameworks they imported), for :func:`alone`."""
-    traces = run.traces.values()
-    joined = run.layout.world_size == 1 or any(t.joined_group for t in traces)
-    return joined, tuple(sorted({f for t in traces for f in t.frameworks}))
-
-
-def _loader_names(reference: Recorded, run: Recorded) -> list[str]:
-    names: dict[str, None] = {}
-    for recorded in (reference, run):
-        for rank in sorted(recorded.traces):
-            for loader in recorded.traces[rank].loaders:
-                names.setdefault(loader.name)
-    return list(names)
-
-
-def _missing_ranks(recorded: Recorded, name: str) -> list[int]:
-    having = {r for r, t in recorded.traces.items() if any(lo.name == name for lo in t.loaders)}
-    return [r for r in range(recorded.layout.world_size) if r not in having] if having else []
-
-
-def _run_trace(recorded: Recorded | None, name: str, world_size: int) -> RunTrace | None:
-    if recorded is None:
-        return None
-    found: list[tuple[int, ScriptLoader]] = []
-    for rank in sorted(recorded.traces):
-        for loader in recorded.traces[rank].loaders:
-            if loader.name == name:
-                found.append((rank, loader))
-    if len(found) != world_size:
-        return None
-    epochs = min(len(lo.trace.epochs) for _, lo in found)
-    ranks = tuple(replace(lo.trace, rank=r, epochs=lo.trace.epochs[:epochs]) for r, lo in found)
-    sources = {lo.id_source for _, lo in found}
-    return RunTrace(
-        world_size=world_size,
-        backend="gloo",
-        ranks=ranks,
-        id_source=sources.pop() if len(sources) == 1 else "mixed",
-        set_epoch=all(lo.set_epoch for _, lo in found),
+    ``standin`` (non-empty: why) means the reference is not a real single-process run; ``once``: why no
+    determinism rerun exists; ``step``: the launch's step recordings."""
+    layout = run.layout
+    metrics = options.metrics is not False  # the script's own evaluation (issue 41); off: --no-metrics
+    launch = launch_of(
+        reference, run, rerun, backend=SCRIPT_BACKEND, standin=standin, once=once, step=step, metrics=metrics
     )
+    results = []
+    variables = _variables(reference, run)
+    for judged in judge(launch, Rules.of(options)):
+        figures = None
+        if judged.reference is not None and judged.run is not None:
+            figures = figure_data(judged.reference, data_parallel_view(layout, judged.run))
+            figures = with_replicas(figures, layout, judged.verdicts)
+        results.append(
+            WorldResult(
+                layout.world_size,
+                SCRIPT_BACKEND,
+                judged.verdicts,
+                layout=layout,
+                seconds=run.seconds,
+                figures=figures,
+                loader=judged.loader,
+                loader_variable=variables.get(judged.loader, ""),
+            )
+        )
+    return results
+
+
+def _progress_name(result: WorldResult) -> str:
+    """A loader in a progress line: its variable and line (the report drops the line where no other
+    loader shares the variable; a progress line cannot know yet)."""
+    return f"{result.loader_variable} ({result.loader})" if result.loader_variable else result.loader
+
+
+def _variables(reference: Recorded, run: Recorded) -> dict[str, str]:
+    """Each loader's variable (``train_loader``) as the ranks' traces name it: the reports call it so."""
+    found: dict[str, str] = {}
+    for recorded in (reference, run):
+        for trace in recorded.traces.values():
+            for loader in trace.loaders:
+                if loader.variable:
+                    found.setdefault(loader.name, loader.variable)
+    return found
 
 
 # --- ddpcheck judge DIR ---------------------------------------------------------------------------------
@@ -674,13 +568,12 @@ def judge_directory(
         )
     else:
         names_from = ref if reference is not None else run
-        results = judge_launch(names_from, run, None, run.layout, options, standin=standin, step=step)
-        runs.extend(replace(r, verdicts=tuple(no_rerun(v) for v in r.verdicts)) for r in results)
+        runs += script_results(names_from, run, None, options, standin=standin, once=RECORDED_ONCE, step=step)
     return CheckResult(
         loader=str(directory),
         runs=tuple(runs),
         epochs=options.epochs,
-        options={**jsonable_options(options), "judged": str(directory)},
+        options=RunRecord(options, judged=str(directory)),
         notes=tuple(dict.fromkeys([*notes, *metric_notes(runs)])),
     )
 
@@ -694,7 +587,7 @@ def _recorded_step(
         if replay is not None:
             raise BadInput("--replay: the launch was recorded without --step: nothing to compare")
         return None
-    record = step_record(run)
+    record = step_record(run)  # the ignore index the launch recorded with: the default
     if replay is None:
         if twice is not None:
             raise BadInput("--replay-twice needs --replay: the probe is read against the replay")

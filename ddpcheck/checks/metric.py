@@ -1,6 +1,6 @@
 """Metric divergence between one process and DDP: evaluation results -> MetricRows and a Verdict.
 
-Pure: no processes, no torch. The rank side (:mod:`ddpcheck.scenarios.metric`) hands over an
+Pure: no processes, no torch. The scenario (:mod:`ddpcheck.scenarios.metric`) hands over an
 :class:`Evaluation` per world size: the metric over the naive gather (rank-major, padding copies
 kept), over the corrected gather (``sync_dicts_ddp(..., ids_key=...)``: copies dropped, id order),
 and the ids of the naive gather. The world size 1 evaluation is the reference. Comparing the id
@@ -17,10 +17,10 @@ import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ddpcheck.checks.ids import METRIC_EQUIVALENCE
-from ddpcheck.checks.verdict import Verdict
+from ddpcheck.evidence import MetricValues
 from ddpcheck.messages import count_text
 from ddpcheck.result import MetricRow, gather_effects
+from ddpcheck.verdict import METRIC_EQUIVALENCE, Verdict
 
 DEFAULT_RELATIVE = 1e-6
 ABSOLUTE_FLOOR = 1e-12
@@ -217,22 +217,22 @@ def judge_metrics(
         else "the naive gather matches too"
         + (f" (despite {_gather_summary(causes)})" if _gather_summary(causes) else "")
     )
-    data: dict[str, object] = {
-        "reference": dict(reference.naive),
-        "naive": dict(run.naive),
-        "corrected": dict(run.corrected),
-        "duplicated": causes.duplicated,
-        "dropped": causes.dropped,
-        "extra": causes.extra,
-        "order_differs": causes.order_differs,
-        "tolerance": describe_tolerance(tolerance),
-        "samples": len(dict.fromkeys(reference.ids)),
-    }
+    measured = MetricValues(
+        reference=dict(reference.naive),
+        naive=dict(run.naive),
+        corrected=dict(run.corrected),
+        duplicated=causes.duplicated,
+        dropped=causes.dropped,
+        extra=causes.extra,
+        order_differs=causes.order_differs,
+        tolerance=describe_tolerance(tolerance),
+        samples=len(dict.fromkeys(reference.ids)),
+    )
     examples = causes.dropped_ids or causes.duplicated_ids
     if not bad:
         names = ", ".join(f"{r.metric} {_fmt(r.reference)}" for r in rows) or "no metrics"
         detail = f"the ids_key gather reproduces the single-process metrics ({names}); {naive_text}"
-        return Verdict(METRIC_EQUIVALENCE, "pass", detail, examples=examples, data=data)
+        return Verdict(METRIC_EQUIVALENCE, "pass", detail, examples=examples, evidence=measured)
     values = ", ".join(f"{r.metric} {_fmt(r.corrected)} vs {_fmt(r.reference)}" for r in bad)
     if causes.dropped:
         who = "by drop_last " if run.drops else ""
@@ -246,4 +246,4 @@ def judge_metrics(
     if all(close(r.naive, r.corrected, tolerance) for r in bad):
         naive_text = "the naive gather gives the same"
     detail = f"{lead}: corrected DDP {values} (single process); {naive_text}"
-    return Verdict(METRIC_EQUIVALENCE, "fail", detail, cause, examples=examples, data=data)
+    return Verdict(METRIC_EQUIVALENCE, "fail", detail, cause, examples=examples, evidence=measured)
