@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pytest
 
-from ddpcheck.checks.eval_causes import DROPPED, EVERY_RANK, MEAN_OF_MEANS, PADDED, UNSYNCED
+from ddpcheck.checks.eval_causes import DROPPED, EVERY_RANK, MEAN_OF_MEANS, PADDED, UNEXPLAINED, UNSYNCED
 from ddpcheck.checks.eval_metric import (
     NO_EVALUATION,
     NO_VALUES,
@@ -280,23 +280,34 @@ def test_a_number_labelled_with_no_metric_beside_the_metric_is_not_compared() ->
     assert judged(led, run, 2).status == "fail"
 
 
-def test_a_printed_metric_that_differs_with_no_mechanism_is_not_judged() -> None:
-    reference = single(printed("val acc 0.476190"), n=20, batch=5)
+def test_a_printed_metric_that_differs_with_no_mechanism_fails_saying_the_cause_is_unknown() -> None:
+    """Equal weights, every sample once, even shards and batches, the ranks combined: no mechanism is known,
+    yet the printed metric moved (a sum all-reduced but divided by the rank's own count: twice the value).
+    A divergence all the same: it fails, saying what was compared and what the recording rules out."""
+    reference = single(printed("epoch 0: val_acc 0.500000 val_loss 1.052590"), n=20, batch=5)
     run = {
-        r: rank(r, 2, s, printed("val acc 0.500000") if r == 0 else (), batch=5)
+        r: rank(r, 2, s, printed("epoch 0: val_acc 1.000000 val_loss 2.105180") if r == 0 else (), batch=5)
         for r, s in enumerate(strided(20, 2))
     }
     verdict = judged(reference, run, 2)
-    assert (
-        verdict.status == "n/a" and "no mechanism found" in verdict.detail and "not judged" in verdict.detail
-    )
+    assert verdict.status == "fail", verdict.detail
+    assert verdict.cause.startswith(UNEXPLAINED), verdict.cause
+    assert "every sample of 20 evaluated once (shards of 10 and 10)" in verdict.cause
+    assert "the ranks combined their results" in verdict.cause
+    assert "val acc (printed" in verdict.detail and "1 at ws=2 vs 0.5 at one process" in verdict.detail
+    assert "the 1st evaluation" in verdict.detail and "loaded on every rank" in verdict.detail
+    assert "divided by this rank's own count" in verdict.fix
+    equal = single(printed("epoch 0: val_acc 0.500000 val_loss 1.052590"), n=20, batch=5)
+    same = {
+        r: rank(r, 2, s, printed("epoch 0: val_acc 0.500000 val_loss 1.052590") if r == 0 else (), batch=5)
+        for r, s in enumerate(strided(20, 2))
+    }
+    assert judged(equal, same, 2).status == "pass"  # the neighbour: the count all-reduced too
     keyed = single((ReportedValue("torchmetrics", "MulticlassAccuracy", 0.476190),), n=20, batch=5)
     value = (ReportedValue("torchmetrics", "MulticlassAccuracy", 0.5),)
     run = {r: rank(r, 2, s, value, batch=5) for r, s in enumerate(strided(20, 2))}
-    verdict = judged(keyed, run, 2)  # a metric object's value: a difference fails, mechanism unknown
-    assert verdict.status == "fail" and verdict.cause.startswith(
-        "the reported value changes with the world size"
-    )
+    verdict = judged(keyed, run, 2)  # a metric object's value: the same
+    assert verdict.status == "fail" and verdict.cause.startswith(UNEXPLAINED)
 
 
 def test_printed_precision_is_one_unit_in_the_last_digit() -> None:

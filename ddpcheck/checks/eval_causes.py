@@ -5,7 +5,8 @@ of the evaluation (its collectives, each rank's value), with the fix in the user
 One cause per bug, tried in this order: a value from one rank's shard (ranks report different values, or
 no collective combined anything while rank 0 saw a part of the set), every rank evaluating the whole set
 with counts added, samples dropped (``drop_last``), padding copies counted, a mean of per-rank means over
-unequal shards, a mean of per-batch means over unequal batches; else no mechanism is known.
+unequal shards, a mean of per-batch means over unequal batches; else the cause is not identified, and the
+detail says what the recording rules out (a divergence all the same: the weights were equal).
 """
 
 from __future__ import annotations
@@ -28,8 +29,7 @@ PADDED = "the eval loader repeats samples to give every rank an equal share, and
 MEAN_OF_MEANS = "the reported value is a mean of the ranks' means over shards of different sizes"
 BATCH_MEANS = "the reported value is a mean of per-batch means over batches of different sizes"
 UNEXPLAINED = (
-    "the reported value changes with the world size though every sample was evaluated once, on the same "
-    "weights, and the ranks combined their results"
+    "the reported value changes with the world size on the same weights; the cause was not identified"
 )
 
 
@@ -103,7 +103,7 @@ def mechanism(
         why = ranks_differ or "no collective combined anything during the evaluation"
         return Mechanism(UNSYNCED, "; ".join(filter(None, [why, seen])), fixes.unsynced())
     if split is None:
-        return Mechanism(UNEXPLAINED, "", fixes.unexplained())
+        return Mechanism(UNEXPLAINED, "the eval loader's split was not recorded", fixes.unexplained())
     if split.every_rank and combined:
         detail = f"each of the {world_size} ranks evaluated all {split.set_size:,} samples"
         return Mechanism(EVERY_RANK, detail, fixes.every_rank())
@@ -129,7 +129,17 @@ def mechanism(
         shown = ", ".join(map(str, uneven[0][-3:]))
         detail = f"rank 0's batches hold {shown} samples (the last ones), the single process's others"
         return Mechanism(BATCH_MEANS, detail, fixes.batch_means())
-    return Mechanism(UNEXPLAINED, "", fixes.unexplained())
+    return Mechanism(UNEXPLAINED, _ruled_out(split, combined), fixes.unexplained())
+
+
+def _ruled_out(split: Split, combined: bool) -> str:
+    """What the recording shows the difference is not (no padding, drop, uneven shard or batch)."""
+    shards = " and ".join(f"{s:,}" for s in split.shards)
+    said = (
+        f"every sample of {split.set_size:,} evaluated once (shards of {shards}), each rank's batches of one size, "
+        "so no padding copy, dropped sample, unequal shard or unequal batch explains it"
+    )
+    return said + ("; the ranks combined their results" if combined else "")
 
 
 def _of(split: Split | None) -> str:
@@ -217,6 +227,8 @@ class Fixes:
 
     def unexplained(self) -> str:
         return (
-            "compare the value per sample at one process and at this layout; a metric that depends on "
-            "batch composition (BatchNorm in train mode, per-batch normalisation) changes with the split"
+            "look for a divisor or weight that depends on the rank or the world size (a sum all-reduced but "
+            "divided by this rank's own count, a value scaled by the world size, ranks left out of a "
+            "gather), or a metric that depends on batch composition (BatchNorm in train mode, per-batch "
+            "normalisation); compare the per-sample values at one process and at this layout"
         )

@@ -10,9 +10,10 @@ rates, the layout, steps and epochs, per-rank counts, training values; a printed
 names no metric; printed line templates seen outside any evaluation; keys reported while a loop still ran).
 Two values agree within float noise (relative :data:`REL`, absolute :data:`ABSOLUTE`; summation order
 differs across partitions) plus, for printed ones, one unit in the last printed digit; NaN equals NaN only.
-A difference fails with its mechanism (:mod:`ddpcheck.checks.eval_causes`); an evaluation that drew random
-numbers while its loop ran cannot be told from its draws and is ``n/a``; a printed number that differs with
-no mechanism found is not judged (it may not come from the evaluation).
+A difference fails with its mechanism (:mod:`ddpcheck.checks.eval_causes`), or saying that none was
+identified (what was compared and what was ruled out): on equal weights, a value read as a metric that
+moves beyond float noise is a divergence whatever its cause; an evaluation that drew random numbers while
+its loop ran cannot be told from its draws and is ``n/a``.
 """
 
 from __future__ import annotations
@@ -20,14 +21,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ddpcheck.checks.eval_causes import COMBINING, UNEXPLAINED, Split, mechanism, split_of
+from ddpcheck.checks.eval_causes import COMBINING, Split, mechanism, split_of
 from ddpcheck.checks.reported import close, left_alone, reports_metric, words
 from ddpcheck.eval_trace import EvalRecord, EvalRound, ReportedValue
 from ddpcheck.evidence import ComparedValue, MetricEvidence
 from ddpcheck.layout import Layout
 from ddpcheck.messages import count_text
 from ddpcheck.trace import EpochTrace, LoaderFacts, ScriptRankTrace
-from ddpcheck.verdict import METRIC_EQUIVALENCE, Status, Verdict, not_applicable
+from ddpcheck.verdict import METRIC_EQUIVALENCE, Verdict, not_applicable
 
 REL = 1e-5  # float32 sums over other shares differ by up to ~1e-6 (benchmarks/bench_metric_noise.py)
 ABSOLUTE = 1e-8
@@ -301,14 +302,6 @@ def _verdict(compared: list[_Round], layout: Layout, libraries: tuple[str, ...])
         )
         return Verdict(METRIC_EQUIVALENCE, "n/a", why, evidence=evidence)
     found = mechanism(round_.split, round_.differ, round_.combined, layout.dp_world_size, libraries)
-    keyed = [v for _, v in differing if "(printed:" not in v.name]
-    if found.cause == UNEXPLAINED and not keyed:
-        said = (
-            f"{shown} with no mechanism found (every sample evaluated once, the ranks combined their "
-            "results): this printed number may not come from the evaluation, so it is not judged"
-        )
-        status: Status = "pass" if len(differing) < len(values) else "n/a"
-        return Verdict(METRIC_EQUIVALENCE, status, said, evidence=evidence)
     more = f" ({count_text(len(differing), 'values')} differ)" if len(differing) > 1 else ""
     detail = f"{shown}{more}, after {round_.words}"
     short = value.name.split(" (")[0]
