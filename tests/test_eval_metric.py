@@ -310,6 +310,24 @@ def test_a_printed_metric_that_differs_with_no_mechanism_fails_saying_the_cause_
     assert verdict.status == "fail" and verdict.cause.startswith(UNEXPLAINED)
 
 
+def test_a_value_no_mean_of_means_can_reach_is_not_named_one() -> None:
+    """Over shards of 11 and 10 (batches of 4, 4, 3 and 4, 4, 2) a mean of means moves a positive mean by
+    21/22 to 21/20, a mean of batch means by 0.875 to 1.75: twice the truth (a sum divided by the rank's
+    own count) is neither, so the cause is not identified; a mean of means printed with 2 decimals, within
+    that precision, is still named."""
+    reference = single(printed("val acc 0.476190"))
+    run = {
+        r: rank(r, 2, s, printed("val acc 0.952381") if r == 0 else ()) for r, s in enumerate(strided(21, 2))
+    }
+    verdict = judged(reference, run, 2)
+    assert verdict.status == "fail" and verdict.cause.startswith(UNEXPLAINED), verdict.cause
+    assert "nor a mean of means over unequal shards or batches (none moves a mean 2-fold)" in verdict.cause
+    coarse = single(printed("val acc 0.48"))
+    run = {r: rank(r, 2, s, printed("val acc 0.51") if r == 0 else ()) for r, s in enumerate(strided(21, 2))}
+    verdict = judged(coarse, run, 2)  # 0.51 / 0.48 = 1.0625, but 0.505 / 0.485 = 1.041 is within 21/20
+    assert verdict.status == "fail" and verdict.cause.startswith(MEAN_OF_MEANS), verdict.cause
+
+
 def test_printed_precision_is_one_unit_in_the_last_digit() -> None:
     run = {
         r: rank(r, 2, s, printed("val acc 0.4763") if r == 0 else ()) for r, s in enumerate(strided(21, 2))

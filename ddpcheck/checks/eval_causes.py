@@ -93,9 +93,11 @@ def mechanism(
     combined: bool,
     world_size: int,
     libraries: Sequence[str],
+    ratio: Ratio | None = None,
 ) -> Mechanism:
     """The cause of a difference (``ranks_differ``: how the ranks' values differ, "" when they agree;
-    ``combined``: a collective combined data during the evaluation on rank 0)."""
+    ``combined``: a collective combined data during the evaluation on rank 0; ``ratio``: the layout's value
+    over the single process's where both are positive, within printed precision, else None)."""
     fixes = Fixes(tuple(libraries))
     part = split is not None and 0 < (split.shards[0] if split.shards else 0) < split.set_size
     if ranks_differ or (not combined and part):
@@ -121,25 +123,74 @@ def mechanism(
         )
         return Mechanism(PADDED, detail, fixes.padded())
     evaluated = {s for s in split.shards if s}  # a rank that evaluated nothing averages nothing in
-    if len(evaluated) > 1:
+    if len(evaluated) > 1 and _could_average(ratio, split):
         sizes = " and ".join(f"{s:,}" for s in sorted(evaluated, reverse=True))
         return Mechanism(MEAN_OF_MEANS, f"the ranks evaluated {sizes} samples", fixes.mean_of_means())
     uneven = [b for b in split.batches if len(set(b)) > 1]
-    if uneven:
+    if uneven and _could_average_batches(ratio, split):
         shown = ", ".join(map(str, uneven[0][-3:]))
         detail = f"rank 0's batches hold {shown} samples (the last ones), the single process's others"
         return Mechanism(BATCH_MEANS, detail, fixes.batch_means())
-    return Mechanism(UNEXPLAINED, _ruled_out(split, combined), fixes.unexplained())
+    return Mechanism(UNEXPLAINED, _ruled_out(split, combined, ratio), fixes.unexplained())
 
 
-def _ruled_out(split: Split, combined: bool) -> str:
-    """What the recording shows the difference is not (no padding, drop, uneven shard or batch)."""
+def _ruled_out(split: Split, combined: bool, ratio: Ratio | None) -> str:
+    """What the recording shows the difference is not: no copy, no drop, and shards and batches either
+    equal or unable to move a mean by ``ratio``."""
     shards = " and ".join(f"{s:,}" for s in split.shards)
-    said = (
-        f"every sample of {split.set_size:,} evaluated once (shards of {shards}), each rank's batches of one size, "
-        "so no padding copy, dropped sample, unequal shard or unequal batch explains it"
-    )
+    said = f"every sample of {split.set_size:,} evaluated once (shards of {shards}), so no padding copy or "
+    said += "dropped sample explains it"
+    even = len({s for s in split.shards if s}) < 2 and not any(len(set(b)) > 1 for b in split.batches)
+    if even:
+        said += ", nor unequal shards or batches (each rank's batches of one size)"
+    elif ratio is not None:
+        moved = f"{ratio.low:.3g}" if ratio.low > 1 else f"{ratio.high:.3g}"
+        said += f", nor a mean of means over unequal shards or batches (none moves a mean {moved}-fold)"
     return said + ("; the ranks combined their results" if combined else "")
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A layout's value over the single process's, both positive: the least and greatest it can be
+    within their printed precision (equal for values read as numbers)."""
+
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, value: float, reference: float, unit: float) -> Ratio | None:
+        """None where either value is not above its precision (a sign change, zero, NaN)."""
+        if not (value - unit > 0 and reference - unit > 0):
+            return None
+        return cls((value - unit) / (reference + unit), (value + unit) / (reference - unit))
+
+
+def _between(ratio: Ratio | None, factors: Sequence[float]) -> bool:
+    """For values of one sign, a mean of part-means over the whole mean is a weighted average of the
+    parts' ``factors`` (N / (parts x n_part)), so it lies between their least and greatest. Unknown
+    ratio (None): it could be any."""
+    if ratio is None or not factors:
+        return True
+    slack = 1e-3  # float noise, well inside a share's step
+    return ratio.high >= min(factors) * (1 - slack) and ratio.low <= max(factors) * (1 + slack)
+
+
+def _could_average(ratio: Ratio | None, split: Split) -> bool:
+    """Whether a mean of the ranks' means could give ``ratio`` times the mean (a value twice the truth
+    over shards of 11 and 10 is not one: those move it by 21/22 to 21/20)."""
+    shares = [s for s in split.shards if s]
+    return _between(ratio, [sum(shares) / (len(shares) * s) for s in shares])
+
+
+def _could_average_batches(ratio: Ratio | None, split: Split) -> bool:
+    """Whether a mean of per-batch means (over all batches, or per rank then over the ranks) could give
+    ``ratio`` times the mean."""
+    ranks = [b for b in split.batches if b]
+    total = sum(sum(b) for b in ranks)
+    count = sum(len(b) for b in ranks)
+    factors = [total / (count * n) for b in ranks for n in b if n]
+    factors += [total / (len(ranks) * len(b) * n) for b in ranks for n in b if n]
+    return _between(ratio, factors)
 
 
 def _of(split: Split | None) -> str:

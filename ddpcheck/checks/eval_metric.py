@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ddpcheck.checks.eval_causes import COMBINING, Split, mechanism, split_of
+from ddpcheck.checks.eval_causes import COMBINING, Ratio, Split, mechanism, split_of
 from ddpcheck.checks.reported import close, left_alone, reports_metric, words
 from ddpcheck.eval_trace import EvalRecord, EvalRound, ReportedValue
 from ddpcheck.evidence import ComparedValue, MetricEvidence
@@ -301,7 +301,8 @@ def _verdict(compared: list[_Round], layout: Layout, libraries: tuple[str, ...])
             "switch sampling off in evaluation)"
         )
         return Verdict(METRIC_EQUIVALENCE, "n/a", why, evidence=evidence)
-    found = mechanism(round_.split, round_.differ, round_.combined, layout.dp_world_size, libraries)
+    ratio = Ratio.of(value.value, value.reference, value.unit)
+    found = mechanism(round_.split, round_.differ, round_.combined, layout.dp_world_size, libraries, ratio)
     more = f" ({count_text(len(differing), 'values')} differ)" if len(differing) > 1 else ""
     detail = f"{shown}{more}, after {round_.words}"
     short = value.name.split(" (")[0]
