@@ -5,9 +5,8 @@ truth_results.jsonl``; see ``fixtures/metrics/NOTES.md``). The truth's first eva
 compares (``--eval-rounds 1``); every eval set holds 21 samples, which 2 and 4 do not divide. The rule
 itself is held to built traces in tests/test_eval_metric.py.
 
-Cost: one ``ddpcheck run`` per fixture family by default (plain torch, the unknown mechanism and its
-neighbour, torchmetrics, Lightning, Accelerate, the HF Trainer), each launch shared by the tests that read
-it; every other fixture is held to its truth under ``-m slow``."""
+Cost: one ``ddpcheck run`` per fixture, shared by every test that reads it; all of them are end-to-end,
+so tests/conftest.py puts them in the slow lane (the rule's own tests, pure, are in the fast one)."""
 
 from __future__ import annotations
 
@@ -56,17 +55,7 @@ CAUSES = {  # fixture -> the cause a failing verdict names ("": the truth says t
     "good_even_split": "",
 }
 FOUR = ("bug_padded_sum", "bug_mean_of_means", "accelerate_gather_for_metrics", "bug_local_count")
-# one launch per family by default (the rest: -m slow); bug_padded_sum's launch watches the step too
-DEFAULT = (
-    "bug_padded_sum",
-    "bug_local_count",
-    "good_even_split",
-    "good_torchmetrics",
-    "lightning_log_mean",
-    "accelerate_gather_for_metrics",
-    "hf_trainer_evaluate",
-)
-SHARED = {"bug_padded_sum": {"step": True}}  # options a fixture's one launch runs with
+SHARED = {"bug_padded_sum": {"step": True}}  # options a fixture's one launch runs with (the step watched too)
 ENV = {"ACCELERATE_USE_CPU": "true"}
 
 
@@ -98,9 +87,7 @@ def launched(name: str) -> CheckResult:
     return run(name, (1, 2, 4) if name in FOUR else (1, 2), **SHARED.get(name, {}))
 
 
-@pytest.mark.parametrize(
-    "name", [n if n in DEFAULT else pytest.param(n, marks=pytest.mark.slow) for n in sorted(CAUSES)]
-)
+@pytest.mark.parametrize("name", sorted(CAUSES))
 def test_metric_verdicts_through_ddpcheck_run_are_the_truth(name: str) -> None:
     sizes = (1, 2, 4) if name in FOUR else (1, 2)
     result = launched(name)
@@ -142,7 +129,6 @@ def test_a_divergence_of_no_known_mechanism_fails_and_its_neighbour_passes_with_
     )
 
 
-@pytest.mark.slow
 def test_a_random_evaluation_is_not_applicable_naming_the_draw() -> None:
     verdict = metric(launched("random_eval"), 2)
     assert differs("random_eval", 2)  # the truth: dropout's draws meet other samples at 2 processes
@@ -156,7 +142,6 @@ def test_the_step_watcher_and_the_metric_comparison_run_together() -> None:
     assert any(v.check == "step_equivalence" and v.status == "pass" for r in result.runs for v in r.verdicts)
 
 
-@pytest.mark.slow
 def test_no_metrics_leaves_the_evaluation_alone() -> None:
     result = run("bug_padded_sum", metrics=False)
     assert not [v for r in result.runs for v in r.verdicts if v.check == METRIC_EQUIVALENCE]
