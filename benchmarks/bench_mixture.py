@@ -17,9 +17,9 @@ import statistics
 import time
 from pathlib import Path
 
-from ddpcheck.verdict import MIXTURE
 from ddpcheck.options import CheckOptions
 from ddpcheck.session import check_loader
+from ddpcheck.verdict import MIXTURE
 
 LOADER = Path(__file__).resolve().parent.parent / "fixtures" / "mixture" / "plain_mix_seeded_per_stream.py"
 

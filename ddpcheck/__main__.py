@@ -30,6 +30,6 @@ except KeyboardInterrupt:
         except OSError:
             continue
     print("ddpcheck: interrupted", file=sys.stderr)
-    sys.exit(130)
+    sys.exit(130)  # ddpcheck.exits.EXIT_INTERRUPTED, not imported: the package may be half imported here
 
 sys.exit(main())

@@ -79,8 +79,7 @@ class _VersionAction(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ddpcheck import options as limits  # plain values, no torch: the bounds the help names
-
+    """The command's parser: its option groups, each built by a function of its own below."""
     parser = _Parser(
         prog="ddpcheck",
         description="Prove a PyTorch DataLoader is correct under DistributedDataParallel.",
@@ -93,7 +92,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("loader", help="Python file that defines the DataLoader factory")
     parser.add_argument("--version", action=_VersionAction, nargs=0, help="show the version and exit")
-    # --- layout: which ranks (ddpcheck.layout) ---
+    _layout_options(parser)
+    _loader_options(parser)
+    _resume_options(parser)
+    _work_options(parser)
+    _equivalence_options(parser)
+    _report_options(parser)
+    _join_options(parser)
+    return parser
+
+
+def _layout_options(parser: argparse.ArgumentParser) -> None:
+    """The world sizes and meshes checked, and how their ranks run (:mod:`ddpcheck.layout`)."""
+    from ddpcheck import options as limits  # plain values, no torch: the bounds the help names
+
     layout = parser.add_argument_group("layout", "the world sizes and device meshes checked, and their ranks")
     layout.add_argument(
         "--world-sizes",
@@ -142,9 +154,21 @@ def build_parser() -> argparse.ArgumentParser:
         type=values.seconds,
         default=120.0,
         metavar="S",
-        help=f"seconds per process group (at most {limits.MAX_TIMEOUT:.0f}, one week)",
+        help="seconds a rank may go without progress (a batch, an epoch boundary, a collective) before it "
+        f"is reported hung; a rank that keeps yielding never is (at most {limits.MAX_TIMEOUT:.0f}, one week)",
     )
-    # --- loader: how it is built and iterated ---
+    layout.add_argument(
+        "--max-time",
+        type=values.seconds,
+        default=None,
+        metavar="S",
+        help="seconds a process group may run in all, progress or not (default: no limit); ranks still "
+        "running then are reported as having run past --max-time",
+    )
+
+
+def _loader_options(parser: argparse.ArgumentParser) -> None:
+    """How the factory is called and its loader iterated."""
     loader = parser.add_argument_group("loader", "how the factory is called and its loader iterated")
     loader.add_argument("--factory", default="make_loader", metavar="NAME", help="factory function name")
     loader.add_argument(
@@ -186,7 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="let every rank import the file's third-party modules (default: once, before ranks start)",
     )
-    # --- resume and elastic resume (ddpcheck.scenarios.resume) ---
+
+
+def _resume_options(parser: argparse.ArgumentParser) -> None:
+    """The resume checks (:mod:`ddpcheck.scenarios.resume`)."""
     resume = parser.add_argument_group(
         "resume", "run where the loader has a state mechanism (state_dict, or save_state/load_state hooks)"
     )
@@ -210,7 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="also restore states into loaders rebuilt with these numbers of DataLoader workers (the "
         "factory takes num_workers; default: none)",
     )
-    # --- work balance and packing (ddpcheck.checker.work, ddpcheck.checks.work) ---
+
+
+def _work_options(parser: argparse.ArgumentParser) -> None:
+    """Work balance, packing and mixture (:mod:`ddpcheck.checker.work`, :mod:`ddpcheck.checks.work`)."""
     work = parser.add_argument_group(
         "work balance and packing",
         "measured when batches carry tokens (input_ids, attention_mask, position_ids) or the file defines "
@@ -235,7 +265,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="read no sample sources (mixture n/a; sources cost a batch load)",
     )
-    # --- metric and training equivalence (ddpcheck.scenarios.metric, ddpcheck.scenarios.training) ---
+
+
+def _equivalence_options(parser: argparse.ArgumentParser) -> None:
+    """Metric and training equivalence (the scenarios :mod:`~ddpcheck.scenarios.metric`, ``training``)."""
     hooks = parser.add_argument_group(
         "metric and training equivalence",
         "run when the loader file defines forward/metric (metric) or make_model and loss (training)",
@@ -264,7 +297,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K",
         help="SGD steps compared by training_equivalence (0 turns it off)",
     )
-    # --- reports: what is written and printed ---
+
+
+def _report_options(parser: argparse.ArgumentParser) -> None:
+    """What is written to files and printed, and which failures are allowed."""
     out = parser.add_argument_group("reports", "what is written to files, and printed")
     out.add_argument(
         "--allow",
@@ -298,6 +334,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="full tracebacks for bad input (2) and crashed ranks (3), and the reasons checks do not apply",
     )
+
+
+def _join_options(parser: argparse.ArgumentParser) -> None:
+    """Joining an existing launch (torchrun, srun) explicitly."""
     join = parser.add_argument_group(
         "joining an existing launch",
         "under torchrun or srun ddpcheck joins that launch (one process per rank) instead of spawning; "
@@ -311,7 +351,6 @@ def build_parser() -> argparse.ArgumentParser:
     join.add_argument(
         "--master-port", type=values.port, default=None, metavar="PORT", help="rendezvous TCP port (1-65535)"
     )
-    return parser
 
 
 class UsageError(ValueError):

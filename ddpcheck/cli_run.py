@@ -31,8 +31,8 @@ MESH_OPTIONS = ("--mesh", "--data-dims", "--sequence-dims")
 JUDGING_OPTIONS = ("--allow", "--max-idle")
 REPORT_OPTIONS = ("--format", "--report-dir", "--junit", "--quiet", "--verbose", "--color")
 SHARED = (
-    "--world-sizes", *MESH_OPTIONS, "--epochs", "--timeout", *JUDGING_OPTIONS, "--steps", "--no-determinism",
-    "--no-work", "--work-cost", *REPORT_OPTIONS,
+    "--world-sizes", *MESH_OPTIONS, "--epochs", "--timeout", "--max-time", *JUDGING_OPTIONS, "--steps",
+    "--no-determinism", "--no-work", "--work-cost", *REPORT_OPTIONS,
 )  # fmt: skip
 JUDGE_SHARED = (*MESH_OPTIONS, *JUDGING_OPTIONS, *REPORT_OPTIONS)
 
@@ -221,6 +221,7 @@ def _check_options(args: argparse.Namespace, **overrides: Any) -> Any:
         "world_sizes": tuple(getattr(args, "world_sizes", (1, 2, 4))),
         "epochs": getattr(args, "epochs", 2),
         "timeout": getattr(args, "timeout", 120.0),
+        "max_time": getattr(args, "max_time", None),
         "allow": tuple(getattr(args, "allow", ()) or ()),
         "max_idle": getattr(args, "max_idle", None),
         "steps": getattr(args, "steps", None),

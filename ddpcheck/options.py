@@ -60,7 +60,8 @@ class CheckOptions:
     simulate: bool = False
     load_data: bool = False
     set_epoch: bool = True
-    timeout: float = 120.0
+    timeout: float = 120.0  # seconds a rank may go without progress (a batch, an epoch, a collective)
+    max_time: float | None = None  # seconds a process group may run in all; None: no cap
     determinism: bool = True
     batch_size: int | None = None
     # --- metric and training equivalence (ddpcheck.evaluate, ddpcheck.training) ---
@@ -150,12 +151,16 @@ def _check(options: CheckOptions) -> None:
                 "world_sizes",
             )
     _integer(options.epochs, 1, MAX_EPOCHS, "epochs", "epochs")
-    timeout = options.timeout
-    if not _number(timeout) or not 0 < timeout <= MAX_TIMEOUT:
-        raise BadInput(
-            f"timeout must be positive and at most {MAX_TIMEOUT:.0f} seconds (one week), got {timeout!r}",
-            "timeout",
-        )
+    for name in ("timeout", "max_time"):
+        seconds = getattr(options, name)
+        if name == "max_time" and seconds is None:
+            continue
+        if not _number(seconds) or not 0 < seconds <= MAX_TIMEOUT:
+            raise BadInput(
+                f"{name.replace('_', ' ')} must be positive and at most {MAX_TIMEOUT:.0f} seconds (one "
+                f"week), got {seconds!r}",
+                name,
+            )
     if options.backend not in BACKENDS:
         raise BadInput(f"unknown backend {options.backend!r}; choose one of {', '.join(BACKENDS)}", "backend")
     if options.backend == "nccl" and not options.simulate:

@@ -247,6 +247,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if path and not os.path.isfile(path):
         print(f"ddpcheck.record: no such script: {path}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    problem = _out_problem(args.out)
+    if problem:
+        print(f"ddpcheck.record: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args.eval_weights and not os.path.isdir(args.eval_weights):
         print(f"ddpcheck.record: --eval-weights {args.eval_weights}: no such directory", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -262,6 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     _die_with_launcher()
     _stack_dumps()
+    _progress()
     from ddpcheck.checker.script import ScriptRecordOptions, record_script
     from ddpcheck.checker.script_env import ScriptTarget
 
@@ -300,6 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     trace = replace(record_script(target, options, hooks), frameworks=imported_frameworks())
     if watcher is not None:
         trace = replace(trace, steps=watcher.finish())
+    _finished()  # the script is over: what is left (the trace written, the exit) is ddpcheck's, bounded
     write_rank(args.out, trace)
     if trace.status != "ok":
         print(f"ddpcheck.record: rank {trace.rank}: {trace.message}", file=sys.stderr)
@@ -307,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not trace.loaders and not trace.sources:
         print(f"ddpcheck.record: rank {trace.rank}: the script iterated no DataLoader", file=sys.stderr)
         return EXIT_SCRIPT_FAILED
-    return 0
+    return EXIT_OK
 
 
 def _fingerprinted(out: str, target: ScriptTarget, options: ScriptRecordOptions, hooks: Any) -> int:
@@ -388,6 +394,18 @@ def _watch_step(args: argparse.Namespace) -> StepWatcher | None:
     return install_watcher(options)
 
 
+def _out_problem(out: str) -> str:
+    """Why ``--out`` cannot hold the traces ("" when it can): found before the script runs, as one line,
+    not as a traceback once the script has trained (a file in the way, a read-only filesystem)."""
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as exc:
+        return f"--out {out}: cannot create the trace directory ({exc.strerror or exc})"
+    if not os.access(out, os.W_OK | os.X_OK):
+        return f"--out {out}: the trace directory is not writable"
+    return ""
+
+
 def _mesh_problem(args: argparse.Namespace) -> str:
     """Why ``--mesh``/``--data-dims`` cannot be used ("": they can, or were not given)."""
     if args.data_dims is not None and args.mesh is None:
@@ -431,6 +449,21 @@ def _die_with_launcher() -> None:
         return
     if os.getppid() != int(parent):
         os._exit(1)
+
+
+def _progress() -> None:
+    """Under ``ddpcheck run``: publish this rank's progress where the launcher's watchdog reads it
+    (batches, collectives, optimizer steps: ``--timeout`` is time without any of them)."""
+    from ddpcheck.launch.beats import attach_file, install_beats
+
+    if attach_file():  # no progress said before the script's first: its start has an allowance of its own
+        install_beats()
+
+
+def _finished() -> None:
+    from ddpcheck.launch.beats import finished
+
+    finished()
 
 
 def _stack_dumps() -> None:

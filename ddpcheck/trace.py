@@ -262,6 +262,11 @@ BITMAP_IDS = 1 << 26  # ids below this are counted in a bitmap (64 MB at most) w
 SPILL_IDS = 1 << 20  # an epoch's integer ids beyond this many go to the installed sink as they arrive
 
 
+def spill_threshold() -> int:
+    """:data:`SPILL_IDS` as it is now (:func:`spill_every` changes it)."""
+    return SPILL_IDS
+
+
 class IdSink(Protocol):
     """Where an epoch's integer ids go while recorded (``ddpcheck.tracefile.SpillFile``): appended a
     buffer at a time, then closed into the :class:`IdArray` of the whole epoch."""
@@ -304,8 +309,9 @@ class IdBuffer:
 
     def extend(self, batch: Sequence[Hashable]) -> None:
         if self._ints is not None:
-            if type(batch) is array and batch.typecode == "q":
-                self._ints.extend(batch)
+            if (type(batch) is array and batch.typecode == "q") or self._took_ints(batch):
+                if type(batch) is array:
+                    self._ints.extend(batch)
                 if len(self._ints) >= SPILL_IDS and ID_SINKS:
                     self._spill()
                 return
@@ -314,6 +320,18 @@ class IdBuffer:
             self._list, self._ints = list[Hashable](self._ints.tolist()), None
         assert self._list is not None
         self._list.extend(batch)
+
+    def _took_ints(self, batch: Sequence[Hashable]) -> bool:
+        """A list of plain ints that fit int64, appended as 8 bytes each from the start (a sampler ddpcheck
+        does not know yields such lists), as :func:`compact_ids` would store them at the epoch's end."""
+        if type(batch) is not list or set(map(type, batch)) - {int}:
+            return False
+        assert self._ints is not None
+        try:
+            self._ints.fromlist(batch)  # type: ignore[arg-type]  # all or nothing
+        except OverflowError:  # beyond int64: kept as they are
+            return False
+        return True
 
     def _spill(self) -> None:
         """Move the buffered ids to the sink (counting them first, if distinct() is in use)."""
@@ -520,7 +538,7 @@ class RankFailure:
     ``output`` the last lines the rank printed (a script's rank: what its own prints said)."""
 
     rank: int
-    kind: str  # "error" | "hang" | "killed" | "secondary"
+    kind: str  # "error" | "hang" | "overtime" (ran past --max-time) | "killed" | "secondary"
     message: str
     stack: str = ""
     progress: str = ""  # last known position, e.g. "epoch 0, batch 4, in all_reduce"
@@ -650,6 +668,25 @@ class FetchDraws:
 
 
 @dataclass(frozen=True)
+class TokenRows:
+    """A 2-D integer tensor as plain data: ``rows`` x ``width`` values, row-major (an ``array('q')``)."""
+
+    rows: int
+    width: int
+    values: Sequence[int]
+
+
+@dataclass(frozen=True)
+class ModelFeed:
+    """One micro-step's token tensors, by key (``input_ids``, ``position_ids``, ``labels``): ``handed`` those
+    of the batch the loop was handed, ``fed`` those the model's outermost forward was given (a context-
+    parallel rank's slices of the sequences)."""
+
+    handed: tuple[tuple[str, TokenRows], ...] = ()
+    fed: tuple[tuple[str, TokenRows], ...] = ()
+
+
+@dataclass(frozen=True)
 class MicroStep:
     """One backward pass, and what the loop did since the previous one.
 
@@ -667,6 +704,7 @@ class MicroStep:
     forwards: tuple[tuple[str, int], ...] = ()
     draws: tuple[Draw, ...] = ()
     loss: float | None = None  # the scalar given to backward, in compared windows (None: not kept)
+    feed: ModelFeed | None = None  # the tokens handed and fed to the model, in compared windows
 
 
 @dataclass(frozen=True)
@@ -715,6 +753,7 @@ class StepTrace:
     loss_scale: str = ""
     twice: bool = False
     compute_dtype: str = ""
+    replay_ranks: tuple[int, ...] | None = None  # a replay's: the recorded ranks it joined (None: every one)
 
 
 SCRIPT_TRACE_VERSION = 3  # 3: integer ids in .npy files beside the trace (ddpcheck.tracefile)

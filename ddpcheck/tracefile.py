@@ -21,7 +21,7 @@ import os
 import pickle
 import re
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -33,6 +33,7 @@ from ddpcheck.trace import (
     IdArray,
     ScriptLoader,
     ScriptRankTrace,
+    spill_threshold,
 )
 
 TRACE_SUFFIX = ".trace"
@@ -79,8 +80,8 @@ def write_ids(path: str, parts: Iterable[Any], count: int, lo: int, hi: int) -> 
         np.lib.format.write_array_header_1_0(
             handle, {"descr": dtype, "fortran_order": False, "shape": (count,)}
         )
-        for part in parts:
-            handle.write(np.asarray(part).astype(dtype, copy=False).tobytes())
+        for part in parts:  # written from the array's own memory: a billion ids are not copied once more
+            handle.write(np.ascontiguousarray(np.asarray(part).astype(dtype, copy=False)).data)
     os.replace(partial, path)
     return IdArray(path=path, dtype=dtype, size=count, lo=lo, hi=hi)
 
@@ -122,11 +123,27 @@ class SpillFile:
             os.unlink(self.path)
 
 
+_spilled_to: list[tuple[str, Iterator[int]]] = []  # (directory, numbers) while spill_to is in effect
+
+
 def spill_to(directory: str) -> None:
     """From now on, epochs recorded in this process that grow past SPILL_IDS ids go to ``directory``."""
     os.makedirs(directory, exist_ok=True)
     numbers = iter(range(1 << 62))
     ID_SINKS[:] = [lambda: SpillFile(directory, next(numbers))]
+    _spilled_to[:] = [(directory, numbers)]
+
+
+def spill_array(values: Any) -> IdArray | None:
+    """An epoch read as one integer array (already in its narrowest type), written to the directory of
+    :func:`spill_to` when it holds SPILL_IDS ids or more: the file's IdArray, else None (kept in memory).
+    A simulated rank's epoch of a hundred million ids then never crosses the pipe or stays in the parent."""
+    if not _spilled_to or len(values) < spill_threshold():
+        return None
+    directory, numbers = _spilled_to[0]
+    path = os.path.join(directory, f"array{os.getpid()}-{next(numbers)}{IDS_SUFFIX}")
+    lo, hi = (int(values.min()), int(values.max())) if len(values) else (0, -1)
+    return write_ids(path, [values], len(values), lo, hi)
 
 
 def _stored_epoch(directory: str, rank: int, loader: int, epoch: EpochTrace) -> EpochTrace:

@@ -131,9 +131,73 @@ def end_to_end_tests(path: Path) -> frozenset[str]:
     return frozenset(heavy)
 
 
+# --- the release lane ------------------------------------------------------------------------------------
+# README command 2 (what CI runs) leaves out the tests marked ``release``: end-to-end runs that take a path
+# a test of the CI lane already takes (more verbatim scripts of one kind, more transcripts of one docs page,
+# more variants of a closed stream or an interrupt). ``pytest --release`` runs the whole suite: before a
+# release, and after changing what those tests exercise. A test named by its node id on the command line
+# always runs. RELEASE_ONLY lists them by family, each with the test that keeps its path in the CI lane.
+RELEASE_ONLY: tuple[str, ...] = (
+    # verbatim scripts with no DataLoader: the CI lane keeps dataloader_lite_bug and nanogpt_get_batch
+    "tests/test_copied_scripts.py::test_batches_from_no_dataloader_are_judged[[]stream_generator*",
+    "tests/test_copied_scripts.py::test_batches_from_no_dataloader_are_judged[[]dataloader_lite[]]",
+    "tests/test_copied_scripts.py::test_batches_from_no_dataloader_are_judged[[]nanogpt_get_batch_same_seed[]]",
+    "tests/test_copied_scripts.py::test_a_script_that_iterates_no_dataloader_says_how_to_name_its_batches[[]d*",
+    "tests/test_copied_scripts.py::test_a_script_that_iterates_no_dataloader_says_how_to_name_its_batches[[]s*",
+    # launcher variables (CI: test_fabric_launcher_variables_fail_the_single_process_as_under_torchrun)
+    "tests/test_copied_scripts.py::test_fabric_without_its_launcher_is_told_the_launcher",
+    "tests/test_copied_scripts.py::test_a_single_process_that_believes_it_is_one_of_two_is_said_so",
+    # epochs read off the loop (CI: test_the_tutorials_peek_before_set_epoch_is_no_epoch)
+    "tests/test_copied_scripts.py::test_a_loop_that_breaks_early_on_purpose_counts_every_epoch",
+    # docs transcripts: the CI lane runs every README block and one pytest-plugin.md block of each kind
+    "tests/test_docs.py::test_python_pytest_block_passes[[]docs/pytest-plugin.md-block[2456]-pytest[]]",
+    # closed streams and interrupts: one variant of each in the CI lane
+    "tests/test_cli_conventions.py::test_both_streams_into_a_pipe_closed_early_keep_the_exit_code[[]loader1-1[]]",
+    "tests/test_cli_conventions.py::test_a_stream_closed_at_start_changes_nothing[[]2[]]",
+    "tests/test_cli_conventions.py::test_an_interrupt_at_any_moment_is_130_without_traceback[[]2-*",
+    "tests/test_cli_conventions.py::test_a_full_stderr_keeps_the_exit_code",
+    # a simulated factory's side effects (CI: its children, its SIGTERM handler, sys.exit, the spinning rank)
+    "tests/test_hostile_launch.py::test_user_prints_in_simulated_ranks_stay_off_ddpchecks_stdout",
+    "tests/test_hostile_launch.py::test_a_simulated_factory_that_changes_directory_moves_no_other_rank",
+    "tests/test_hostile_launch.py::test_a_non_daemon_thread_left_by_a_simulated_factory_does_not_hold_ddpcheck",
+    "tests/test_hostile_launch.py::test_os_exit_in_a_simulated_factory_is_reported_as_exited",
+    # JUnit: the CI lane validates xunit1 against the schema (the plugin's default family)
+    "tests/test_plugin.py::test_junit_families[[]xunit2[]]",
+    # a cold run with every home cache empty (CI: the suite's own caches are fresh directories)
+    "tests/test_meshes.py::test_a_cold_run_writes_nothing_into_the_home_caches",
+    # more ranks of the same stateful-workers resume (CI: 2 ranks)
+    "tests/test_reference_resume.py::test_interrupted_loader_resumes_exactly[[][34]-stateful-workers[]]",
+    # multi-node loopback: the CI lane keeps the failing loader's exit code and max_idle allowed
+    "tests/test_join.py::test_two_torchrun_nodes_on_loopback_exit_with_the_same_code[[]loader0-0[]]",
+    "tests/test_join.py::test_torchrun_honours_max_idle_and_allow[[]False[]]",
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--release",
+        action="store_true",
+        help="also run the tests marked release (the whole suite; README command 2 leaves them out)",
+    )
+
+
+def _named(config: pytest.Config) -> frozenset[str]:
+    """Node ids the command line names one by one (they run whatever their lane)."""
+    return frozenset(arg for arg in config.args if "::" in arg)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         function = getattr(item, "function", None)
         measured = any(fnmatch.fnmatchcase(item.nodeid, pattern) for pattern in MEASURED_SLOW)
         if measured or (function is not None and function.__name__ in end_to_end_tests(Path(item.path))):
             item.add_marker(pytest.mark.slow)
+        if any(fnmatch.fnmatchcase(item.nodeid, pattern) for pattern in RELEASE_ONLY):
+            item.add_marker(pytest.mark.release)
+    if config.getoption("--release") or "release" in (config.getoption("markexpr") or ""):
+        return
+    named = _named(config)
+    kept = [i for i in items if i.get_closest_marker("release") is None or i.nodeid in named]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = kept

@@ -17,7 +17,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ddpcheck.trace import Draw, EpochTrace, FetchDraws, MicroStep, OptimizerStep, StepTrace
+from ddpcheck.trace import (
+    Draw,
+    EpochTrace,
+    FetchDraws,
+    MicroStep,
+    ModelFeed,
+    OptimizerStep,
+    StepTrace,
+    TokenRows,
+)
 
 STEPS = Path(__file__).resolve().parent.parent / "fixtures" / "steps"
 
@@ -74,7 +83,8 @@ def step_trace(log: dict[str, Any], **fields: Any) -> StepTrace:
         sup = [b.get("supervised") for b in real]
         supervised = None if not real or any(s is None for s in sup) else sum(s for s in sup if s is not None)
         forwards = tuple(sorted(m["forwards"].items()))
-        return MicroStep("train", 0, positions, sum(b["samples"] for b in real), supervised, forwards)
+        samples = sum(b["samples"] for b in real)
+        return MicroStep("train", 0, positions, samples, supervised, forwards, feed=_feed(m, real))
 
     steps = tuple(
         OptimizerStep(k, tuple(micro_of(m) for m in s["micro"]), _grad(s["grad"]), s["norm"])
@@ -83,6 +93,18 @@ def step_trace(log: dict[str, Any], **fields: Any) -> StepTrace:
     open_micro = tuple(micro_of(m) for m in log.get("open_micro", ()))
     size = len(steps[0].grad or ()) if steps else 0
     return StepTrace(steps, open_micro, size, size, "float32", **fields)
+
+
+def _rows(values: list[list[int]]) -> TokenRows:
+    return TokenRows(len(values), len(values[0]) if values else 0, array("q", [v for r in values for v in r]))
+
+
+def _feed(micro: dict[str, Any], batches: list[dict[str, Any]]) -> ModelFeed | None:
+    """What a context-parallel fixture's loop logged: the batch's input_ids and what its model was fed."""
+    if "fed" not in micro or not batches or "tokens" not in batches[0]:
+        return None
+    fed = tuple((key, _rows(value)) for key, value in micro["fed"].items())
+    return ModelFeed((("input_ids", _rows(batches[0]["tokens"])),), fed)
 
 
 def with_loop_draws(trace: StepTrace, log: dict[str, Any]) -> StepTrace:

@@ -251,3 +251,22 @@ def test_the_terminal_says_in_one_line_what_does_not_apply_and_v_lists_why(
     assert "### Not applicable" in (clean_env / "r" / "ddpcheck.md").read_text()  # the file lists them
     assert main([*args, "-v"]) == 0
     assert "Not applicable\n--------------" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("where", ["below-a-file", "in-proc"])
+def test_record_out_that_cannot_hold_traces_is_one_line_and_exit_2(tmp_path: Path, where: str) -> None:
+    """``python -m ddpcheck.record --out DIR`` where DIR cannot be made (a file in the way) or written
+    (/proc, which refuses a new folder even to root) is one line and exit 2 before the
+    script runs, never a traceback."""
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("not a directory")
+    out = str(blocker / "traces") if where == "below-a-file" else "/proc/ddpcheck-traces"
+    script = ROOT / "fixtures" / "scripts" / "ddp_good.py"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpcheck.record", "--out", out, "--", str(script)],
+        capture_output=True, text=True, timeout=180, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"ddpcheck.record: --out {out}: "), lines

@@ -154,7 +154,7 @@ def test_judge_passes_the_correct_loop_and_says_what_it_cannot_judge(correct: La
     assert {"equal_steps", "reshuffle", "determinism", "replica_consistency"} <= unjudged
     said = " ".join(proc.stdout.split())  # the table wraps its notes to the terminal's width
     assert "PASS" in said and "replica_consistency are n/a" in said  # reasons folded on the first screen
-    assert "not kept by a --fingerprint recording" in verdicts["reshuffle"]["detail"]  # and kept in the report
+    assert "not kept by a --fingerprint recording" in verdicts["reshuffle"]["detail"]  # kept in the report
 
 
 def test_judge_refuses_what_a_fingerprint_directory_cannot_answer(correct: Launched, tmp_path: Path) -> None:

@@ -362,8 +362,14 @@ FAULTS = {
     "hang_uneven_collective.py": Fault(
         2, 0, "hang", "never reached the same collective", "all_reduce", timeout=5
     ),
+    # it keeps yielding: never hung (--timeout is time without progress), stopped by --max-time
     "infinite_iterable.py": Fault(
-        1, 0, "hang", "no result before the deadline", args=("--world-sizes", "1"), timeout=3, stops=True
+        1,
+        0,
+        "overtime",
+        "--max-time (3 s) ran out",
+        args=("--world-sizes", "1", "--max-time", "3"),
+        stops=True,
     ),
     "killed_rank.py": Fault(2, 1, "killed", "SIGKILL"),
     # no reference, nothing to judge: the run stops there, the killed reference reported as world size 1
@@ -381,7 +387,7 @@ FAULTS = {
 def _fault_params() -> list[Any]:
     """Hangs cost their whole timeout (plus a stack dump), so they are marked slow."""
     return [
-        pytest.param(name, marks=[pytest.mark.slow] if FAULTS[name].kind == "hang" else [])
+        pytest.param(name, marks=[pytest.mark.slow] if FAULTS[name].kind in ("hang", "overtime") else [])
         for name in sorted(FAULTS)
     ]
 

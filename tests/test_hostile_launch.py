@@ -24,6 +24,7 @@ import pytest
 
 from ddpcheck.launch import GroupCall, run_ranks
 from ddpcheck.launch.simulate import simulate_ranks
+from ddpcheck.launch.watchdog import Limits
 from tests.conftest import HOSTILE
 from tests.proc_utils import (
     children_of,
@@ -104,7 +105,7 @@ def test_real_ranks_carry_torchruns_environment_and_master_port_is_the_groups_st
 
 
 def test_simulated_ranks_carry_torchruns_environment_too() -> None:
-    result = simulate_ranks(_environment, 5, timeout=60)
+    result = simulate_ranks(_environment, 5, limits=Limits(60))
     result.raise_for_failures()
     for rank, env in enumerate(result.values):
         assert {k: env[k] for k in _expected(rank, 5)} == _expected(rank, 5)
@@ -171,7 +172,7 @@ def _spin_on_rank(spin: int) -> int:
 def test_a_simulated_rank_that_loops_forever_ends_at_its_deadline_with_a_stack() -> None:
     before = children_of(os.getpid())  # e.g. multiprocessing's resource tracker, started by an earlier test
     started = time.monotonic()
-    result = simulate_ranks(_spin_on_rank, 4, kwargs={"spin": 1}, timeout=2)
+    result = simulate_ranks(_spin_on_rank, 4, kwargs={"spin": 1}, limits=Limits(2))
     assert time.monotonic() - started < 30
     assert [o.kind for o in result.outcomes] == ["ok", "hang", "secondary", "secondary"]
     assert "_spin_on_rank" in result.outcomes[1].stack
@@ -265,7 +266,7 @@ def _print_then_fail(marker: str) -> None:
 
 
 def test_a_failed_simulated_rank_keeps_its_own_output(capfd: pytest.CaptureFixture[str]) -> None:
-    result = simulate_ranks(_print_then_fail, 4, kwargs={"marker": "SIM-OUT"}, timeout=30)
+    result = simulate_ranks(_print_then_fail, 4, kwargs={"marker": "SIM-OUT"}, limits=Limits(30))
     failed = result.outcomes[2]
     assert failed.kind == "error" and failed.message == "rank 2 fails after printing"
     assert failed.output.strip() == "SIM-OUT from rank 2"

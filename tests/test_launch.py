@@ -191,13 +191,14 @@ def test_a_ranks_own_error_that_mentions_timeout_is_not_secondary() -> None:
     assert [o.kind for o in result.outcomes] == ["error", "error"]
 
 
-def test_the_timeout_counts_from_when_every_rank_has_joined() -> None:
-    from ddpcheck.launch.group import JOIN_ALLOWANCE_S, Deadline
+def test_max_time_counts_from_when_every_rank_has_joined() -> None:
+    from ddpcheck.launch.watchdog import JOIN_ALLOWANCE_S, Deadline
 
-    deadline = Deadline(started=100.0, timeout=3.0)
-    assert deadline.at == 100.0 + 3.0 + JOIN_ALLOWANCE_S  # still joining: a slow rendezvous is not a hang
+    assert Deadline(started=100.0, timeout=3.0).cap == float("inf")  # no --max-time: no cap at all
+    deadline = Deadline(started=100.0, timeout=3.0, max_time=5.0)
+    assert deadline.cap == 100.0 + JOIN_ALLOWANCE_S + 5.0  # still joining: a slow rendezvous is not counted
     deadline.joined_at = 107.5
-    assert deadline.at == 110.5  # the job gets its full timeout after the last rank joined
+    assert deadline.cap == 112.5  # the group gets its whole max_time after the last rank joined
 
 
 def _meet(marker_dir: str, mine: str, theirs: str) -> str:

@@ -368,7 +368,7 @@ def test_failure_names_the_rank_its_traceback_and_output(suite: SuiteRun) -> Non
 def test_hang_fails_only_that_test_and_shows_the_stack(suite: SuiteRun) -> None:
     case = suite.cases["test_hang[ddp2]"]
     assert case.outcome == "failed"
-    assert "hang: rank 0 of 2 gave no result within the 3 s timeout" in case.text
+    assert "hang: rank 0 of 2 made no progress for the 3 s timeout" in case.text
     assert "stack when stopped:" in case.text
     assert " in test_hang" in case.text  # the hung rank's own frame, from its dumped stack
     assert "ranks 1 finished and wait for ranks 0" in case.text
@@ -759,7 +759,7 @@ def test_importlib_mode_and_timeout_override(pytester: pytest.Pytester) -> None:
     # count in the failure sections only: under CI=true pytest repeats full messages in its summary
     sections = text.split("short test summary info")[0]
     assert sections.count("rank 1 of 2 failed: AssertionError: assert 1 == 0") == 2
-    assert "hang: rank 1 of 2 gave no result within the 2 s timeout" in text
+    assert "hang: rank 1 of 2 made no progress for the 2 s timeout" in text
 
 
 def test_spawned_ranks_find_the_test_by_name(

@@ -30,6 +30,7 @@ from ddpcheck.verdict import (
     COVERAGE,
     DETERMINISM,
     NO_OVERLAP,
+    PACKING,
     PADDING_BOUND,
     REPLICA_CONSISTENCY,
     RESHUFFLE,
@@ -181,6 +182,28 @@ CASES = [
         cause="global rank",
     ),
     Case(
+        "mesh_split_by_node",  # split_dataset_by_node given the global rank, documents packed per rank
+        "mesh_split_by_node.py",
+        {"train": "loader = DataLoader("},
+        options=("--mesh", DP2_TP2, "--world-sizes", "1"),
+        script_args=("--tp", "2"),
+        exit_code=1,
+        must_fail={DP2_TP2: {"train": frozenset({COVERAGE, REPLICA_CONSISTENCY})}},
+        may_fail=frozenset({SINGLE_PROCESS_EQUIVALENCE, PACKING, STEP_EQUIVALENCE}),
+        cause="splits by the global rank",
+        module="datasets",
+        shuffles=False,
+    ),
+    Case(
+        "mesh_split_by_node_dp",
+        "mesh_split_by_node.py",
+        {"train": "loader = DataLoader("},
+        options=("--mesh", DP2_TP2, "--world-sizes", "1"),
+        script_args=("--tp", "2", "--split", "dp"),
+        module="datasets",
+        shuffles=False,
+    ),
+    Case(
         "own_options",
         "own_options.py",
         {"train": "train = DataLoader(", "eval": "evaluate = DataLoader("},
@@ -318,6 +341,30 @@ def test_verdict(case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert code == case.exit_code == report["exit_code"]
     assert report["options"]["epochs"] == 2 and report["options"]["steps"] is None
     assert report["options"]["script_args"] == list(case.script_args)
+
+
+@pytest.mark.slow
+def test_a_split_by_the_global_rank_on_a_mesh_is_one_cause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``split_dataset_by_node(rank=dist.get_rank(), world_size=dist.get_world_size())`` on a dp x tp mesh,
+    documents packed per rank: one cause explains the samples that reach no data-parallel rank and the
+    replicas that differ, naming the global rank, the rank that took it and the data-parallel rank that
+    belongs there, at the loader's line (as the sampler case does)."""
+    case = next(c for c in CASES if c.name == "mesh_split_by_node")
+    code, report = run_ddpcheck(case, tmp_path, monkeypatch)
+    assert code == 1
+    name = loader_name(case.script, case.loaders["train"])
+    split = [c for c in report["causes"] if "global rank" in c["cause"]]
+    assert len(split) == 1, [c["cause"] for c in report["causes"]]
+    cause = split[0]["cause"]
+    assert cause.startswith(f"the loader built at {name} splits by the global rank"), cause
+    assert "dist.get_rank() (0..3)" in cause and "rank 1 (dp=0,tp=1) reads shard 1 of 4" in cause
+    assert "data-parallel rank 0 of 2 belongs" in cause and "split_dataset_by_node" in split[0]["fix"]
+    explained = split[0]["explains"]
+    assert COVERAGE in explained and REPLICA_CONSISTENCY in explained
+    assert not [c for c in report["causes"] if "documents reach no data-parallel rank" in c["cause"]]
+    assert not [c for c in report["causes"] if "depends on a non-data coordinate" in c["cause"]]
 
 
 @pytest.mark.slow

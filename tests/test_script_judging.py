@@ -212,3 +212,39 @@ def test_a_scripts_report_gives_loaders_a_column_relative_names_and_counts_named
     assert re.split(r"\s*\|\s*", grid)[1:3] == ["loader", "world size"], grid
     plain = build_view(replace(result, runs=tuple(replace(r, loader="") for r in runs), options=RunRecord()))
     assert not plain.loader_column and plain.subject == "Loader" and plain.rows[0].short == "1"
+
+
+def test_rows_packed_per_rank_split_by_the_global_rank_are_named_once_without_a_sampler() -> None:
+    """Rows packed on each rank are not one process's rows (their ids are their content): four disjoint
+    streams that together hold as many rows as one process are the epoch split over the global world, even
+    though no row id matches. Without a sampler to say what it was given (split_dataset_by_node), the cause
+    names the global rank and the data-parallel rank from the layout, at the loader's line; the neighbour
+    that holds half the rows is sharded twice, and overlapping streams stay a non-data split."""
+    from ddpcheck.checks.replicas import (
+        LOADER_GLOBAL,
+        REPLICA_IDS,
+        SHARDED_TWICE_MESH,
+        check_replica_consistency,
+    )
+    from ddpcheck.checks.scripts import told_cause
+
+    layout = parse_mesh("dp=2,tp=2")
+
+    def run_of(streams: list[list[int]]) -> RunTrace:
+        ranks = [
+            RankTrace(r, (EpochTrace(0, ids, [2] * (len(ids) // 2), None),)) for r, ids in enumerate(streams)
+        ]
+        return RunTrace(len(streams), "gloo", tuple(ranks))
+
+    reference = run_of([list(range(1000, 1048))])  # one process's 48 rows
+    global_rank = run_of([list(range(2000 + 100 * r, 2012 + 100 * r)) for r in range(4)])  # 4 x 12 rows
+    verdict = check_replica_consistency(reference, global_rank, layout)
+    assert verdict.failed and verdict.cause == GLOBAL_RANK
+    said = at_loader(told_cause(verdict, global_rank, layout), "train.py:42").cause
+    assert said.startswith("the loader built at train.py:42 splits by the global rank: each of the 4 ranks")
+    assert "rank 1 (dp=0,tp=1) reads shard 1 of 4 where data-parallel rank 0 of 2 belongs" in said
+    assert LOADER_GLOBAL in told_cause(verdict, global_rank, layout).cause
+    twice = run_of([list(range(2000 + 100 * r, 2006 + 100 * r)) for r in range(4)])  # 4 x 6: half
+    assert check_replica_consistency(reference, twice, layout).cause == SHARDED_TWICE_MESH
+    overlapping = run_of([list(range(2000 + 6 * r, 2012 + 6 * r)) for r in range(4)])  # each shares 6
+    assert check_replica_consistency(reference, overlapping, layout).cause == REPLICA_IDS

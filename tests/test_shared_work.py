@@ -114,7 +114,7 @@ def test_subclasses_and_odd_datasets_take_the_real_path() -> None:
 def test_a_wrong_shortcut_is_caught_and_the_real_order_returned(monkeypatch: pytest.MonkeyPatch) -> None:
     import ddpcheck.launch.shared_work as shared_work
 
-    monkeypatch.setattr(shared_work, "_direct_share", lambda sampler: [0] * sampler.num_samples)
+    monkeypatch.setattr(shared_work, "_direct_share", lambda sampler, *kept: [0] * sampler.num_samples)
     sampler = DistributedSampler(range(10), num_replicas=2, rank=1, shuffle=False)
     with known_samplers() as done:
         assert list(sampler) == [1, 3, 5, 7, 9]
@@ -131,7 +131,7 @@ def test_a_simulated_run_with_a_wrong_shortcut_is_redone_and_says_so(
     from ddpcheck.options import CheckOptions
     from ddpcheck.session import check_loader
 
-    monkeypatch.setattr(shared_work, "_direct_share", lambda sampler: [0] * sampler.num_samples)
+    monkeypatch.setattr(shared_work, "_direct_share", lambda sampler, *kept: [0] * sampler.num_samples)
     monkeypatch.setattr(shared_work, "VERIFY_FIRST", 0)  # found late: the draws before it went unchecked
     monkeypatch.setattr(shared_work, "VERIFY_EVERY", 5)
     loader = tmp_path / "loader.py"

@@ -17,6 +17,7 @@ import pytest
 
 from ddpcheck.checks import step as step_check
 from ddpcheck.checks.fixes import with_fix
+from ddpcheck.checks.microsteps import MICRO_COUNTS, STEP_COUNTS, check_equal_microsteps
 from ddpcheck.checks.registry import run_checks
 from ddpcheck.checks.rng import (
     LOOP_SAME,
@@ -31,13 +32,10 @@ from ddpcheck.checks.rng import (
 )
 from ddpcheck.checks.step import (
     BATCHNORM,
-    MICRO_COUNTS,
     NAN,
     OTHER,
     RANKS_APART,
-    STEP_COUNTS,
     UNPROBED,
-    check_equal_microsteps,
     check_step_equivalence,
     fit_factor,
     loss_scale,
@@ -142,12 +140,27 @@ def test_only_the_tail_window_differs() -> None:
     assert "(1 of 3 compared steps" in verdict.detail
 
 
-def test_batchnorm_per_rank_is_named() -> None:
+def test_batchnorm_per_rank_is_named_against_a_replay_of_the_global_batch() -> None:
     ref = [_grad(0)]
     run = _run([_noisy(ref[0], 0.3)], [[[micro()]]] * 2, per_rank_norm=("norm",))
     verdict = check_step_equivalence(run, trace([(ref[0], [micro(8)])]), W2)
     assert verdict.failed and verdict.cause == BATCHNORM.format(modules="norm")
     assert "SyncBatchNorm" in verdict.fix
+
+
+def test_batchnorm_per_rank_is_compared_with_a_replay_that_normalises_each_part() -> None:
+    """The replay normalised each rank's part of the union by its own statistics (its ``per_rank_norm``):
+    an exact step passes with a note that says so; a loss normalised per rank still fails, named by its own
+    cause, never by the batch norm."""
+    ref = [_grad(0)]
+    per_part = trace([(ref[0], [micro(8)])], per_rank_norm=("norm",))
+    run = _run([_noisy(ref[0], 2e-7)], [[[micro()]]] * 2, per_rank_norm=("norm",))
+    verdict = check_step_equivalence(run, per_part, W2)
+    assert verdict.status == "pass" and step_check.PER_RANK_NORM + " (norm)" in verdict.detail
+    counts = [[[micro(4, supervised=2)]], [[micro(4, supervised=4)]]]
+    bad = check_step_equivalence(_run([_noisy(ref[0], 0.3)], counts, per_rank_norm=("norm",)), per_part, W2)
+    assert bad.failed and bad.cause.startswith("ranks' supervised-token counts differ (2 vs 4)"), bad.cause
+    assert step_check.PER_RANK_NORM in bad.detail
 
 
 def test_a_nan_gradient_spread_by_the_all_reduce() -> None:
@@ -204,7 +217,11 @@ def test_what_cannot_be_compared_is_never_a_failure() -> None:
     assert kept_none.status == "n/a" and "no optimizer step kept its gradient" in kept_none.detail
     mesh = parse_mesh("dp=1,tp=2")
     shards = [trace([(ref[0][:25], [micro()])])] * 2
-    assert check_step_equivalence(shards, trace([(ref[0], [micro()])]), mesh).status == "n/a"
+    by_hand = check_step_equivalence(shards, trace([(ref[0], [micro()])], replay_ranks=(0,)), mesh)
+    assert by_hand.status == "n/a" and "hold shards of the parameters" in by_hand.detail
+    every = check_step_equivalence([trace([(ref[0], [micro()])])] * 2, trace([(ref[0], [micro()])]), mesh)
+    assert every.status == "n/a" and "the replay joined every rank's batches" in every.detail
+    assert "record it with --mesh dp=1,tp=2" in every.detail
     assert check_step_equivalence(run, trace([([math.nan] * 50, [micro(8)])]), W2).status == "n/a"
     other_size = check_step_equivalence(run, trace([(ref[0][:40], [micro(8)])]), W2)
     assert other_size.status == "n/a" and "different sizes (40, 50 values)" in other_size.detail
@@ -598,20 +615,38 @@ def test_shards_of_a_gradient_are_put_together_before_the_comparison() -> None:
     peers = [[i % 4 == r for i in range(10)] + [r < 2, r >= 2] for r in range(4)]  # tp peers share 10, 11
     for masks in (own, peers):
         run = _sharded_run([_noisy(g, 1e-7) for g in ref], masks)
-        verdict = check_step_equivalence(run, trace([(g, [micro(8)]) for g in ref]), mesh)
+        verdict = check_step_equivalence(
+            run, trace([(g, [micro(8)]) for g in ref], replay_ranks=(0, 2)), mesh
+        )
         assert verdict.status == "pass", verdict
     scaled = _sharded_run([[2 * x for x in g] for g in ref], own)
-    factor = check_step_equivalence(scaled, trace([(g, [micro(8)]) for g in ref]), mesh)
+    replay = trace([(g, [micro(8)]) for g in ref], replay_ranks=(0, 2))
+    factor = check_step_equivalence(scaled, replay, mesh)
     assert factor.status == "fail" and "exactly 2x one process's" in factor.cause
     apart = _sharded_run(ref, peers)
     bias = apart[1].steps[0]
     moved = array("f", bias.grad or ())
     moved[10] += 1.0
     apart[1] = replace(apart[1], steps=(replace(bias, grad=moved), *apart[1].steps[1:]))
-    verdict = check_step_equivalence(apart, trace([(g, [micro(8)]) for g in ref]), mesh)
+    verdict = check_step_equivalence(apart, replay, mesh)
     assert verdict.status == "fail" and verdict.cause == step_check.SHARDS_APART, verdict
     assert verdict.detail.startswith("rank 1's shard of the gradient differs from rank 0's")
     assert verdict.ranks == (0, 1)
     holes = _sharded_run(ref, [[i % 4 == r and i != 3 for i in range(12)] for r in range(4)])
-    verdict = check_step_equivalence(holes, trace([(g, [micro(8)]) for g in ref]), mesh)
+    verdict = check_step_equivalence(holes, replay, mesh)
     assert verdict.status == "n/a" and "hold 11 of its 12 kept values" in verdict.detail
+
+
+def test_sequences_sliced_by_the_loader_are_not_replayed() -> None:
+    """DeepSpeed Ulysses' loader adapter hands every sp rank a slice of each sequence: one rank per
+    data-parallel coordinate holds a slice, not the sequences, so the replay is not compared."""
+    from ddpcheck.checks.step_judge import StepRecord, judge_step
+
+    ref = [_grad(0)]
+    run = [trace([(ref[0], [micro()])])] * 4
+    record = StepRecord(tuple(run), replay=trace([(ref[0], [micro(8)])], replay_ranks=(0, 2)))
+    verdicts = {v.check: v for v in judge_step(record, parse_mesh("dp=2,sp=2"))}
+    step = verdicts["step_equivalence"]
+    assert step.status == "n/a" and "its own slice of every sequence" in step.detail
+    compared = {v.check: v for v in judge_step(record, parse_mesh("dp=2,cp=2"))}
+    assert compared["step_equivalence"].status == "pass"

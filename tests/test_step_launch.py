@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from ddpcheck.launch.script import launch_script
+from ddpcheck.launch.watchdog import Limits
 from ddpcheck.trace import ScriptRankTrace, StepTrace
 from tests.conftest import DATA, ROOT
 
@@ -39,7 +40,7 @@ def _launch(out: Path, world: int, script_args: list[str], *, replay: Path | Non
     ours = ["--out", str(out), *(["--replay", str(replay)] if replay else [])]
     command = [str(ENTRY), *ours, "--", str(SCRIPT), *script_args]
     env = {"STEP_TRUTH": str(out)}
-    launch = launch_script(command, world, str(out), cwd=str(ROOT), timeout=TIMEOUT, env=env)
+    launch = launch_script(command, world, str(out), cwd=str(ROOT), limits=Limits(TIMEOUT), env=env)
     failed = [r for r in launch.ranks if r.returncode != 0]
     assert not failed and not launch.timed_out, failed[0].output if failed else "timed out"
     saved = [pickle.loads((out / f"rank{r}.steps").read_bytes()) for r in range(world)]
@@ -154,7 +155,9 @@ def test_record_entry_point_watches_the_step(tmp_path: Path) -> None:
     out = tmp_path / "record"
     command = ["-m", "ddpcheck.record", "--out", str(out), "--step", "--model-steps", "4", "--epochs", "1",
                "--", str(SCRIPT), *ALIKE]  # fmt: skip
-    launch = launch_script(command, 2, str(out), cwd=str(ROOT), timeout=TIMEOUT, env={"STEP_TRUTH": str(out)})
+    launch = launch_script(
+        command, 2, str(out), cwd=str(ROOT), limits=Limits(TIMEOUT), env={"STEP_TRUTH": str(out)}
+    )
     assert all(r.returncode == 0 for r in launch.ranks), launch.ranks[0].output
     for rank in (0, 1):
         trace = pickle.loads((out / f"rank{rank}.trace").read_bytes())

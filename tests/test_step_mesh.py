@@ -1,7 +1,8 @@
 """The step checks on device meshes (issue 42), through ``ddpcheck run --mesh``, held to the truth.
 
 The fixtures are training scripts in ``fixtures/steps/`` whose truth ``fixtures/steps/truth.py`` measured
-without ddpcheck under a real torchrun (4 processes as a dp=2 x tp=2 mesh, and 1): each rank's batches, the
+without ddpcheck under a real torchrun (4 processes as a dp=2 x tp=2 or dp=2 x cp=2 mesh, 2 as dp=1 x cp=2,
+and 1): each rank's batches and what a cp rank fed its model, the
 whole gradient before every optimizer step (DTensors gathered by the truth's own collective), and the
 gradient of one process fed the union of one rank per data-parallel coordinate from the run's weights
 (``truth_results.jsonl``, ``NOTES.md``). A tensor-parallel model's parameters are DTensors: ddpcheck reads
@@ -20,6 +21,7 @@ from ddpcheck.cli import main
 from ddpcheck.verdict import (
     COVERAGE,
     REPLICA_CONSISTENCY,
+    SEQUENCE_SPLIT,
     SINGLE_PROCESS_EQUIVALENCE,
     STEP_EQUIVALENCE,
 )
@@ -75,3 +77,40 @@ def test_a_tensor_parallel_script_sharded_by_the_global_rank_still_fails(tmp_pat
     }, failed  # fmt: skip
     assert "global rank" in checks[COVERAGE]["cause"]
     assert f"by {facts['ranks_grad_diff']:.2g} (rel. L2)" in checks[STEP_EQUIVALENCE]["detail"]
+
+
+CONTEXT_RUNS = [
+    ("good_cp_contiguous", "dp=2,cp=2"),
+    ("good_cp_zigzag", "dp=2,cp=2"),
+    ("bug_cp_zigzag_off_by_one", "dp=2,cp=2"),
+    ("bug_cp_positions_per_slice", "dp=1,cp=2"),
+    ("bug_cp_labels_per_slice", "dp=2,cp=2"),
+    ("bug_cp_labels_per_slice", "dp=1,cp=2"),
+    ("good_cp_zigzag", "dp=1,cp=2"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "mesh"), CONTEXT_RUNS, ids=[f"{n}-{m}" for n, m in CONTEXT_RUNS])
+def test_context_parallel_scripts_through_ddpcheck_run_are_the_truth(
+    name: str, mesh: str, tmp_path: Path
+) -> None:
+    """Each cp fixture as a user runs it (``ddpcheck run --mesh dp=2,cp=2`` or ``dp=1,cp=2``): the step is
+    compared with one process on the whole sequences at every mesh, dp=1 included, and
+    ``sequence_split`` reads what the cp ranks fed their models; both verdicts are the truth's."""
+    nproc = 2 if mesh.startswith("dp=1") else 4
+    facts = TRUTH[(name, nproc)]
+    code, report = _run(name, mesh, tmp_path)
+    checks = _mesh_checks(report)
+    split, step = checks[SEQUENCE_SPLIT], checks[STEP_EQUIVALENCE]
+    wrong = (
+        facts["positions_held_twice"] or facts["positions_held_by_none"] or facts["tokens_misplaced_ranks"]
+    )
+    apart = any(p["rel_diff"] > TOL for p in facts["per_step"])
+    assert split["status"] == ("fail" if wrong else "pass"), split
+    assert step["status"] == ("fail" if apart else "pass"), step
+    assert code == (1 if wrong or apart else 0), json.dumps(report["causes"], indent=1)[:3000]
+    if facts["positions_restarted_ranks"]:
+        assert split["cause"].startswith("positions restarted per slice"), split["cause"]
+    if facts["positions_held_twice"] and not facts["positions_restarted_ranks"]:
+        assert "is held by two ranks" in split["cause"], split["cause"]

@@ -411,6 +411,56 @@ def test_batchnorm_normalises_over_the_rank(watch: Any) -> None:
     assert watcher.finish().per_rank_norm == ("1",)
 
 
+class Tokens(nn.Module):
+    """A batch norm over every token's features: its rows are tokens, not the batch's samples."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 4)
+        self.norm = nn.BatchNorm1d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.lin(x).reshape(-1, 4))
+
+
+def _normed_rank(
+    rank: int, world: int, options: dict[str, Any], monkeypatch: Any, tokens: bool = False
+) -> Any:
+    """One 'rank' of a per-rank BatchNorm model in this process (no process group); its trace."""
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    watcher = install_watcher(StepOptions(**options))
+    torch.manual_seed(0)
+    model = Tokens() if tokens else nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    shape = (4, 2, 3) if tokens else (4, 3)
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(rank)) * (rank + 1)
+    batch = watcher.handed("l", 0, 0, {"x": x if world > 1 else torch.zeros(8, *shape[1:])})
+    model(batch["x"]).pow(2).mean().backward()
+    optimizer.step()
+    trace = watcher.finish()
+    uninstall()
+    return trace
+
+
+def test_a_replay_normalises_each_ranks_part_by_its_own_statistics(tmp_path: Any, monkeypatch: Any) -> None:
+    """Two ranks of 4 rows, each normalised by its own batch's statistics (DDP without SyncBatchNorm): the
+    replay fed the union of 8 rows normalises each rank's 4 on their own, so its gradient of the mean loss
+    is the ranks' average. A batch norm over tokens (rows that are not the union's samples) cannot be
+    parted: that step is not comparable, and says why."""
+    ranks = [_normed_rank(r, 2, {"out": str(tmp_path)}, monkeypatch) for r in (0, 1)]
+    replay = _normed_rank(0, 1, {"replay": str(tmp_path)}, monkeypatch)
+    assert replay.per_rank_norm == ("1",) and replay.steps[0].not_comparable == ""
+    average = (np.array(ranks[0].steps[0].grad) + np.array(ranks[1].steps[0].grad)) / 2
+    replayed = np.array(replay.steps[0].grad)
+    assert np.linalg.norm(replayed - average) <= 1e-6 * np.linalg.norm(average)
+    tokens = tmp_path / "tokens"
+    for r in (0, 1):
+        _normed_rank(r, 2, {"out": str(tokens)}, monkeypatch, tokens=True)
+    refused = _normed_rank(0, 1, {"replay": str(tokens)}, monkeypatch, tokens=True)
+    assert "BatchNorm (norm) normalises 16 rows, the union holds 8 samples" in refused.steps[0].not_comparable
+
+
 def test_a_loader_one_batch_ahead_gives_each_backward_the_batch_it_consumed() -> None:
     """Accelerate's DataLoaderShard hands batch k+1 before the loop gets batch k: handed, the first backward
     holds two batches and the epoch's last none. Read in order, each backward gets its own (an all-masked

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from ddpcheck.checks.step import PER_RANK_NORM
 from ddpcheck.result import CheckResult, WorldResult
 from ddpcheck.session.script import check_script
 from ddpcheck.verdict import EQUAL_MICROSTEPS, RNG_INDEPENDENCE, STEP_EQUIVALENCE, SUPERVISION
@@ -85,6 +86,8 @@ CAUSES = {  # fixture -> what the failing step check must name
     "bug_global_count_no_world": "1 / the world size",  # the loss probe finds a mean: the factor stays
     "bug_sft_masked_accelerate": "every label is the ignore index",  # fetched one ahead by Accelerate
     "good_sum_fixed_norm": "",  # the loss probe finds a sum: compared with the replay / world size
+    "good_batchnorm_per_rank": "",  # BatchNorm per rank, on purpose: the replay normalises each rank's part
+    "bug_batchnorm_rank_mean": "supervised-token counts differ",  # the same model, a loss mean per rank
 }
 
 
@@ -106,6 +109,8 @@ def test_step_verdicts_through_ddpcheck_run_are_the_truth(name: str) -> None:
     assert failed == expected, {c: (v.status, v.detail, v.cause) for c, v in statuses.items()}
     if CAUSES[name]:
         assert any(CAUSES[name] in statuses[c].cause for c in failed), [statuses[c].cause for c in failed]
+    if "batchnorm_per_rank" in name or "batchnorm_rank_mean" in name:
+        assert PER_RANK_NORM in statuses[STEP_EQUIVALENCE].detail, statuses[STEP_EQUIVALENCE].detail
     assert result.ok == (not [v for r in result.runs for v in r.verdicts if v.failed])
     single = _step_result(result, 1)
     one = {v.check: v.status for v in single.verdicts if v.check in STEP_IDS}

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from ddpcheck.checks.microsteps import check_equal_microsteps
 from ddpcheck.checks.rng import (
     LOOP_SAME,
     PEERS_DIFFER,
@@ -25,7 +26,7 @@ from ddpcheck.checks.rng import (
     WORKERS_SEEDED_ALIKE,
     check_rng_independence,
 )
-from ddpcheck.checks.step import NAN, TOLERANCE, check_equal_microsteps, check_step_equivalence
+from ddpcheck.checks.step import NAN, TOLERANCE, check_step_equivalence
 from ddpcheck.checks.supervision import UNSUPERVISED, check_step_supervision
 from ddpcheck.layout import Layout, parse_mesh
 from tests.step_builders import STEPS, fetch_epochs, load, step_trace, with_loop_draws
@@ -48,7 +49,9 @@ REPLAYED: dict[str, tuple[str, tuple[str, ...]]] = {
     "good_sum_fixed_norm": ("", ()),
     "hf_trainer_default": ("", ()),
     "hf_trainer_loss_override": ("ranks' supervised-token counts differ", ()),
-    "bug_batchnorm_per_rank": ("BatchNorm normalises each rank's batch", ("norm",)),
+    # per-rank BatchNorm: the truth's replay normalised each rank's part of the union on its own
+    "good_batchnorm_per_rank": ("", ("norm",)),
+    "bug_batchnorm_rank_mean": ("ranks' supervised-token counts differ", ("norm",)),
     "good_batchnorm_synced": ("", ()),
     "bug_two_tower": ("", ()),  # the ranks' work differs (equal_microsteps), not the averaged gradient
     "good_two_tower_dummy": ("", ()),
@@ -81,7 +84,7 @@ def test_step_equivalence_is_the_truth(name: str) -> None:
     facts = TRUTH[(name, 2)]
     assert _truly_equivalent(facts, 2) == (not cause), facts["per_step"]
     runs, log = _runs(name, 2, per_rank_norm=norms)
-    replay = step_trace(log["replay"], loss_scale=facts["loss_scale"])
+    replay = step_trace(log["replay"], loss_scale=facts["loss_scale"], per_rank_norm=norms)
     verdict = check_step_equivalence(runs, replay, Layout.plain(2))
     assert verdict.status == ("fail" if cause else "pass"), verdict
     assert verdict.cause.startswith(cause), verdict.cause
@@ -101,6 +104,9 @@ def test_the_truth_behind_each_cause() -> None:
     assert factor["loss_scale"] == "mean" and all(abs(p["c"] - 0.5) < 1e-6 for p in factor["per_step"])
     summed = TRUTH[("good_sum_fixed_norm", 2)]
     assert summed["loss_scale"] == "sum" and all(abs(p["c"] - 0.5) < 1e-6 for p in summed["per_step"])
+    per_rank = TRUTH[("good_batchnorm_per_rank", 2)]  # the global batch's statistics give another step
+    assert all(p["rel_diff"] > 0.2 for p in per_rank["per_step_global_stats"])
+    assert all(p["rel_diff"] < TOL for p in per_rank["per_step"])
     sft = TRUTH[("bug_sft_all_masked", 2)]
     assert sft["unsupervised"] == [{"rank": 1, "step": 2, "micro": 0}] and sft["nan_steps"]["0"][0] == 2
     runs, log = _runs("bug_sft_all_masked", 2)
@@ -229,3 +235,41 @@ def test_the_stored_truth_is_what_torchrun_shows_today(tmp_path: Path) -> None:
     assert now["supervised_per_step"] == stored["supervised_per_step"] and now["loss_scale"] == "mean"
     for a, b in zip(now["per_step"], stored["per_step"], strict=True):
         assert abs(a["rel_diff"] - b["rel_diff"]) < 1e-6 and abs(a["c"] - b["c"]) < 1e-6
+
+
+CONTEXT = ("good_cp_contiguous", "good_cp_zigzag", "bug_cp_zigzag_off_by_one", "bug_cp_positions_per_slice",
+           "bug_cp_labels_per_slice")  # fmt: skip
+
+
+@pytest.mark.parametrize("nproc", [4, 2], ids=["dp2-cp2", "dp1-cp2"])
+@pytest.mark.parametrize("name", CONTEXT)
+def test_context_parallel_checks_are_the_truth(name: str, nproc: int) -> None:
+    """What each cp rank fed its model, as its own loop logged it (tokens, positions, labels), against the
+    sequences it was handed: ``sequence_split`` fails exactly where the truth found a position held twice
+    or by no rank, or tokens that do not sit where their positions say, naming that mechanism; the step
+    against one process on the whole sequences differs exactly where the truth measured it (the labels
+    shifted inside each slice among them, invisible in the data)."""
+    from ddpcheck.checks.sequence_split import check_sequence_split
+
+    facts = TRUTH[(name, nproc)]
+    layout = parse_mesh(f"dp={nproc // 2},cp=2")
+    runs, log = _runs(name, nproc)
+    split = check_sequence_split(runs, layout)
+    wrong_data = facts["positions_held_twice"] or facts["positions_held_by_none"]
+    assert split.status == ("fail" if wrong_data or facts["tokens_misplaced_ranks"] else "pass"), split
+    if facts["positions_restarted_ranks"]:
+        assert split.cause.startswith(
+            f"positions restarted per slice: rank {facts['positions_restarted_ranks'][0]}"
+        )
+    if facts["positions_held_twice"] and not facts["positions_restarted_ranks"]:
+        first, last = facts["positions_held_twice"][0], facts["positions_held_twice"][-1]
+        assert f"(positions {first}-{last}) is held by two ranks" in split.cause, split.cause
+    ranks = tuple(layout.representatives())
+    replay = step_trace(log["replay"], loss_scale=facts["loss_scale"], replay_ranks=ranks)
+    step = check_step_equivalence(runs, replay, layout)
+    apart = any(p["rel_diff"] > TOL for p in facts["per_step"])
+    assert step.status == ("fail" if apart else "pass"), step
+    if name == "bug_cp_labels_per_slice":
+        assert split.status == "pass" and step.cause.startswith(
+            "the step differs from one process's on the whole"
+        )

@@ -200,6 +200,23 @@ def test_a_trace_naming_a_foreign_or_mismatched_ids_file_is_refused(tmp_path: Pa
         read_rank(path, untrusted=True)
 
 
+def test_a_judged_directory_with_two_traces_of_one_rank_is_refused(tmp_path: Path) -> None:
+    """A stale copy beside a launch's traces (``rank5.trace`` holding rank 1 of 2 again) is no launch:
+    ``ddpcheck judge`` must not keep one of the two silently."""
+    import shutil
+
+    from ddpcheck.launch.recorded import read_trace_dir
+    from ddpcheck.options import BadInput
+
+    for rank in (0, 1):
+        epoch = EpochTrace(0, (f"r{rank}a", f"r{rank}b"), [2], 1)
+        write_rank(tmp_path, ScriptRankTrace(rank, 2, (ScriptLoader("t.py:3", RankTrace(rank, (epoch,))),)))
+    assert sorted(read_trace_dir(tmp_path).traces) == [0, 1]
+    shutil.copy(tmp_path / "rank1.trace", tmp_path / "rank5.trace")
+    with pytest.raises(BadInput, match=r"rank1\.trace and .*rank5\.trace both hold rank 1"):
+        read_trace_dir(tmp_path)
+
+
 @pytest.fixture
 def spilling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Epochs past 4 ids spill into ``tmp_path`` (as under ``ddpcheck.record``), for this test only."""

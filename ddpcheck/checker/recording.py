@@ -21,7 +21,7 @@ from ddpcheck.checker.mixture import SourceReader, source_reader
 from ddpcheck.checker.recipe import RecordOptions
 from ddpcheck.checker.running import Stream, peek, work_meter
 from ddpcheck.checker.work import WorkMeter
-from ddpcheck.launch.rank import report_progress
+from ddpcheck.launch.beats import report_progress
 from ddpcheck.trace import LoaderFacts, RankTrace
 
 

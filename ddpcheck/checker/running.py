@@ -21,7 +21,7 @@ from ddpcheck.checker.loaderfile import BadLoaderFile
 from ddpcheck.checker.mixture import SourceReader
 from ddpcheck.checker.recipe import RecordOptions
 from ddpcheck.checker.work import Measured, WorkMeter, add_tally, looks_like_tokens, pad_token_of
-from ddpcheck.launch.rank import report_progress
+from ddpcheck.launch.beats import report_progress
 from ddpcheck.trace import EpochTrace, IdArray, IdBuffer, PackingTally, SourceCodes
 
 ENDLESS_FACTOR = 4
@@ -269,15 +269,16 @@ class Stream:
     def _whole_epoch(self, epoch: int, ids: Any, sizes: array[int]) -> EpochTrace:
         """An epoch read as one array (a recognised sampler at scale under ``--simulate``): its ids held
         in the narrowest integer type, never as Python ints."""
-        from ddpcheck.tracefile import narrowest
+        from ddpcheck.tracefile import narrowest, spill_array
 
         report_progress(f"epoch {epoch}: {len(ids):,} indices read as one array")
         lo, hi = (int(ids.min()), int(ids.max())) if len(ids) else (0, -1)
         narrow = ids.astype(narrowest(lo, hi), copy=False)
+        stored = spill_array(narrow)  # on disk where the process spills (a simulated rank in a run)
         digests = array("q", self.head) if self.options.digest and self.head is not None else None
         return EpochTrace(
             epoch=epoch,
-            ids=IdArray(narrow),
+            ids=IdArray(narrow) if stored is None else stored,
             batch_sizes=sizes,
             len_loader=len_or_none(self.opened.outer),
             digests=digests,

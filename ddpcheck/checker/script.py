@@ -57,6 +57,7 @@ from ddpcheck.checker.subsets import base_indices, to_base
 from ddpcheck.checker.watch import drawn_at, install, mark_parts, watching
 from ddpcheck.checker.work import Measured, WorkMeter, looks_like_tokens
 from ddpcheck.eval_trace import EvalRecord
+from ddpcheck.launch.beats import beat, report_progress
 from ddpcheck.launch.userfiles import show_paths_from
 from ddpcheck.trace import EpochTrace, LoaderFacts, RankTrace, ScriptLoader, ScriptRankTrace
 
@@ -108,6 +109,7 @@ class LoaderRecord:
     open: ScriptEpoch | None = None
     indexed: bool = False  # some batch was identified by its dataset indices
     peek_sites: set[str] = field(default_factory=set)  # lines whose short iterations were peeks
+    work: str = ""  # what its batches' work was measured from (packed segments, tokens; "": not measured)
 
 
 @dataclass(frozen=True)
@@ -257,6 +259,7 @@ class ScriptEpoch:
             record.id_source = step.found
         digest = batch_digest(batch) if self.recorder.options.digest else None
         self.built.add((ids, worker, digest, self._measure(batch)))
+        report_progress(f"{record.name}: epoch {len(record.epochs)}, batch {self.built.count}")
         self._guard()
 
     def _measure(self, batch: Any) -> Measured | None:
@@ -268,7 +271,12 @@ class ScriptEpoch:
             if self.metered:
                 work_hook, token_hook = recorder.work_hooks or (None, None)
                 self.meter = WorkMeter(hook=work_hook, token_hook=token_hook, cost=options.work_cost)
-        return self.meter.measure(batch) if self.meter is not None else None
+        if self.meter is None:
+            return None
+        measured = self.meter.measure(batch)
+        if self.meter.source not in ("", "none"):
+            self.record.work = self.meter.source  # the loader's facts say it, as a loader file's do
+        return measured
 
     def _guard(self) -> None:
         ids = self.built.ids
@@ -327,6 +335,7 @@ class ScriptEpoch:
             if ids is None:
                 continue
             self.built.add((to_base(ids, self.base), worker, None, None))
+            beat()  # a batch read past the script is progress too (--timeout)
             self._guard()
         if kind is _MultiProcessingDataLoaderIter and not it._persistent_workers:
             it._shutdown_workers()  # the epoch is over for the script: its workers need not prefetch on
@@ -550,6 +559,7 @@ class ScriptRecorder:
                 record.facts or LoaderFacts(),
                 recorded="loader",
                 steps=self.options.steps,
+                work=record.work or (record.facts or LoaderFacts()).work,
             )
             rank = self.position[0] if self.position is not None else position()[0]
             trace = RankTrace(rank=rank, epochs=tuple(record.epochs), facts=facts)

@@ -18,18 +18,21 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ddpcheck.checker import draws as draws_module
-from ddpcheck.checker import patching, rng
+from ddpcheck.checker import norms, patching, rng
 from ddpcheck.checker import replay as rp
+from ddpcheck.checker.consumed import Handoff, Part, fetched_ahead, one_batch_each
 from ddpcheck.checker.draws import DrawRecorder, NotReplayable
+from ddpcheck.checker.feeds import Tokens, batch_tokens, forward_tokens
 from ddpcheck.checker.grads import KEEP_LIMIT, GradKeeper, KeptGrad, Unreadable, local_part, optimizer_params
 from ddpcheck.checker.models import Models
+from ddpcheck.checker.norms import PartNorm
 from ddpcheck.options import IGNORE_INDEX
-from ddpcheck.trace import Draw, FetchDraws, MicroStep, OptimizerStep, StepTrace
+from ddpcheck.trace import Draw, FetchDraws, MicroStep, ModelFeed, OptimizerStep, StepTrace
 
 
 @dataclass(frozen=True)
@@ -47,10 +50,6 @@ class StepOptions:
     replay_ranks: tuple[int, ...] | None = None  # the recorded ranks the replay joins (None: every rank)
 
 
-Handoff = tuple[str, int, int]  # (loader, epoch, position)
-Part = tuple[Handoff, int, "int | None"]  # a handoff, its samples (-1 unknown), its supervised labels
-
-
 @dataclass
 class _Pending:
     """What the loop did since the last backward."""
@@ -61,6 +60,8 @@ class _Pending:
     parts: list[Part] = field(default_factory=list)  # each handoff with its own samples and labels
     forwards: Counter[str] = field(default_factory=Counter)
     draws_before: int = 0  # the loop's draws made before the first batch was handed over
+    handed_tokens: Tokens = ()  # the first batch's token tensors (compared windows)
+    fed_tokens: Tokens | None = None  # what the model's first outermost forward was given (ditto)
 
 
 @dataclass
@@ -81,73 +82,6 @@ class _Window:
     @property
     def backwards(self) -> int:
         return len(self.micro)
-
-
-def one_batch_each(micro: Sequence[MicroStep], parts: Sequence[Sequence[Part]]) -> tuple[MicroStep, ...]:
-    """The window's micro-steps, each with the batch its backward consumed where the loop fetched ahead.
-
-    A loop that takes a window's batches before its first backward (HF Trainer 5's ``get_batch_samples``
-    fetches every micro-batch of the window, then runs one forward and backward per batch) hands all of
-    them to the first micro-step. Where every backward had a batch fetched for it (the handoffs so far
-    never fall behind the backward passes) and the window holds exactly one batch per backward, the batches
-    go to the micro-steps in order; any other shape stays as handed."""
-    flat = [part for handed in parts for part in handed]
-    if len(parts) != len(micro) or len(flat) != len(micro) or all(len(p) == 1 for p in parts):
-        return tuple(micro)
-    ahead = 0
-    for handed in parts:
-        ahead += len(handed) - 1
-        if ahead < 0:
-            return tuple(micro)
-    return tuple(
-        replace(m, loader=h[0], epoch=h[1], batches=(h[2],), samples=n, supervised=labelled)
-        for m, (h, n, labelled) in zip(micro, flat, strict=True)
-    )
-
-
-def fetched_ahead(
-    micro: Sequence[MicroStep], parts: Sequence[Sequence[Part]]
-) -> tuple[MicroStep, ...] | None:
-    """Every micro-step of the run with the batch its backward consumed, where the loader fetched ahead
-    across steps (None: not that shape; each keeps what was handed since the backward before).
-
-    A loader wrapped to look one batch ahead (Accelerate's ``DataLoaderShard``, Lightning's prefetching
-    fetcher) hands batch k+1 before the loop receives batch k: the first backward sees two handoffs, the
-    others one, the epoch's last none. Where the handoffs so far never fall behind the backward passes and
-    the run handed exactly one batch per backward (or one more, fetched and never consumed, after a first
-    backward that saw several), the batches go to the backward passes in order."""
-    flat = [part for handed in parts for part in handed]
-    count = len(micro)
-    if count < 2 or len(parts) != count or all(len(p) == 1 for p in parts):
-        return None
-    if len(flat) != count and not (len(flat) == count + 1 and len(parts[0]) > 1):
-        return None
-    seen = 0
-    for i, handed in enumerate(parts):
-        seen += len(handed)
-        if seen < i + 1 or len({h[:2] for h, _, _ in handed}) > 1:
-            return None
-    if not _one_stream([h for h, _, _ in flat]):
-        return None
-    return tuple(
-        replace(m, loader=h[0], epoch=h[1], batches=(h[2],), samples=n, supervised=labelled)
-        for m, (h, n, labelled) in zip(micro, flat, strict=False)
-    )
-
-
-def _one_stream(handoffs: Sequence[Handoff]) -> bool:
-    """Whether the handoffs are whole epochs read in order: each epoch from position 0, one position at a
-    time, never returned to (a peek at a batch before the loop, or two loaders at once, is not)."""
-    done: set[tuple[str, int]] = set()
-    for before, after in zip([None, *handoffs], handoffs, strict=False):
-        if before is not None and before[:2] == after[:2]:
-            if after[2] != before[2] + 1:
-                return False
-            continue
-        if after[2] != 0 or after[:2] in done:
-            return False
-        done.add(after[:2])
-    return True
 
 
 def handoff_key(handoff: Handoff) -> str:
@@ -175,6 +109,8 @@ class StepWatcher:
         self.keeper = GradKeeper(options.keep)
         self.fetch: rng.FetchWatch | None = None
         self.models = Models()
+        self.norms = PartNorm()  # a replay's batch norms: each rank's part of the union on its own
+        self.norms.name = lambda module: self.models.names.get(id(module))
         import torch
 
         self.grad_enabled = torch.is_grad_enabled
@@ -202,12 +138,14 @@ class StepWatcher:
         if not window.name:
             self._first_batch(window, handoff, length)
         window.handoffs.append(handoff)
+        pending = self.pending
         if window.armed:
             if self.options.replay:
                 batch = self._substitute(window, handoff, batch)
             elif self.options.out:
                 self._save_batch(window, handoff, batch)
-        pending = self.pending
+            if not pending.handoffs:
+                pending.handed_tokens = batch_tokens(batch)
         if not pending.handoffs:
             pending.draws_before = len(self.draws.loop_draws)
         pending.handoffs.append(handoff)
@@ -245,11 +183,12 @@ class StepWatcher:
             parameters=kept.parameters if kept else sum(p.numel() for p in self.models.params()),
             kept=len(kept.values) if kept else 0,
             grad_dtype=kept.dtype if kept else "",
-            per_rank_norm=tuple(self.models.per_rank_norm),
+            per_rank_norm=tuple(self.norms.modules if self.options.replay else self.models.per_rank_norm),
             dropout_off=self.dropout_off,
             replay=self.options.replay,
             notes=tuple(dict.fromkeys(self.notes)),
             twice=self.options.twice,
+            replay_ranks=self.options.replay_ranks,
         )
 
     def _consumed(self) -> tuple[tuple[OptimizerStep, ...], tuple[MicroStep, ...]]:
@@ -298,11 +237,14 @@ class StepWatcher:
         if not self.hooks:
             self.hooks = [
                 module_hooks.register_module_forward_pre_hook(self._forward_pre),
-                module_hooks.register_module_forward_hook(self._forward_post, always_call=True),
+                module_hooks.register_module_forward_hook(
+                    self._forward_post, always_call=True, with_kwargs=True
+                ),
             ]
 
     def _disarm(self) -> None:
         self.draws.armed = False
+        self.norms.calling = []
         for hook in self.hooks:
             hook.remove()
         self.hooks = []
@@ -310,6 +252,7 @@ class StepWatcher:
 
     def _open_window(self) -> None:
         self.window = _Window()
+        self.norms.problems, self.norms.parts = [], None
         if self.wired and (self.options.compare_batches != 0 or self.options.tail_batches):
             self._arm(self.window)  # before its first batch: draws the loop makes first are seen too
 
@@ -323,7 +266,7 @@ class StepWatcher:
             reasons.append(f"the gradient was not read: {kept.unreadable}")
             kept = None
         if window.armed:
-            reasons += self.draws.unexplained + self.draws.failures
+            reasons += self.draws.unexplained + self.draws.failures + self.norms.problems
             if self.options.replay and window.recorded is None and window.backwards:
                 # no batch of its own was handed in this window (a loader that fetches ahead handed it
                 # in the previous one): nothing loaded the run's weights here, so it starts elsewhere
@@ -363,6 +306,7 @@ class StepWatcher:
                 forwards=tuple(sorted(pending.forwards.items())),
                 draws=_marked(self.draws.take_loop_draws(), pending.draws_before) if window.armed else (),
                 loss=_scalar(loss) if window.armed else None,
+                feed=_feed(pending) if window.armed else None,
             )
         )
         window.parts.append(pending.parts)
@@ -396,13 +340,19 @@ class StepWatcher:
         if self.in_backward:
             return
         self.depth += 1
+        self.norms.calling.append(module)
         name = self.models.called(module, self.depth == 1)
         if name is not None and self.grad_enabled():
             self.pending.forwards[name] += 1
 
-    def _forward_post(self, module: Any, args: Any, output: Any) -> None:
+    def _forward_post(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
+        pending = self.pending
+        if self.depth == 1 and not self.in_backward and pending.fed_tokens is None and self.grad_enabled():
+            pending.fed_tokens = forward_tokens(module, args, kwargs or {})
         if not self.in_backward and self.depth > 0:
             self.depth -= 1
+            if self.norms.calling:
+                self.norms.calling.pop()
 
     # --- the replay ----------------------------------------------------------------------------------
 
@@ -442,11 +392,13 @@ class StepWatcher:
         if missing:
             window.reasons.append(f"rank {missing[0]} saved no batch at {where}")
             return batch
+        self.norms.handed(None)
         try:
             merged = rp.union([saved[key] for saved in recorded.batches], self.options.ignore_index)
         except NotReplayable as exc:
             window.reasons.append(f"the batch at {where} cannot be replayed: {exc}")
             return batch
+        self.norms.handed([batch_samples(rp.from_plain(saved[key])) for saved in recorded.batches])
         return rp.from_plain(merged, batch)
 
     def _replay_draw(self, index: int, draw: Any, value: Any) -> Any:
@@ -641,6 +593,12 @@ def _scalar(loss: Any) -> float | None:
     return float(local.float().cpu().reshape(())) if offsets is None else None
 
 
+def _feed(pending: _Pending) -> ModelFeed | None:
+    """The micro-step's tokens: the batch handed and what the model was given (None: neither holds any)."""
+    fed = pending.fed_tokens or ()
+    return ModelFeed(pending.handed_tokens, fed) if pending.handed_tokens or fed else None
+
+
 def _marked(draws: tuple[Draw, ...], before: int) -> tuple[Draw, ...]:
     """The micro-step's loop draws, the first ``before`` marked as made before its batch arrived."""
     return tuple(replace(d, before_batch=True) if i < before else d for i, d in enumerate(draws))
@@ -674,6 +632,7 @@ def _install() -> None:
     backward.__wrapped__ = original_backward  # type: ignore[attr-defined]
     backward.__doc__ = original_backward.__doc__
     patching.replace(torch.autograd, "backward", backward)
+    norms.install(_part_norm)
     patching.keep_handle(register_optimizer_step_pre_hook(lambda o, a, k: _call(lambda w: w.step_pre(o))))
     patching.keep_handle(register_optimizer_step_post_hook(lambda o, a, k: _call(lambda w: w.step_post())))
     made = _after(Optimizer.__init__, lambda w, o: w.models.optimizer_made(o))
@@ -700,6 +659,14 @@ def uninstall() -> None:
     draws_module.forget_install()
     rng.forget_install()
     _installed = False
+
+
+def _part_norm() -> PartNorm | None:
+    """The batch norms' parts while a replay runs a compared step (None: normalise as is)."""
+    watcher = ACTIVE
+    if watcher is None or not watcher.options.replay or not watcher.window.armed:
+        return None
+    return watcher.norms
 
 
 def _call(action: Callable[[StepWatcher], None]) -> None:

@@ -27,6 +27,7 @@ from ddpcheck.verdict import (
     COVERAGE,
     EQUAL_STEPS,
     NO_OVERLAP,
+    PACKING,
     PADDING_BOUND,
     REPLICA_CONSISTENCY,
     SINGLE_PROCESS_EQUIVALENCE,
@@ -56,6 +57,7 @@ REPLICA_STEPS = "a replica runs a different number of batches: its group's next 
 REPLICA_IDS = "replicas receive different samples: the loader's split depends on a non-data coordinate"
 TOLD = "the sampler splits by "  # what the samplers were given, where it is not the data-parallel rank
 TOLD_GLOBAL = f"{TOLD}the global rank: "
+LOADER_GLOBAL = "the loader splits by the global rank: "  # seen in the data, where no sampler says so
 MESH_FIXES = {
     GLOBAL_RANK: "shard by the data-parallel coordinate: DistributedSampler(num_replicas=dp_world_size, "
     "rank=dp_rank), or split_dataset_by_node(ds, rank=dp_rank, world_size=dp_world_size) as torchtitan's "
@@ -68,8 +70,9 @@ MESH_FIXES = {
     LAYOUT_MISMATCH: "declare the mesh in the order the framework builds its groups (or build the loader "
     "from the declared mesh's dp_rank)",
 }
-# the data-parallel view's failures that a mesh diagnosis (global rank, sharded twice) explains
-_EXPLAINED_CHECKS = (COVERAGE, NO_OVERLAP, PADDING_BOUND, SINGLE_PROCESS_EQUIVALENCE)
+# the data-parallel view's failures that a mesh diagnosis (global rank, sharded twice) explains: samples
+# (or packed tokens) that reach no data-parallel rank, or two
+_EXPLAINED_CHECKS = (COVERAGE, NO_OVERLAP, PADDING_BOUND, SINGLE_PROCESS_EQUIVALENCE, PACKING)
 
 
 def data_parallel_view(layout: Layout, run: RunTrace) -> RunTrace:
@@ -226,6 +229,24 @@ def told_split(run: RunTrace, layout: Layout) -> str:
     )
 
 
+def told_global(layout: Layout) -> str:
+    """A split by the global rank seen in the data where no sampler said what it was given (a dataset split
+    by ``split_dataset_by_node``, a stream sharded by hand): the global rank it took and the data-parallel
+    rank that belongs there, for the first rank that is not its group's first."""
+    dp, world = layout.dp_world_size, layout.world_size
+    peer = next((g[1] for g in layout.replica_groups() if len(g) > 1), 0)
+    return (
+        f"{LOADER_GLOBAL}each of the {world} ranks reads a shard of its own, as a split given "
+        f"dist.get_rank() (0..{world - 1}) and dist.get_world_size() ({world}) reads "
+        "(split_dataset_by_node(ds, rank=dist.get_rank(), world_size=dist.get_world_size()), a "
+        "DistributedSampler's defaults): rank "
+        f"{peer} ({layout.data_coords(peer)},{layout.replica_coords(peer)}) reads shard {peer} of {world} "
+        f'where data-parallel rank {layout.dp_rank(peer)} of {dp} belongs (mesh["dp"].get_local_rank(), '
+        f'0..{dp - 1} of mesh["dp"].size() = {dp}), so ranks that share a data-parallel rank each train on '
+        "a different shard"
+    )
+
+
 MAX_PICTURED_GROUPS = 64  # replica groups listed for the picture (the first ones)
 
 
@@ -333,6 +354,10 @@ def _mesh_cause(reference: RunTrace, run: RunTrace, layout: Layout, found: Seque
         else union
     )
     if disjoint and ref and len(union & ref) >= 0.9 * len(ref):
+        return GLOBAL_RANK
+    # rows made per rank (packing) are not one process's rows: a shard of its own on every rank that
+    # together hold as many as one process is the epoch split over the global world all the same
+    if disjoint and ref and len(sets) == layout.world_size and sum(map(len, sets)) >= 0.9 * len(ref):
         return GLOBAL_RANK
     if disjoint and ref and len(union) <= 0.75 * len(ref):
         return SHARDED_TWICE_MESH

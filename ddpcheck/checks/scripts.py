@@ -22,10 +22,12 @@ from ddpcheck.checks.mixture import NO_SOURCE
 from ddpcheck.checks.replicas import (
     GLOBAL_RANK,
     LAYOUT_MISMATCH,
+    LOADER_GLOBAL,
     MESH_FIXES,
     REPLICA_IDS,
     TOLD,
     TOLD_GLOBAL,
+    told_global,
     told_split,
 )
 from ddpcheck.checks.reshuffle import NOT_FORWARDED, STALE_EPOCH, evaluation_order
@@ -89,7 +91,7 @@ def told_cause(verdict: Verdict, run: RunTrace, layout: Layout) -> Verdict:
     mesh_causes = (GLOBAL_RANK, REPLICA_IDS, LAYOUT_MISMATCH)
     if not layout.mesh or not verdict.failed or verdict.cause not in mesh_causes:
         return verdict
-    told = told_split(run, layout)
+    told = told_split(run, layout) or (told_global(layout) if verdict.cause == GLOBAL_RANK else "")
     if not told:
         return verdict
     if verdict.cause == LAYOUT_MISMATCH and not told.startswith(TOLD_GLOBAL):
@@ -98,7 +100,11 @@ def told_cause(verdict: Verdict, run: RunTrace, layout: Layout) -> Verdict:
 
 
 def at_loader(verdict: Verdict, name: str) -> Verdict:
-    """A cause that blames the loader's sampler, said at the line that built the loader (``name``)."""
+    """A cause that blames the loader's sampler (or its split), said at the line that built the loader
+    (``name``)."""
+    if verdict.cause.startswith(LOADER_GLOBAL):
+        said = verdict.cause.removeprefix("the loader ")
+        return replace(verdict, cause=f"the loader built at {name} {said}")
     if not verdict.cause.startswith(AT_THE_SAMPLER) or not verdict.cause.startswith(SAMPLER):
         return verdict
     where = f"the sampler of the loader built at {name} "

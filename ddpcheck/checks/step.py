@@ -1,6 +1,6 @@
-"""The training step against one process: ``step_equivalence`` and ``equal_microsteps`` (issue 35).
+"""The training step against one process: ``step_equivalence`` (issue 35).
 
-Both judge what the rank side's step watcher recorded, one :class:`~ddpcheck.trace.StepTrace` per rank,
+It judges what the rank side's step watcher recorded, one :class:`~ddpcheck.trace.StepTrace` per rank,
 indexed by global rank; pure functions, no processes.
 
 ``step_equivalence`` compares, at every optimizer step whose gradient was kept, the gradient the DDP step
@@ -18,11 +18,13 @@ where the replay's loss is the ranks' sum (:func:`wants_loss_probe`): a second r
 twice, and a loss that doubles is a sum (:func:`loss_scale`), one that stays is a mean.
 
 Causes, from the evidence: a NaN gradient spread by the all-reduce; ranks holding different gradients after
-it; an exact scalar factor (``c = <g, r> / <r, r>`` with a tiny residual: the world size, its inverse, the
-micro-batch count); BatchNorm normalising per rank; only the epoch's last window differing where the ranks'
-windows differ; the ranks' supervised-token (or sample) counts differing under a per-rank mean.
-``equal_microsteps`` asks that between consecutive optimizer steps every rank runs the same number of
-backward passes and the same forward calls of each submodule that holds parameters.
+it (or different values of one part of a sharded gradient); an exact scalar factor (``c = <g, r> / <r, r>``
+with a tiny residual: the world size, its inverse, the micro-batch count); BatchNorm normalising per rank
+against a replay that normalised the global batch; only the epoch's last window differing where the ranks'
+windows differ; the ranks' supervised-token (or sample) counts differing under a per-rank mean. A replay
+that normalised each rank's part of the union by its own statistics (``StepTrace.per_rank_norm`` of the
+replay: BatchNorm without SyncBatchNorm, as the ImageNet references train) is compared so, and says so.
+(``equal_microsteps``, the ranks' backward passes and forward calls, is :mod:`ddpcheck.checks.microsteps`.)
 """
 
 from __future__ import annotations
@@ -32,12 +34,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ddpcheck.checks.sequence_split import CONTEXT_PREFIX
 from ddpcheck.checks.shards import join_shards, sharded, with_whole_gradients
-from ddpcheck.evidence import ComparedStep, MicroMismatch, MicroMismatches, StepEvidence
+from ddpcheck.evidence import ComparedStep, StepEvidence
 from ddpcheck.layout import Layout
 from ddpcheck.messages import count_text
 from ddpcheck.trace import MicroStep, OptimizerStep, StepTrace
-from ddpcheck.verdict import EQUAL_MICROSTEPS, STEP_EQUIVALENCE, Verdict, not_applicable, skipped
+from ddpcheck.verdict import STEP_EQUIVALENCE, Verdict, not_applicable, skipped
 
 # relative L2 difference an exact replay may show, by the dtype the step computed in (module docstring);
 # float16/bfloat16 autocast on CPU, exact splits of the fixtures' models: at most 4.6e-4 / 3.7e-3
@@ -73,6 +76,7 @@ BATCHNORM = (
     "BatchNorm normalises each rank's batch by that batch's own statistics ({modules}); one process "
     "normalises the global batch"
 )
+PER_RANK_NORM = "BatchNorm statistics are per rank, as DDP without SyncBatchNorm computes them; compared so"
 TAIL = (
     "only the epoch's last {window} differs, where the ranks' windows differ ({windows}): the "
     "loss is normalised per rank or by a constant (the accumulation steps), not by the window's count over "
@@ -86,6 +90,11 @@ SHARDS_APART = (
     "ranks holding the same part of a sharded gradient (tensor peers of a replicated parameter, or "
     "data-parallel replicas) hold different values: they computed on different data, or the gradient "
     "was not reduced over the group that shares it"
+)
+CONTEXT = (
+    "the step differs from one process's on the whole sequences: a context-parallel rank computes something "
+    "over its slice alone (labels shifted inside each slice, positions or a causal mask built per slice, a "
+    "loss normalised per slice, attention that does not see the other slices)"
 )
 OTHER = (
     "the step depends on how the global batch is split over the ranks: something in the loss or the model "
@@ -106,6 +115,8 @@ FIXES = {
     "the world size that DDP's average divides by)",
     SHARDS_APART: "feed tensor and context peers the same batch (shard the data by the data-parallel "
     "rank), and reduce every gradient over the ranks that hold its copies",
+    CONTEXT: "shift the labels and build position_ids over the whole sequence before the split, slice every "
+    "tensor alike, and normalise the loss by the token count all-reduced over the context-parallel group",
     OTHER: "compute every normaliser and batch statistic over the data-parallel group (an all-reduce), or "
     "--allow step_equivalence where a per-rank batch is meant (in-batch negatives)",
 }
@@ -318,6 +329,14 @@ def _unjudgeable(run: Sequence[StepTrace | None], replay: StepTrace | None, layo
             STEP_EQUIVALENCE, "the one-process replay did not run: nothing to compare the step with"
         )
     heads = [t for t in _heads(run, layout) if t is not None]
+    wanted = tuple(layout.representatives())
+    if layout.replicas > 1 and replay.replay_ranks != wanted:
+        joined = "every rank's" if replay.replay_ranks is None else f"ranks {list(replay.replay_ranks)}'"
+        return not_applicable(
+            STEP_EQUIVALENCE,
+            f"the replay joined {joined} batches, where mesh {layout.spec} needs one rank per data-parallel "
+            f"coordinate ({list(wanted)}): record it with --mesh {layout.spec}",
+        )
     if layout.replicas > 1 and any(h.parameters != replay.parameters for h in heads):
         return not_applicable(
             STEP_EQUIVALENCE,
@@ -390,10 +409,14 @@ def check_step_equivalence(
         note += (
             f"; {count_text(dropped, 'later steps')} not compared: the replay from the run's weights is NaN"
         )
+    per_part = bool(replay.per_rank_norm)
+    if per_part:
+        shown = ", ".join(replay.per_rank_norm[:4])
+        note += f"; {PER_RANK_NORM} ({shown})"
     unfaithful = [i for i in candidates if reasons[i]]
     if unfaithful:
         note += f"; {count_text(len(unfaithful), 'steps')} not compared: {reasons[unfaithful[0]]}"
-    return _judged(diffs, heads, layout, Settings(tol, dtype, replay.loss_scale, note))
+    return _judged(diffs, heads, layout, Settings(tol, dtype, replay.loss_scale, note, per_part))
 
 
 def _dtype(trace: StepTrace) -> str:
@@ -443,6 +466,7 @@ class Settings:
     dtype: str
     loss_scale: str
     note: str  # appended to the detail
+    norm_per_part: bool = False  # the replay normalised each rank's part of the union on its own
 
 
 def _judged(diffs: Sequence[StepDiff], heads: Sequence[StepTrace], layout: Layout, how: Settings) -> Verdict:
@@ -469,7 +493,7 @@ def _judged(diffs: Sequence[StepDiff], heads: Sequence[StepTrace], layout: Layou
             f"{worst:.2g}, {tolerance}){how.note}",
             evidence=evidence,
         )
-    cause, fix = _cause(diffs, bad, heads, layout, how.tol, how.loss_scale)
+    cause, fix = _cause(diffs, bad, heads, layout, how)
     detail = (
         f"the DDP gradient differs from one process's on the union of the ranks' micro-batches by "
         f"{_diffs_text(bad)} ({len(bad)} of {count_text(len(diffs), 'compared steps')}; "
@@ -514,17 +538,16 @@ def _cause(
     bad: Sequence[StepDiff],
     heads: Sequence[StepTrace],
     layout: Layout,
-    tol: float,
-    loss_scale: str,
+    how: Settings,
 ) -> tuple[str, str]:
     """The likeliest cause of the failing steps ``bad`` among the compared ``diffs``, and its fix."""
     if any(math.isnan(d.rel) for d in bad):
         return NAN, FIXES[NAN]
-    factor = _exact_factor(bad, layout.dp_world_size, tol, loss_scale)
+    factor = _exact_factor(bad, layout.dp_world_size, how.tol, how.loss_scale)
     if factor:
         return factor, FIXES["factor"]
     modules = sorted({m for h in heads for m in h.per_rank_norm})
-    if modules:
+    if modules and not how.norm_per_part:  # a replay that normalised the global batch
         return BATCHNORM.format(modules=", ".join(modules[:4])), FIXES[BATCHNORM]
     good = [d for d in diffs if d not in bad]
     if good and bad[-1] is diffs[-1] and all(map(_differ, bad)) and not any(map(_differ, good)):
@@ -539,6 +562,8 @@ def _cause(
             position = next(m for m, c in enumerate(d.per_micro) if c == counts)
             shown += f" in micro-batch {position} of step {d.index}"
         return RANK_MEAN.format(what=what, counts=shown, noun=noun), FIXES[RANK_MEAN].format(noun=what)
+    if any(name.startswith(CONTEXT_PREFIX) for name in layout.names if name not in layout.data_dims):
+        return CONTEXT, FIXES[CONTEXT]
     return OTHER, FIXES[OTHER]
 
 
@@ -612,147 +637,3 @@ def _windows_text(diffs: Sequence[StepDiff]) -> str:
         per = d.micro[0] if len(set(d.micro)) == 1 else "/".join(map(str, d.micro[:4]))
         parts.append(f"step {d.index}: {per}")
     return "micro-batches per rank " + ", ".join(parts)
-
-
-# ----------------------------------------------------------------------------- equal_microsteps
-
-
-MICRO_COUNTS = (
-    "the ranks form different numbers of micro-batches per optimizer step (token-budget or dynamic batching "
-    "per rank): their gradients are weighed unequally, and under FSDP or ZeRO-3 the extra micro-batch's "
-    "collectives hang"
-)
-MODULE_SKIPPED = (
-    "{module} runs only on the micro-batches that need it, so the ranks call it a different number of "
-    "times: its parameters get no gradient on some ranks (DDP needs find_unused_parameters), and under "
-    "FSDP or ZeRO-3 its all-gather hangs"
-)
-STEP_COUNTS = (
-    "the ranks take different numbers of optimizer steps: the last collective of the longer ranks hangs"
-)
-MICRO_FIXES = {
-    MICRO_COUNTS: "agree on the micro-batch count before the step: all_reduce(count, op=MAX) and run empty, "
-    "zero-weighted micro-batches on the ranks with fewer",
-    MODULE_SKIPPED: "run {module} on every micro-batch: a dummy input weighted zero where the micro-batch "
-    "has none",
-    STEP_COUNTS: "give every rank the same number of batches per epoch (pad or drop whole windows)",
-}
-
-
-def _forward_counts(micro: Sequence[MicroStep]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for m in micro:
-        for name, n in m.forwards:
-            out[name] = out.get(name, 0) + n
-    return out
-
-
-def _per_rank_text(counts: Sequence[int], ranks: Sequence[int]) -> str:
-    """``rank 0 ran 2, rank 1 ran 0``; ranks with one count grouped (``ranks 0 and 2 ran 3``)."""
-    groups: dict[int, list[int]] = {}
-    for rank, n in zip(ranks, counts, strict=True):
-        groups.setdefault(n, []).append(rank)
-    parts = []
-    for n, members in sorted(groups.items(), key=lambda kv: kv[1][0]):
-        who = f"rank {members[0]}" if len(members) == 1 else _ranks_list(members)
-        parts.append(f"{who} ran {n}")
-    return ", ".join(parts[:4]) + (f" and {len(parts) - 4} more counts" if len(parts) > 4 else "")
-
-
-def _ranks_list(members: Sequence[int]) -> str:
-    shown = ", ".join(map(str, members[:5]))
-    if len(members) > 5:
-        return f"ranks {shown} and {len(members) - 5} more"
-    head, _, tail = shown.rpartition(", ")
-    return f"ranks {head} and {tail}"
-
-
-def _outermost(names: Sequence[str]) -> list[str]:
-    return [n for n in names if not any(n.startswith(o + ".") for o in names if o != n)]
-
-
-@dataclass(frozen=True)
-class Mismatch:
-    step: str  # "in step 3" or "after the last optimizer step"
-    module: str  # "" for backward passes
-    counts: tuple[int, ...]
-
-
-def _windows(trace: StepTrace) -> list[tuple[str, tuple[MicroStep, ...]]]:
-    out = [(f"in step {s.index}", s.micro) for s in trace.steps]
-    if trace.open_micro:
-        out.append(("after the last optimizer step", trace.open_micro))
-    return out
-
-
-def _mismatches(traces: Sequence[StepTrace]) -> list[Mismatch]:
-    found: list[Mismatch] = []
-    windows = [_windows(t) for t in traces]
-    longest = max(len(w) for w in windows)
-    for w in windows:  # equal step counts: only the open window (after the last step) may be missing
-        w.extend(("after the last optimizer step", ()) for _ in range(longest - len(w)))
-    for k in range(longest):
-        label = windows[0][k][0]
-        micro = [w[k][1] for w in windows]
-        backward = tuple(len(m) for m in micro)
-        if len(set(backward)) > 1:
-            found.append(Mismatch(label, "", backward))
-            continue
-        counts = [_forward_counts(m) for m in micro]
-        names = sorted({n for c in counts for n in c})
-        differ = [n for n in names if len({c.get(n, 0) for c in counts}) > 1]
-        for name in _outermost(differ):
-            found.append(Mismatch(label, name, tuple(c.get(name, 0) for c in counts)))
-    return found
-
-
-def check_equal_microsteps(run: Sequence[StepTrace | None], layout: Layout) -> Verdict:
-    """Between consecutive optimizer steps every rank runs the same number of backward passes and the same
-    forward calls of each submodule that holds parameters.
-
-    ``run``: each rank's StepTrace by global rank (None: recorded none); every rank is compared, the
-    non-data peers of a mesh included (a tensor peer with a micro-batch fewer hangs its group too).
-    """
-    missing = [r for r, t in enumerate(run) if t is None]
-    if missing:
-        return skipped(EQUAL_MICROSTEPS, f"rank {missing[0]} recorded no training step")
-    traces = [t for t in run if t is not None]
-    if len(traces) < 2:
-        return not_applicable(EQUAL_MICROSTEPS, "one rank: no other rank to run in step with")
-    if not any(t.steps or t.open_micro for t in traces):
-        return not_applicable(EQUAL_MICROSTEPS, "no backward pass was recorded")
-    ranks = list(range(len(traces)))
-    steps = [len(t.steps) for t in traces]
-    if len(set(steps)) > 1:
-        return Verdict(
-            EQUAL_MICROSTEPS, "fail", f"optimizer steps: {_per_rank_text(steps, ranks)}", STEP_COUNTS,
-            ranks=tuple(ranks), fix=MICRO_FIXES[STEP_COUNTS],
-        )  # fmt: skip
-    found = _mismatches(traces)
-    windows = len(_windows(traces[0]))
-    if not found:
-        backward = sorted({len(m) for _, m in _windows(traces[0])})
-        passes = f"{backward[0]} backward pass" + ("" if backward[0] == 1 else "es")
-        shape = passes if len(backward) == 1 else f"{backward[0]} to {backward[-1]} backward passes"
-        modules = len({n for t in traces for _, m in _windows(t) for n in _forward_counts(m)})
-        return Verdict(
-            EQUAL_MICROSTEPS,
-            "pass",
-            f"every rank ran the same micro-steps: {count_text(len(traces[0].steps), 'optimizer steps')} of "
-            f"{shape} each, the same forward calls of {count_text(modules, 'modules')}",
-        )
-    first = next((m for m in found if not m.module), found[0])
-    affected = len({m.step for m in found})
-    where = f"{first.step}; {affected} of {count_text(windows, 'steps')} differ"  # "in step 3; 2 of 8 ..."
-    if not first.module:
-        detail = f"backward passes: {_per_rank_text(first.counts, ranks)} {where}"
-        cause, fix = MICRO_COUNTS, MICRO_FIXES[MICRO_COUNTS]
-    else:
-        detail = f"{first.module}: {_per_rank_text(first.counts, ranks)} {where}"
-        cause = MODULE_SKIPPED.format(module=first.module)
-        fix = MICRO_FIXES[MODULE_SKIPPED].format(module=first.module)
-    odd = tuple(r for r, n in enumerate(first.counts) if n != max(set(first.counts), key=first.counts.count))
-    evidence = MicroMismatches(tuple(MicroMismatch(m.step, m.module, tuple(m.counts)) for m in found[:64]))
-    return Verdict(
-        EQUAL_MICROSTEPS, "fail", detail, cause, ranks=odd or tuple(ranks), evidence=evidence, fix=fix
-    )

@@ -1,9 +1,9 @@
 """The step checks of one script launch, judged together (issue 35).
 
 ``ddpcheck run`` and ``ddpcheck judge`` attach them to the loader whose batches reached ``backward``:
-``step_equivalence`` and ``equal_microsteps`` are the step's own; ``supervision`` and ``rng_independence``
-replace the per-batch forms a loader gets alone, because a micro-step (what one backward consumed) and the
-loop's own draws are what the step trains on.
+``step_equivalence``, ``equal_microsteps`` and ``sequence_split`` are the step's own; ``supervision`` and
+``rng_independence`` replace the per-batch forms a loader gets alone, because a micro-step (what one
+backward consumed) and the loop's own draws are what the step trains on.
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ddpcheck.checks.microsteps import check_equal_microsteps
 from ddpcheck.checks.rng import check_rng_independence
-from ddpcheck.checks.step import check_equal_microsteps, check_step_equivalence
+from ddpcheck.checks.sequence_split import check_sequence_split
+from ddpcheck.checks.step import check_step_equivalence
 from ddpcheck.checks.supervision import check_step_supervision
 from ddpcheck.layout import Layout
 from ddpcheck.options import IGNORE_INDEX
@@ -22,6 +24,7 @@ from ddpcheck.trace import EpochTrace, StepTrace
 from ddpcheck.verdict import (
     EQUAL_MICROSTEPS,
     RNG_INDEPENDENCE,
+    SEQUENCE_SPLIT,
     STEP_EQUIVALENCE,
     SUPERVISION,
     Verdict,
@@ -29,6 +32,10 @@ from ddpcheck.verdict import (
 )
 
 NO_BACKWARD = "the script ran no backward pass while it was recorded"
+SLICED_BY_LOADER = (
+    "the loader hands each rank of {dims} its own slice of every sequence: the replay, fed one rank per "
+    "data-parallel coordinate, would see a slice, not the whole sequences"
+)
 
 
 @dataclass(frozen=True)
@@ -83,25 +90,30 @@ def fed_loader(steps: Sequence[StepTrace | None]) -> str:
 
 
 def judge_step(record: StepRecord, layout: Layout) -> tuple[Verdict, ...]:
-    """``supervision``, ``rng_independence``, ``step_equivalence`` and ``equal_microsteps`` of one launch at
-    ``layout``, in that order; ``supervision`` is left out when no backward ran (the loader's per-batch
-    form then stands)."""
+    """``supervision``, ``rng_independence``, ``step_equivalence``, ``equal_microsteps`` and
+    ``sequence_split`` of one launch at ``layout``, in that order; ``supervision`` is left out when no
+    backward ran (the loader's per-batch form then stands)."""
     rng = check_rng_independence(layout, record.steps, record.loading)
     if not record.backward:
         return (
             rng,
             not_applicable(STEP_EQUIVALENCE, NO_BACKWARD),
             not_applicable(EQUAL_MICROSTEPS, NO_BACKWARD),
+            not_applicable(SEQUENCE_SPLIT, NO_BACKWARD),
         )
     supervision = check_step_supervision(record.steps, ignore_index=record.ignore_index)
     if layout.world_size < 2:
         equivalence = not_applicable(STEP_EQUIVALENCE, "one process: its step is the single process's own")
+    elif layout.sequence_dims:
+        sliced = SLICED_BY_LOADER.format(dims=", ".join(layout.sequence_dims))
+        equivalence = not_applicable(STEP_EQUIVALENCE, sliced)
     elif record.replay is None:
         why = record.no_replay or "the one-process replay did not run"
         equivalence = not_applicable(STEP_EQUIVALENCE, f"{why}: nothing to compare the step with")
     else:
         equivalence = check_step_equivalence(record.steps, record.replay, layout)
-    return supervision, rng, equivalence, check_equal_microsteps(record.steps, layout)
+    microsteps = check_equal_microsteps(record.steps, layout)
+    return supervision, rng, equivalence, microsteps, check_sequence_split(record.steps, layout)
 
 
 def merged(loader_verdicts: Sequence[Verdict], step_verdicts: Sequence[Verdict]) -> list[Verdict]:

@@ -19,7 +19,7 @@ _EXPORTS = {
     "run_groups": "ddpcheck.launch.group",
     "run_ranks": "ddpcheck.launch.group",
     "started_groups": "ddpcheck.launch.group",
-    "report_progress": "ddpcheck.launch.rank",
+    "report_progress": "ddpcheck.launch.beats",
     "shared_tmp": "ddpcheck.launch.rank",
     "TargetRef": "ddpcheck.launch.target",
 }
@@ -27,6 +27,7 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
+    from ddpcheck.launch.beats import report_progress
     from ddpcheck.launch.group import (
         GroupCall,
         GroupResult,
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
         run_ranks,
         started_groups,
     )
-    from ddpcheck.launch.rank import report_progress, shared_tmp
+    from ddpcheck.launch.rank import shared_tmp
     from ddpcheck.launch.target import TargetRef
 
 

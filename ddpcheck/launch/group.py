@@ -26,6 +26,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from ddpcheck.launch.beats import PROGRESS_BYTES, read_progress
 from ddpcheck.launch.names import named_memory, unlink_left
 from ddpcheck.launch.preload import find_rank_state_holders
 from ddpcheck.launch.procs import (
@@ -43,7 +44,6 @@ from ddpcheck.launch.procs import (
 from ddpcheck.launch.rank import (
     JOINING,
     NATIVE_STACK_SIGNAL,
-    PROGRESS_BYTES,
     PYTHON_STACK_WAIT_S,
     STACK_SIGNAL,
     RankSpec,
@@ -51,13 +51,16 @@ from ddpcheck.launch.rank import (
     hashed_strings,
     output_path,
     rank_main,
-    read_progress,
     stack_path,
 )
 from ddpcheck.launch.target import TargetRef
+from ddpcheck.launch.watchdog import JOIN_ALLOWANCE_S, Deadline, Ending, Watchdog
 
-JOIN_ALLOWANCE_S = 60.0  # on top of ``timeout``, for ranks to start and join the group
+# A rank's own waits (for its store, its peers in a collective): the parent's watchdog decides what is
+# hung, and a rank dies with its parent, so these only need to outlast any run: a week, as --timeout.
+RANK_WAIT_S = 7 * 24 * 3600.0
 _JOIN_POLL_S = 0.02
+_MAX_WAIT_S = 3600.0  # one wait's bound (an infinite one would overflow the poll's timeout)
 _STACK_WAIT_S = 2.0  # at most; usually the dumps land in milliseconds
 PROGRESS_EVERY_S = 0.2  # how often ``on_progress`` hears every rank's position while ranks run
 _OUTPUT_TAIL = 20_000  # bytes of a rank's output kept (its end); the rest is never read
@@ -86,6 +89,7 @@ class RankOutcome:
     output: str = ""
     exitcode: int | None = None
     error_time: float = 0.0
+    waiting: bool = False  # it waited for its peers (a collective) when the group was stopped
 
     @property
     def ok(self) -> bool:
@@ -156,10 +160,12 @@ def run_ranks(call: GroupCall) -> GroupResult:
     rank's outcome. The group is described by one :class:`GroupCall`, as torchrun's ``elastic_launch``
     takes one launch config.
 
-    ``timeout`` bounds the job once every rank has joined the group; joining itself gets
-    ``timeout + JOIN_ALLOWANCE_S`` (see :class:`Deadline`). When a rank fails, the others get
+    ``timeout``: seconds a rank may go without progress (:mod:`ddpcheck.launch.watchdog`; a rank that is
+    still joining the group gets ``JOIN_ALLOWANCE_S`` more); ``max_time``: the group's whole time once
+    every rank has joined (None: no cap; see :class:`Deadline`). When a rank fails, the others get
     ``grace`` seconds to finish before they are stopped and marked ``secondary``. A hung rank is
-    reported with its dumped stack and last progress. Nothing started here survives the call.
+    reported with its dumped stack, its last progress and since when; a rank still running at
+    ``max_time`` as ``overtime``. Nothing started here survives the call.
 
     ``on_progress``, when given, is called from this thread at most every :data:`PROGRESS_EVERY_S`
     while ranks run (``finished=False``), and once more when the group is over (``finished=True``,
@@ -185,6 +191,7 @@ class GroupCall:
     env: dict[str, str] | None = None
     init_group: bool = True
     on_progress: ProgressCallback | None = None
+    max_time: float | None = None
 
 
 def run_groups(calls: Sequence[GroupCall]) -> list[GroupResult]:
@@ -251,9 +258,9 @@ def started_groups(calls: Sequence[GroupCall], *, hold: bool = False) -> Iterato
     groups: list[_Group] = []
     reaper = Reaper()
     reaper.start()
-    # A held group's ranks may wait for every group before theirs: their wait for the store is bounded
-    # by all the groups' deadlines together (the parent's own deadlines fire first).
-    patience = sum(call.timeout + JOIN_ALLOWANCE_S + 30.0 for call in calls)
+    # A held group's ranks may wait for every group before theirs, each running as long as it makes
+    # progress: they wait for the store as long as any rank waits (they die with this process).
+    patience = RANK_WAIT_S
     try:
         for call in calls:
             # a later group's ranks must not hold an earlier group's listening socket or janitor pipe
@@ -404,7 +411,7 @@ class _Group:
                     world_size=call.world_size,
                     backend=call.backend,
                     port=port,
-                    timeout_s=call.timeout + JOIN_ALLOWANCE_S + 30.0,  # the parent's deadline fires first
+                    timeout_s=RANK_WAIT_S,  # the parent's watchdog fires first
                     ready_timeout_s=ready_timeout,
                     target=target,
                     kwargs=dict(call.kwargs or {}),
@@ -461,7 +468,7 @@ class _Group:
                 call.world_size,
                 is_master=True,
                 wait_for_workers=False,
-                timeout=timedelta(seconds=call.timeout + JOIN_ALLOWANCE_S + 30.0),
+                timeout=timedelta(seconds=RANK_WAIT_S),
                 master_listen_fd=self.listen_fd,
             )
         self.ready.set()
@@ -469,7 +476,8 @@ class _Group:
     def collect(self) -> GroupResult:
         call = self.call
         outcomes = _collect(
-            self.procs, self.conns, self.progress, self.workdir, Deadline(self.started, call.timeout),
+            self.procs, self.conns, self.progress, self.workdir,
+            Deadline(self.started, call.timeout, call.max_time),
             call.grace, call.on_progress,
         )  # fmt: skip
         result = GroupResult(call.world_size, call.backend, outcomes, time.monotonic() - self.started)
@@ -496,26 +504,6 @@ class _Group:
         self.janitor.close()
 
 
-@dataclass
-class Deadline:
-    """``timeout`` counts from the moment every rank has joined the group, not from process start.
-
-    Joining (fork, rendezvous, group init) has its own, generous bound: it can be slow for reasons
-    that are not the job's (a loaded machine, a resolver that times out while the store client logs
-    its address), and must not eat the time a short ``timeout`` gives the job itself.
-    """
-
-    started: float
-    timeout: float
-    joined_at: float | None = None
-
-    @property
-    def at(self) -> float:
-        if self.joined_at is None:
-            return self.started + self.timeout + JOIN_ALLOWANCE_S
-        return self.joined_at + self.timeout
-
-
 def _all_joined(progress: Any, outcomes: list[RankOutcome]) -> bool:
     """Every rank is past the rendezvous (or already done): its progress says more than 'joining'."""
     return all(o.kind != "pending" or read_progress(progress, o.rank) not in ("", JOINING) for o in outcomes)
@@ -530,7 +518,8 @@ def _collect(
     grace: float,
     on_progress: ProgressCallback | None = None,
 ) -> list[RankOutcome]:
-    """Read results and exits until every rank is done, the deadline passes, or grace after a failure.
+    """Read results and exits until every rank is done, a rank stalls (the watchdog), ``max_time`` runs
+    out, or grace after a failure.
 
     Never blocks on a rank: pipes are read without blocking and reassembled, and a rank's exit is seen
     through its pid (pidfd), so a helper process that inherited the rank's pipes cannot hide it.
@@ -539,20 +528,33 @@ def _collect(
     outcomes = [RankOutcome(rank=r, kind="pending") for r in range(world)]
     readers = {r: FrameReader(conn.fileno()) for r, conn in enumerate(conns)}
     watches = {r: ExitWatch(proc.pid) for r, proc in enumerate(procs)}
+    watchdog = Watchdog(progress, world, deadline.timeout, deadline.started)
+    ending = Ending(deadline)
     first_failure: float | None = None
     next_report = time.monotonic() + PROGRESS_EVERY_S
+
+    def joining(rank: int) -> float:
+        return JOIN_ALLOWANCE_S if read_progress(progress, rank) in ("", JOINING) else 0.0
+
     try:
         while readers or watches:
             now = time.monotonic()
+            watchdog.observe(now)
             if deadline.joined_at is None and _all_joined(progress, outcomes):
                 deadline.joined_at = now
-            if now >= deadline.at or (first_failure is not None and now - first_failure >= grace):
+            ending.stalled = tuple(watchdog.stalled(now, list(watches), joining))
+            ending.overtime = now >= deadline.cap
+            spent = first_failure is not None and now - first_failure >= grace
+            if ending.stalled or ending.overtime or spent:
+                ending.silences = {r: watchdog.silence(r, now) for r in watches}
+                for r in watches:
+                    outcomes[r].waiting = watchdog.waiting[r]
                 break
             if on_progress is not None and now >= next_report:
                 on_progress([read_progress(progress, r) for r in range(world)], now - deadline.started, False)
                 now = time.monotonic()
                 next_report = now + PROGRESS_EVERY_S
-            limit = deadline.at - now
+            limit = min(watchdog.due(now, list(watches), joining), deadline.cap - now)
             if on_progress is not None:
                 limit = min(limit, next_report - now)
             if first_failure is not None:
@@ -562,41 +564,53 @@ def _collect(
             poll = poll_interval(list(watches.values()))
             if poll is not None:
                 limit = min(limit, poll)
-            objects: list[Any] = [*readers.values()]
-            for watch in watches.values():
-                objects += wait_objects(watch)
-            wait(objects, timeout=max(limit, 0.0))
-            for r in list(readers):
-                _take_messages(readers[r], outcomes[r])
-                if readers[r].eof:
-                    del readers[r]
-            for r in list(watches):
-                if _exited(watches[r], procs[r]):
-                    watches.pop(r).close()
-                    procs[r].join(timeout=1.0)  # the pidfd can fire a moment before the exit status
-                    outcomes[r].exitcode = procs[r].exitcode
-                    reader = readers.pop(r, None)  # a helper may hold the pipe open: take what is there
-                    if reader is not None:
-                        _take_messages(reader, outcomes[r])
-                        _note_partial(reader, outcomes[r])
+            _wait_ranks(procs, readers, watches, outcomes, limit)
             if first_failure is None and _any_failed(outcomes, set(readers)):
                 first_failure = time.monotonic()
     finally:
         for watch in watches.values():
             watch.close()
-    timed_out = time.monotonic() >= deadline.at
     stuck = sorted(r for r in watches if procs[r].exitcode is None)
     stopped = {r for r in stuck if process_state(procs[r].pid) == "T"}
     _dump_stacks(procs, [r for r in stuck if r not in stopped], workdir)
     for r, outcome in enumerate(outcomes):
         outcome.progress = read_progress(progress, r)
-        _finish(outcome, procs[r], workdir, stuck=r in stuck, timed_out=timed_out)
+        if r in stuck and outcome.kind == "pending":
+            outcome.kind, outcome.message = ending.judge(r)
+        _finish(outcome, procs[r], workdir, stuck=r in stuck)
         if r in stopped and outcome.kind == "hang":
             reader = readers.get(r)
             partial = f", {reader.partial} bytes into its result" if reader and reader.partial else ""
             outcome.message += f" (the process was stopped, e.g. by SIGSTOP{partial})"
     _mark_secondary(outcomes)
     return outcomes
+
+
+def _wait_ranks(
+    procs: list[Any],
+    readers: dict[int, FrameReader],
+    watches: dict[int, ExitWatch],
+    outcomes: list[RankOutcome],
+    limit: float,
+) -> None:
+    """Wait up to ``limit`` seconds for a message or an exit, then take every message and exit there is."""
+    objects: list[Any] = [*readers.values()]
+    for watch in watches.values():
+        objects += wait_objects(watch)
+    wait(objects, timeout=max(min(limit, _MAX_WAIT_S), 0.0))
+    for r in list(readers):
+        _take_messages(readers[r], outcomes[r])
+        if readers[r].eof:
+            del readers[r]
+    for r in list(watches):
+        if _exited(watches[r], procs[r]):
+            watches.pop(r).close()
+            procs[r].join(timeout=1.0)  # the pidfd can fire a moment before the exit status
+            outcomes[r].exitcode = procs[r].exitcode
+            reader = readers.pop(r, None)  # a helper may hold the pipe open: take what is there
+            if reader is not None:
+                _take_messages(reader, outcomes[r])
+                _note_partial(reader, outcomes[r])
 
 
 def _exited(watch: ExitWatch, proc: Any) -> bool:
@@ -638,12 +652,9 @@ def _record_message(outcome: RankOutcome, status: str, payload: Any) -> None:
     outcome.error_time = payload.get("time", 0.0)
 
 
-def _finish(outcome: RankOutcome, proc: Any, workdir: str, *, stuck: bool, timed_out: bool) -> None:
+def _finish(outcome: RankOutcome, proc: Any, workdir: str, *, stuck: bool) -> None:
     if stuck:
         outcome.stack = read_tail(stack_path(workdir, outcome.rank), _STACK_TAIL)
-        if outcome.kind == "pending":
-            outcome.kind = "hang" if timed_out else "secondary"
-            outcome.message = "no result before the deadline" if timed_out else "stopped after a peer failed"
     elif outcome.kind == "pending":
         code = proc.exitcode
         if code is not None and code < 0:
@@ -668,7 +679,7 @@ def _mark_secondary(outcomes: list[RankOutcome]) -> None:
             "dist" in o.exc_type.lower() or any(h in text for h in _COMM_ERROR_HINTS)
         )
 
-    failed = [o for o in outcomes if o.kind in ("error", "killed", "exited", "hang")]
+    failed = [o for o in outcomes if o.kind in ("error", "killed", "exited", "hang", "overtime")]
     own = [o for o in failed if not comm_error(o)]
     if not own:  # only broken connections: the earliest one is where it started
         errors = sorted((o for o in failed if o.kind == "error"), key=lambda o: o.error_time)
@@ -732,10 +743,12 @@ def _diagnose(result: GroupResult) -> str:
     waiting = [o.rank for o in result.outcomes if "final barrier" in o.progress]
     if waiting and len(waiting) < result.world_size:
         busy = [o.rank for o in result.outcomes if o.rank not in waiting]
-        lines.append(
-            f"  ranks {_join(waiting)} finished and wait for ranks {_join(busy)}, which never reached the "
-            "same collective (uneven batch counts or a collective only some ranks call)"
+        why = (
+            "never reached the same collective (uneven batch counts or a collective only some ranks call)"
+            if all(o.waiting for o in hung)
+            else "stopped making progress in their own code (their stacks show where)"
         )
+        lines.append(f"  ranks {_join(waiting)} finished and wait for ranks {_join(busy)}, which {why}")
     return "\n".join(lines)
 
 

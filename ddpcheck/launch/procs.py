@@ -28,13 +28,32 @@ _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
 
 
-def write_frame(fd: int, obj: Any) -> None:
-    """Send one message: an 8-byte length, then the plain pickle (blocking is fine on the child side)."""
+def write_frame(fd: int, obj: Any) -> int:
+    """Send one message: an 8-byte length, then the plain pickle (blocking is fine on the child side).
+    Returns the pickle's size."""
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     for part in (_HEADER.pack(len(data)), data):  # no header + data copy: results can be 100s of MB
         view = memoryview(part)
         while view:
             view = view[os.write(fd, view) :]
+    return len(data)
+
+
+def read_frame(fd: int) -> Any:
+    """Wait for one :func:`write_frame` message on a blocking pipe (a child reading its orders; the
+    parent never waits like this). EOFError when the writer has gone."""
+    (size,) = _HEADER.unpack(_read_exactly(fd, _HEADER.size))
+    return pickle.loads(_read_exactly(fd, size))
+
+
+def _read_exactly(fd: int, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = os.read(fd, min(size - len(data), _CHUNK))
+        if not chunk:
+            raise EOFError("the other end of the pipe closed")
+        data += chunk
+    return bytes(data)
 
 
 class FrameReader:

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy.random  # noqa: F401 - imported once in the parent, not in every forked rank (~8 ms each)
 
+from ddpcheck.launch.beats import PROGRESS_BYTES, attach, install_beats, report_progress, waiting
 from ddpcheck.launch.names import named_flag_offset, watch_named_memory
 from ddpcheck.launch.preload import refresh_rank_state
 from ddpcheck.launch.procs import reap, write_frame
@@ -39,14 +40,9 @@ from ddpcheck.messages import exception_text, one_line
 STACK_SIGNAL = signal.SIGUSR1  # every thread's stack, written between two bytecodes of the main thread
 NATIVE_STACK_SIGNAL = signal.SIGUSR2  # faulthandler's dump, for a main thread held in C code
 PYTHON_STACK_WAIT_S = 0.5  # how long the parent waits for the first dump before asking for the second
-PROGRESS_BYTES = 240
 _PR_SET_PDEATHSIG = 1
 
 JOINING = "joining the process group"
-
-_progress_buffer: Any = None
-_progress_view: memoryview | None = None  # the same shared bytes; ctypes slicing costs ~10 us a call
-_progress_rank = 0
 
 
 @dataclass
@@ -148,18 +144,6 @@ def private_tmp(workdir: str) -> None:
     multiprocessing.process.current_process()._config.pop("tempdir", None)  # type: ignore[attr-defined]
 
 
-def report_progress(text: str) -> None:
-    """Publish where this rank is ("epoch 0, batch 4") for the parent's hang report; no-op outside ranks."""
-    if _progress_buffer is None:
-        return
-    raw = text.encode("utf-8", "replace")[: PROGRESS_BYTES - 1]
-    start = _progress_rank * PROGRESS_BYTES
-    global _progress_view
-    if _progress_view is None or _progress_view.obj is not _progress_buffer:
-        _progress_view = memoryview(_progress_buffer).cast("B")
-    _progress_view[start : start + PROGRESS_BYTES] = raw.ljust(PROGRESS_BYTES, b"\0")
-
-
 def hash_seed_fixed() -> bool:
     """Every freshly started interpreter hashes strings alike: ``PYTHONHASHSEED`` is a number in the
     environment, which torchrun passes on to every rank."""
@@ -221,12 +205,6 @@ def watch_str_hashing(flags: Any, offset: int) -> None:
 def hashed_strings(flags: Any, world_size: int) -> list[int]:
     """The ranks whose flag :func:`watch_str_hashing` set."""
     return [r for r in range(world_size) if flags[hash_flag_offset(world_size, r)] != b"\x00"]
-
-
-def read_progress(buffer: Any, rank: int) -> str:
-    start = rank * PROGRESS_BYTES
-    raw = bytes(buffer[start : start + PROGRESS_BYTES])
-    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
 def stack_path(workdir: str, rank: int) -> str:
@@ -405,9 +383,10 @@ def _final_barrier(spec: RankSpec) -> None:
     report_progress("finished; waiting for peers at ddpcheck's final barrier")
     try:
         if spec.world_size > 1 and _store is not None:
-            if _store.add("ddpcheck/finished", 1) == spec.world_size:
-                _store.set("ddpcheck/all-finished", "1")
-            _store.wait(["ddpcheck/all-finished"])
+            with waiting():
+                if _store.add("ddpcheck/finished", 1) == spec.world_size:
+                    _store.set("ddpcheck/all-finished", "1")
+                _store.wait(["ddpcheck/all-finished"])
         if dist.is_initialized() and spec.backend == "nccl":
             dist.destroy_process_group()  # gloo's teardown costs ~10 ms a rank; os._exit frees it all
     except Exception:  # a peer died; our result is already sent
@@ -527,9 +506,8 @@ def format_stacks(frame: Any) -> str:
 
 def rank_main(spec: RankSpec, conn: Any, progress: Any, ready: Any = None) -> None:
     """Process entry point of one rank."""
-    global _progress_buffer, _progress_rank
     _isolate(spec)
-    _progress_buffer, _progress_rank = progress, spec.rank
+    attach(progress, spec.rank)
     os.environ.update(spec.env)
     env = torchrun_env(spec.rank, spec.world_size, spec.port, spec.run_id, spec.workdir)
     if not spec.init_group:  # a body that connects itself must not find ddpcheck's store in MASTER_PORT
@@ -555,6 +533,7 @@ def rank_main(spec: RankSpec, conn: Any, progress: Any, ready: Any = None) -> No
                 raise TimeoutError("the parent never started the rendezvous store")
             _init_group(spec)
         report_progress("running")
+        install_beats()
         func = spec.target.resolve() if isinstance(spec.target, TargetRef) else spec.target
         value = func(**spec.kwargs)
         send_result(conn, "ok", value)

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from ddpcheck.launch.script import ScriptLaunch, output_tail
+from ddpcheck.launch.script import ScriptLaunch, ScriptRank, output_tail
 from ddpcheck.launch.userfiles import is_user_file, shown_path
+from ddpcheck.launch.watchdog import Silence, overtime_message, stall_message
 from ddpcheck.layout import Layout
 from ddpcheck.messages import one_line
 from ddpcheck.options import BadInput
@@ -25,28 +26,29 @@ def read_launch(launch: ScriptLaunch, layout: Layout) -> Recorded:
     """Each rank's trace file, and a failure for every rank that has none or failed."""
     traces: dict[int, ScriptRankTrace] = {}
     failures: list[RankFailure] = []
+    hung = [e for e in launch.ranks if e.hung]
+    # a rank whose stack shows it in a collective waits for the others, unless every hung rank does
+    waiting = (
+        {e.rank for e in hung if _in_collective(e.stacks)}
+        if any(not _in_collective(e.stacks) for e in hung)
+        else set()
+    )
     for entry in launch.ranks:
         trace = _read_trace(trace_path(launch.out, entry.rank))
         if trace is not None:
             traces[entry.rank] = trace
-        if entry.hung and _in_collective(entry.stacks):
+        if entry.waited or entry.rank in waiting:
             failures.append(
                 RankFailure(
                     entry.rank,
                     "secondary",
-                    f"rank {entry.rank} waited in a collective for the other ranks",
+                    f"rank {entry.rank} waited for the other ranks ({_causes(hung, waiting)} hung)",
                     entry.stacks or entry.output,
+                    entry.progress,
                 )
             )
-        elif entry.hung:
-            failures.append(
-                RankFailure(
-                    entry.rank,
-                    "hang",
-                    f"rank {entry.rank} did not finish within the deadline (--timeout){_where(entry.stacks)}",
-                    entry.stacks or entry.output,
-                )
-            )
+        elif entry.hung or entry.overtime:
+            failures.append(_stopped(entry, launch))
         elif trace is not None and trace.status != "ok":
             failures.append(RankFailure(entry.rank, "error", trace.message, trace.stack))
         elif trace is None and entry.killed_after_failure:
@@ -73,6 +75,27 @@ def read_launch(launch: ScriptLaunch, layout: Layout) -> Recorded:
     printed = {entry.rank: entry.output for entry in launch.ranks}  # shown whole as the stack already
     failures = [f if f.stack == printed[f.rank] else replace(f, output=outputs[f.rank]) for f in failures]
     return Recorded(layout, traces, tuple(failures), launch.seconds, outputs=outputs)
+
+
+def _stopped(entry: ScriptRank, launch: ScriptLaunch) -> RankFailure:
+    """A rank that made no progress for the timeout (hang), or ran past ``max_time`` (overtime)."""
+    silence = entry.silence or Silence(0.0, 0.0)
+    if entry.overtime:
+        kind, what = "overtime", f"was {overtime_message(launch.max_time or 0.0, silence)}"
+    else:
+        kind, what = "hang", f"made {stall_message(silence, launch.timeout)}"
+    return RankFailure(
+        entry.rank,
+        kind,
+        f"rank {entry.rank} {what}{_where(entry.stacks)}",
+        entry.stacks or entry.output,
+        entry.progress,
+    )
+
+
+def _causes(hung: list[ScriptRank], waiting: set[int]) -> str:
+    ranks = [e.rank for e in hung if e.rank not in waiting]
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}" if ranks else "a rank"
 
 
 COLLECTIVE_FILES = ("distributed_c10d.py", "c10d_logger.py")
@@ -124,11 +147,16 @@ def read_trace_dir(directory: str | Path, layout: Layout | None = None) -> Recor
     if not folder.is_dir():
         raise BadInput(f"no such directory: {directory}")
     traces: dict[int, ScriptRankTrace] = {}
+    paths: dict[int, Path] = {}
     for path in sorted(folder.glob(TRACE_GLOB)):
         trace = _read_trace(str(path), untrusted=True)
         if trace is None:
             raise BadInput(f"{path} is not a ddpcheck trace of this version (record it again)")
-        traces[trace.rank] = trace
+        if trace.rank in paths:  # a stale copy beside the launch: keeping either one would be a guess
+            raise BadInput(
+                f"{paths[trace.rank]} and {path} both hold rank {trace.rank}: one launch per directory"
+            )
+        traces[trace.rank], paths[trace.rank] = trace, path
     if not traces:
         raise BadInput(
             f"{directory} holds no trace files (rank*.trace): record with python -m ddpcheck.record"

@@ -6,7 +6,9 @@ turn it into a list: O(world size x dataset) work that real ranks do in parallel
 ``torch.randperm`` drawn from a generator in a state already seen returns the permutation computed
 then (and leaves the generator in the state the real call would have), and ``tolist()`` of such a
 permutation returns a fresh copy of the list made then. Nothing is shared that the code could tell
-apart: a permutation modified in place is recomputed, and every caller gets its own list.
+apart: a permutation modified in place is recomputed, and every caller gets its own list. What is kept
+has a budget (:data:`SHARED_BYTES`): a simulated process must stay near one rank's own memory, so a
+permutation of tens of millions is drawn again by each rank rather than held as Python ints.
 
 At scale (:data:`ARRAYS_FROM` samples and more) a recognised sampler's epoch is read as one numpy array
 instead (:func:`epoch_array`): a billion Python ints would need tens of GB, its indices as ``uint32`` need
@@ -24,6 +26,8 @@ from typing import Any, cast
 import torch
 
 _RANDPERM = torch.randperm  # the real one, whatever shared_permutations has put in its place
+SHARED_BYTES = 64 << 20  # kept permutations (8 bytes an index) and their lists (~40), each kind at most
+_LIST_ITEM_BYTES = 40  # a list slot and a small int object
 
 
 class _Shared:
@@ -32,6 +36,22 @@ class _Shared:
         self.lists: dict[int, tuple[torch.Tensor, int, list[Any]]] = {}
         self.perm_ids: dict[int, torch.Tensor] = {}
         self.hits = 0
+
+    def room(self, kept: dict[Any, Any], item_bytes: int, n: int) -> bool:
+        """Whether ``n`` more items fit the budget of ``kept`` (the oldest are let go to make room)."""
+        need = n * item_bytes
+        if need > SHARED_BYTES:
+            return False
+        while kept and (sum(len(_items(v)) for v in kept.values()) * item_bytes + need > SHARED_BYTES):
+            key = next(iter(kept))
+            old = kept.pop(key)
+            if kept is self.perms:
+                self.perm_ids.pop(id(old[0]), None)
+        return True
+
+
+def _items(entry: tuple[Any, ...]) -> Any:
+    return entry[2] if isinstance(entry[2], list) else entry[0]
 
 
 def _key(n: int, generator: torch.Generator, kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
@@ -58,8 +78,9 @@ def shared_permutations() -> Iterator[_Shared]:
             generator.set_state(cached[2])  # type: ignore[union-attr]
             return cached[0]
         perm = real_randperm(n, generator=generator, **kwargs)
-        shared.perms[key] = (perm, perm._version, generator.get_state())  # type: ignore[union-attr]
-        shared.perm_ids[id(perm)] = perm
+        if shared.room(shared.perms, perm.element_size(), n):
+            shared.perms[key] = (perm, perm._version, generator.get_state())  # type: ignore[union-attr]
+            shared.perm_ids[id(perm)] = perm
         return perm
 
     def tolist(self: torch.Tensor) -> Any:
@@ -67,7 +88,7 @@ def shared_permutations() -> Iterator[_Shared]:
         if cached is not None and cached[0] is self and cached[1] == self._version:
             return list(cached[2])
         out = real_tolist(self)
-        if shared.perm_ids.get(id(self)) is self:
+        if shared.perm_ids.get(id(self)) is self and shared.room(shared.lists, _LIST_ITEM_BYTES, len(out)):
             shared.lists[id(self)] = (self, self._version, list(out))
         return out
 
@@ -86,6 +107,7 @@ VERIFY_EVERY = 128  # and then every 128th
 
 ARRAYS_FROM = 1 << 20  # from this many samples on, a recognised sampler's epoch is read as one array
 PERMUTATION_BYTES = 3 << 30  # narrowed permutations a child keeps for its next ranks, at most
+MAPPED_FROM_BYTES = 64 << 20  # a permutation this large is kept as its shared file's pages, one at a time
 
 
 class Shortcuts:
@@ -132,7 +154,7 @@ def known_samplers(lists: bool = True) -> Iterator[Shortcuts]:
     def direct_iter(self: DistributedSampler[Any]) -> Iterator[Any]:
         if type(self) is not DistributedSampler or done.mismatch or not lists:
             return real_iter(self)
-        share = _direct_share(self)
+        share = _direct_share(self, done.permutations)
         if share is None:
             return real_iter(self)
         done.direct += 1
@@ -156,10 +178,12 @@ def known_samplers(lists: bool = True) -> Iterator[Shortcuts]:
         DistributedSampler.__iter__ = real_iter  # type: ignore[method-assign]
 
 
-def _direct_share(sampler: Any) -> list[int] | None:
-    """``DistributedSampler.__iter__``'s list for this rank, by index arithmetic; None if unsure."""
-    share = _share_array(sampler)
-    return None if share is None else list(share.tolist())
+def _direct_share(sampler: Any, permutations: dict[tuple[int, int], Any]) -> list[int] | None:
+    """``DistributedSampler.__iter__``'s list for this rank, by index arithmetic; None if unsure. The
+    epoch's permutation is drawn once in the child and kept (``permutations``): drawn again for every
+    simulated rank it cost 2048 draws of a 1M permutation at world size 1024, 2 epochs."""
+    share = _share_array(sampler, permutations)
+    return None if share is None else share.tolist()
 
 
 def _share_array(sampler: Any, permutations: dict[tuple[int, int], Any] | None = None) -> Any:
@@ -201,10 +225,14 @@ def _permutation(n: int, seed: int, kept: dict[tuple[int, int], Any] | None) -> 
 
     if kept is not None and (n, seed) in kept:
         return kept[(n, seed)]
+    if kept is not None:  # a mapped file is mapped again in milliseconds: only the epoch in use stays mapped
+        for key in [k for k, v in kept.items() if isinstance(v, np.memmap)]:
+            del kept[key]
+    mapped = 4 * n >= MAPPED_FROM_BYTES  # smaller ones stay in memory: mapping costs ~1 ms a rank
     shared = _shared_file(n, seed) if kept is not None else ""
     if shared and os.path.exists(shared):
         with contextlib.suppress(OSError, ValueError):
-            narrow = np.load(shared, mmap_mode="r")
+            narrow = np.load(shared, mmap_mode="r" if mapped else None)
             if len(narrow) == n:
                 return _keep(kept, (n, seed), narrow)
     generator = torch.Generator()
@@ -215,11 +243,13 @@ def _permutation(n: int, seed: int, kept: dict[tuple[int, int], Any] | None) -> 
     narrow = drawn.astype(np.uint32) if n <= 1 << 32 else drawn
     del drawn
     if shared:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, ValueError):
             partial = f"{shared}.{os.getpid()}.part"
             with open(partial, "wb") as handle:
                 np.save(handle, narrow)
             os.replace(partial, shared)
+            if mapped:
+                narrow = np.load(shared, mmap_mode="r")  # the file's pages: dropped when done
     return _keep(kept, (n, seed), narrow)
 
 

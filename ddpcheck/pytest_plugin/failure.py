@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line \d+')
 _INTERNAL_MARKERS = (os.path.join("ddpcheck", "launch") + os.sep, os.path.join("ddpcheck", "plugin") + os.sep)
+_BEATS = os.path.join("ddpcheck", "launch", "beats.py")
 _SKIP_TYPES = ("Skipped",)
 _XFAIL_TYPES = ("XFailed",)
 _RULE = "-" * 24
@@ -66,6 +67,8 @@ def trim_stack(text: str) -> str:
     lines: list[str] = []
     for line in chosen.splitlines():
         match = _FRAME.match(line)
+        if match and match["path"].endswith(_BEATS):
+            continue  # the wrapper that counts a collective as progress: between torch and the test
         if match and _internal(match["path"]):
             break  # everything from here down is the rank machinery that called the test
         lines.append(line)
@@ -104,19 +107,24 @@ def _section(o: RankOutcome) -> str:
     return "\n".join(parts)
 
 
-def describe(result: GroupResult, timeout: float) -> str:
+def describe(result: GroupResult, timeout: float, max_time: float | None = None) -> str:
     """The failure report of one group: summary lines, diagnosis, then one section per failed rank."""
     failed = _order(result)
     primary = [o for o in failed if o.kind != "secondary"]
     hung = [o for o in failed if o.kind == "hang"]
+    over = [o for o in failed if o.kind == "overtime"]
     first = primary[0] if primary else failed[0]
     ranks = ", ".join(str(o.rank) for o in primary) or str(first.rank)
     what = f"{first.exc_type}: {first.message}" if first.exc_type else first.message
     head = f"rank{'s' if len(primary) > 1 else ''} {ranks} of {result.world_size} failed: {_short(what)}"
     if hung:
         ranks = ", ".join(str(o.rank) for o in hung)
-        head = f"hang: rank{'s' if len(hung) > 1 else ''} {ranks} of {result.world_size} gave no result "
-        head += f"within the {timeout:g} s timeout"
+        head = f"hang: rank{'s' if len(hung) > 1 else ''} {ranks} of {result.world_size} made no progress "
+        head += f"for the {timeout:g} s timeout"
+    elif over:
+        ranks = ", ".join(str(o.rank) for o in over)
+        head = f"ran past max_time: rank{'s' if len(over) > 1 else ''} {ranks} of {result.world_size} "
+        head += f"still running after {max_time or 0:g} s"
     secondary = len(failed) - len(primary)
     head += f"\n(world size {result.world_size}, backend {result.backend}, {result.seconds:.2f} s"
     head += (
@@ -132,7 +140,7 @@ def describe(result: GroupResult, timeout: float) -> str:
     return "\n\n".join(blocks)
 
 
-def raise_outcome(result: GroupResult, timeout: float) -> None:
+def raise_outcome(result: GroupResult, timeout: float, max_time: float | None = None) -> None:
     """Nothing for a passing group; else skip, xfail or fail the running pytest item."""
     if result.ok:
         return
@@ -142,4 +150,4 @@ def raise_outcome(result: GroupResult, timeout: float) -> None:
         asked = [o for o in failed if o.exc_type in kinds]
         if asked and all(o in asked for o in own):
             outcome(asked[0].message)
-    raise DdpTestFailed(describe(result, timeout))
+    raise DdpTestFailed(describe(result, timeout, max_time))

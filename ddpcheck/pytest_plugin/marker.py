@@ -21,11 +21,13 @@ DEFAULT_BACKEND = "gloo"
 DEFAULT_TIMEOUT = 60.0
 BACKENDS = ("gloo", "nccl")
 MARKER_HELP = (
-    "ddp(world_size=2, backend='gloo', timeout=60, mesh=None): run the test body in every rank of a real "
-    "torch.distributed process group, one test per world size (ids [ddpN]); world_size may be a list; "
-    "mesh={'dp': 2, 'tp': 2} (or a list of them) runs one test per device mesh, with a ddp_mesh fixture"
+    "ddp(world_size=2, backend='gloo', timeout=60, mesh=None, max_time=None): run the test body in every "
+    "rank of a real torch.distributed process group, one test per world size (ids [ddpN]); world_size may "
+    "be a list; mesh={'dp': 2, 'tp': 2} (or a list of them) runs one test per device mesh, with a "
+    "ddp_mesh fixture; timeout: seconds a rank may go without progress (a batch, a collective, an "
+    "optimizer step); max_time: seconds the group may run in all"
 )
-_KEYWORDS = ("world_size", "backend", "timeout", "mesh")
+_KEYWORDS = ("world_size", "backend", "timeout", "mesh", "max_time")
 
 
 class MarkerError(ValueError):
@@ -39,6 +41,7 @@ class Overrides:
     world_sizes: tuple[int, ...] | None = None
     backend: str | None = None
     timeout: float | None = None
+    max_time: float | None = None
 
 
 @dataclass(frozen=True)
@@ -50,8 +53,9 @@ class DdpSpec:
 
     world_sizes: tuple[int, ...]
     backend: str = DEFAULT_BACKEND
-    timeout: float = DEFAULT_TIMEOUT
+    timeout: float = DEFAULT_TIMEOUT  # seconds a rank may go without progress
     meshes: tuple[Layout, ...] = ()
+    max_time: float | None = None  # seconds the group may run in all (None: no cap)
 
 
 class MeshSpec:
@@ -161,11 +165,20 @@ def spec_from_marker(args: Sequence[Any], kwargs: Mapping[str, Any], overrides: 
         raise MarkerError("@pytest.mark.ddp takes world_size or mesh, not both: a mesh fixes its world size")
     backend = check_backend(kwargs.get("backend", DEFAULT_BACKEND))
     timeout = check_timeout(kwargs.get("timeout", DEFAULT_TIMEOUT))
+    max_time = overrides.max_time or (
+        None if kwargs.get("max_time") is None else check_timeout(kwargs["max_time"])
+    )
     if "mesh" in kwargs:  # --ddp-world-sizes leaves meshes alone: a mesh is its own size
         meshes = check_meshes(kwargs["mesh"])
         per_mesh = tuple(m.world_size for m in meshes)
         _real_ranks(per_mesh, mesh=True)
-        return DdpSpec(per_mesh, overrides.backend or backend, overrides.timeout or timeout, meshes=meshes)
+        return DdpSpec(
+            per_mesh,
+            overrides.backend or backend,
+            overrides.timeout or timeout,
+            meshes=meshes,
+            max_time=max_time,
+        )
     raw = args[0] if args else kwargs.get("world_size", DEFAULT_WORLD_SIZE)
     sizes = raw if isinstance(raw, (list, tuple, range)) else (raw,)
     world_sizes = overrides.world_sizes or check_world_sizes(sizes, raw)
@@ -174,6 +187,7 @@ def spec_from_marker(args: Sequence[Any], kwargs: Mapping[str, Any], overrides: 
         world_sizes=world_sizes,
         backend=overrides.backend or backend,
         timeout=overrides.timeout or timeout,
+        max_time=max_time,
     )
 
 

@@ -32,11 +32,13 @@ SETTINGS: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
     ("ddp_world_sizes", "ddp_world_sizes", parse_world_sizes),
     ("ddp_backend", "ddp_backend", check_backend),
     ("ddp_timeout", "ddp_timeout", parse_timeout),
+    ("ddp_max_time", "ddp_max_time", parse_timeout),
 )
 INI_HELP = {
     "ddp_world_sizes": "world sizes for every @pytest.mark.ddp test instead of the marker's, e.g. 1,2",
     "ddp_backend": "process group backend for every @pytest.mark.ddp test (gloo or nccl)",
-    "ddp_timeout": "deadline in seconds of every @pytest.mark.ddp test's process group",
+    "ddp_timeout": "seconds a rank of every @pytest.mark.ddp test may go without progress",
+    "ddp_max_time": "seconds every @pytest.mark.ddp test's process group may run in all",
 }
 
 
@@ -72,5 +74,8 @@ def overrides(config: pytest.Config) -> Overrides:
                     raise pytest.UsageError(f"{key} in {where}: {exc}") from None
         found[dest] = value
     return Overrides(
-        world_sizes=found["ddp_world_sizes"], backend=found["ddp_backend"], timeout=found["ddp_timeout"]
+        world_sizes=found["ddp_world_sizes"],
+        backend=found["ddp_backend"],
+        timeout=found["ddp_timeout"],
+        max_time=found["ddp_max_time"],
     )

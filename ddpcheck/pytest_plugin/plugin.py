@@ -65,8 +65,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=argtype(parse_timeout),
         default=None,
         metavar="SECONDS",
-        help="deadline of every @pytest.mark.ddp test's process group (a hang fails the test then); "
-        "ini: ddp_timeout",
+        help="seconds a rank of every @pytest.mark.ddp test may go without progress (a batch, a "
+        "collective, an optimizer step) before the test fails as a hang; ini: ddp_timeout",
+    )
+    group.addoption(
+        "--ddp-max-time",
+        type=argtype(parse_timeout),
+        default=None,
+        metavar="SECONDS",
+        help="seconds every @pytest.mark.ddp test's process group may run in all, progress or not (default: "
+        "no limit); ini: ddp_max_time",
     )
     group.addoption(
         "--ddpcheck-report",
@@ -160,7 +168,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
             ("ddp.failed_ranks", ",".join(str(o.rank) for o in result.failures()) or "none"),
         ],
     )
-    raise_outcome(result, spec.timeout)
+    raise_outcome(result, spec.timeout, spec.max_time)
     return True
 
 

@@ -170,6 +170,7 @@ def run_in_ranks(item: pytest.Function, spec: DdpSpec, world_size: int, *, captu
                 world_size,
                 backend=spec.backend,
                 timeout=spec.timeout,
+                max_time=spec.max_time,
                 kwargs={"test": item.obj, "funcargs": funcargs},
                 start_method="fork",
                 capture=capture,
@@ -181,6 +182,7 @@ def run_in_ranks(item: pytest.Function, spec: DdpSpec, world_size: int, *, captu
             world_size,
             backend=spec.backend,
             timeout=spec.timeout,
+            max_time=spec.max_time,
             kwargs={"test": item_ref(item), "funcargs": picklable(funcargs, item.nodeid)},
             capture=capture,
         )

@@ -15,15 +15,14 @@ call takes these collective steps, on every rank, in the same order:
    Anything else goes through ``all_gather_object``, which *unpickles data sent by the other
    ranks*: only use it between trusted ranks, or pass ``allow_pickle=False`` to refuse it.
 
-Collectives run on the backend's device (the current CUDA device for NCCL, the CPU otherwise);
-merged tensors are then placed on ``device``.
+The schema step is :mod:`ddpcheck.reference.schema`, the bytes' way between ranks
+:mod:`ddpcheck.reference.gather`. Collectives run on the backend's device (the current CUDA device for
+NCCL, the CPU otherwise); merged tensors are then placed on ``device``.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
-import math
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,371 +33,21 @@ import torch
 import torch.distributed as dist
 
 from ddpcheck.reference.dist import is_ddp
-
-_SMALL_BYTES = 4 << 20  # per-rank keys below this size share one all-gather
-_JSON_SCALARS = (str, int, float, bool, type(None))
-_MAX_PROBLEMS = 8
-_SAMPLE_KINDS = ("tensor", "ndarray", "list", "tuple")
+from ddpcheck.reference.gather import Rows, comm_device, exchange_json, gather_rows
+from ddpcheck.reference.schema import (
+    SAMPLE_KINDS,
+    Local,
+    by_rank,
+    describe,
+    describe_tensor,
+    exchange_and_check,
+    list_route,
+    local_error,
+)
 
 
 class WarningDDP(UserWarning):
     """Emitted when a sync is asked for with ``world_size > 1`` but no process group exists."""
-
-
-# --------------------------------------------------------------------------- collectives
-
-
-def _comm_device() -> torch.device:
-    """Where collective buffers must live for the default group's backend."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group: Any = None) -> None:
-    """All-gather equal-sized ``inp`` from every rank (of ``group``) into ``out``, concatenated on dim 0."""
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    gather(out, inp, group=group)
-
-
-def _gather_bytes(payload: bytes, comm: torch.device, group: Any = None) -> list[bytes]:
-    """Every rank's ``payload``, in rank order, sent as tensors (never pickled)."""
-    world = dist.get_world_size(group)
-    size = torch.tensor([len(payload)], dtype=torch.int64, device=comm)
-    sizes_t = torch.empty(world, dtype=torch.int64, device=comm)
-    _all_gather_flat(sizes_t, size, group)
-    sizes = sizes_t.tolist()
-    longest = max(sizes)
-    if longest == 0:
-        return [b""] * world
-    buf = torch.zeros(longest, dtype=torch.uint8)
-    if payload:
-        buf[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    out = torch.empty(world * longest, dtype=torch.uint8, device=comm)
-    _all_gather_flat(out, buf.to(comm), group)
-    host = out.cpu().numpy()
-    return [host[r * longest : r * longest + sizes[r]].tobytes() for r in range(world)]
-
-
-def _exchange_json(obj: Any, comm: torch.device, group: Any = None) -> list[Any]:
-    """Every rank's JSON-able ``obj``; floats (NaN and infinities included) round-trip exactly."""
-    payload = json.dumps(obj, separators=(",", ":")).encode()
-    return [json.loads(b) for b in _gather_bytes(payload, comm, group)]
-
-
-@dataclass
-class _Rows:
-    """One key's bytes: ``counts[r]`` rows of ``rowbytes`` on rank r; ``local`` is this rank's."""
-
-    counts: list[int]
-    rowbytes: int
-    local: torch.Tensor | None  # (counts[rank], rowbytes) uint8 on the comm device
-
-
-def _gather_rows(jobs: dict[str, _Rows], comm: torch.device, group: Any = None) -> dict[str, torch.Tensor]:
-    """Merge every key's rows in rank order: ``{key: (sum(counts), rowbytes) uint8}``."""
-    world = dist.get_world_size(group)
-    rank = dist.get_rank(group)
-    merged: dict[str, torch.Tensor] = {}
-    small: list[tuple[str, _Rows, int]] = []
-    for key, job in jobs.items():
-        longest = max(job.counts)
-        if longest * job.rowbytes == 0:
-            merged[key] = torch.empty((sum(job.counts), job.rowbytes), dtype=torch.uint8, device=comm)
-        elif longest * job.rowbytes < _SMALL_BYTES:
-            small.append((key, job, longest))
-        else:
-            merged[key] = _gather_large(job, longest, rank, world, comm, group)
-    if small:
-        total = sum(longest * job.rowbytes for _, job, longest in small)
-        buf = torch.zeros(total, dtype=torch.uint8, device=comm)
-        offset = 0
-        offsets = []
-        for _, job, longest in small:
-            offsets.append(offset)
-            if job.local is not None and job.local.numel():
-                buf[offset : offset + job.local.numel()] = job.local.reshape(-1)
-            offset += longest * job.rowbytes
-        out = torch.empty((world, total), dtype=torch.uint8, device=comm)
-        _all_gather_flat(out.view(-1), buf, group)
-        for (key, job, _), start in zip(small, offsets, strict=True):
-            parts = [out[r, start : start + job.counts[r] * job.rowbytes] for r in range(world)]
-            merged[key] = torch.cat(parts).view(sum(job.counts), job.rowbytes)
-    return merged
-
-
-def _gather_large(
-    job: _Rows, longest: int, rank: int, world: int, comm: torch.device, group: Any = None
-) -> torch.Tensor:
-    local = job.local
-    if local is None:
-        local = torch.empty((0, job.rowbytes), dtype=torch.uint8, device=comm)
-    if all(c == longest for c in job.counts):
-        out = torch.empty((world * longest, job.rowbytes), dtype=torch.uint8, device=comm)
-        _all_gather_flat(out, local.contiguous(), group)  # the gathered buffer is the result: no copy
-        return out
-    # Unequal lengths: each rank broadcasts its rows straight into their final place. Padding to
-    # the longest rank would cost a copy in and a trimming copy out (measured 1.6x slower on gloo).
-    out = torch.empty((sum(job.counts), job.rowbytes), dtype=torch.uint8, device=comm)
-    starts = list(itertools.accumulate(job.counts, initial=0))
-    out[starts[rank] : starts[rank + 1]] = local
-    works = [
-        dist.broadcast(out[starts[r] : starts[r + 1]], src=_global(group, r), group=group, async_op=True)
-        for r in range(world)
-        if job.counts[r]
-    ]
-    for work in works:
-        if work is not None:
-            work.wait()
-    return out
-
-
-def _global(group: Any, rank: int) -> int:
-    """The default group's number of ``group``'s rank ``rank`` (what ``broadcast(src=...)`` takes)."""
-    return rank if group is None else int(dist.get_global_rank(group, rank))
-
-
-# --------------------------------------------------------------------------- local description
-
-
-@dataclass
-class _Local:
-    """What this rank knows about one value before anything is exchanged."""
-
-    spec: dict[str, Any]
-    rows: torch.Tensor | None = None  # (n, rowbytes) uint8 on the comm device
-    value: Any = None
-    np_dtype: np.dtype[Any] | None = None
-    error: tuple[str, str] | None = None  # (exception class name, message)
-
-
-def _error(exc: str, msg: str) -> _Local:
-    return _Local(spec={"kind": "error"}, error=(exc, msg))
-
-
-def _tensor_rows(t: torch.Tensor, comm: torch.device) -> tuple[torch.Tensor | None, list[int], int]:
-    """``t`` (at least 1-d) as ``(len, rowbytes)`` bytes: views only when it is contiguous already."""
-    n, tail = t.shape[0], list(t.shape[1:])
-    row = math.prod(tail)
-    rowbytes = row * t.element_size()
-    if rowbytes == 0:
-        return None, tail, 0
-    return t.to(comm).contiguous().view(n, row).view(torch.uint8), tail, rowbytes
-
-
-def _describe_tensor(key: str, value: torch.Tensor, comm: torch.device) -> _Local:
-    if value.layout != torch.strided or value.is_quantized:
-        return _error("TypeError", f"key {key!r}: {value.layout} tensors are not supported; call .to_dense()")
-    t = value.detach().resolve_conj().resolve_neg()
-    zero_d = t.dim() == 0
-    if zero_d:
-        t = t.reshape(1)
-    rows, tail, rowbytes = _tensor_rows(t, comm)
-    kind = "tensor0" if zero_d else "tensor"
-    spec = {"kind": kind, "dtype": str(t.dtype), "tail": tail, "n": t.shape[0], "rowbytes": rowbytes}
-    return _Local(spec=spec, rows=rows)
-
-
-def _describe_array(key: str, value: np.ndarray[Any, Any] | np.generic, comm: torch.device) -> _Local:
-    arr = np.asarray(value)
-    kind = "npscalar" if isinstance(value, np.generic) else ("ndarray0" if arr.ndim == 0 else "ndarray")
-    if arr.ndim == 0:
-        arr = arr.reshape(1)
-    n, tail = arr.shape[0], list(arr.shape[1:])
-    spec: dict[str, Any] = {"kind": kind, "dtype": str(arr.dtype), "tail": tail, "n": n}
-    if arr.dtype.hasobject:
-        spec["pickle"] = True
-        return _Local(spec=spec, value=value)
-    rowbytes = math.prod(tail) * arr.dtype.itemsize
-    spec["rowbytes"] = rowbytes
-    rows = None
-    if rowbytes:
-        flat = np.ascontiguousarray(arr).reshape(n, math.prod(tail)).view(np.uint8)
-        if not flat.flags.writeable:
-            flat = flat.copy()
-        rows = torch.from_numpy(flat).to(comm)
-    return _Local(spec=spec, rows=rows, np_dtype=arr.dtype)
-
-
-def _describe_sequence(value: list[Any] | tuple[Any, ...], comm: torch.device) -> _Local:
-    kind = "tuple" if isinstance(value, tuple) else "list"
-    spec: dict[str, Any] = {"kind": kind, "n": len(value)}
-    rows = None
-    if not value:
-        spec["enc"] = "empty"
-    elif all(type(x) is int for x in value):
-        try:
-            rows = torch.tensor(value, dtype=torch.int64).view(-1, 1).view(torch.uint8).to(comm)
-            spec["enc"] = "int"
-        except (OverflowError, RuntimeError):
-            spec["enc"] = "json"  # ints beyond 64 bits
-    elif all(type(x) is float for x in value):
-        rows = torch.tensor(value, dtype=torch.float64).view(-1, 1).view(torch.uint8).to(comm)
-        spec["enc"] = "float"
-    elif all(type(x) in _JSON_SCALARS for x in value):
-        spec["enc"] = "json"
-    else:
-        spec["enc"] = "pickle"
-    return _Local(spec=spec, rows=rows, value=value)
-
-
-def _describe(key: Any, value: Any, comm: torch.device) -> _Local:
-    """Describe one value; never raises, because a rank that raised here would leave its peers hanging."""
-    try:
-        return _describe_value(key, value, comm)
-    except Exception as e:  # reported on every rank after the schema exchange
-        return _error("ValueError", f"key {key!r}: cannot prepare the value ({type(e).__name__}: {e})")
-
-
-def _describe_value(key: Any, value: Any, comm: torch.device) -> _Local:
-    if not isinstance(key, str):
-        return _error("TypeError", f"keys must be str, got {type(key).__name__} {key!r}")
-    if isinstance(value, torch.Tensor):
-        return _describe_tensor(key, value, comm)
-    if isinstance(value, (np.ndarray, np.generic)):
-        return _describe_array(key, value, comm)
-    if isinstance(value, (list, tuple)):
-        return _describe_sequence(value, comm)
-    if type(value) in _JSON_SCALARS:
-        return _Local(spec={"kind": "scalar", "type": type(value).__name__, "value": value})
-    return _error(
-        "TypeError",
-        f"key {key!r} holds a {type(value).__name__}; sync_dicts_ddp merges lists, tuples, tensors, "
-        "numpy arrays and scalars (flatten nested dicts into top-level keys)",
-    )
-
-
-# --------------------------------------------------------------------------- validation
-
-
-def _by_rank(values: Sequence[Any]) -> str:
-    """``'float32 on ranks 0, 2; float64 on rank 1'``."""
-    groups: dict[str, list[int]] = {}
-    for rank, v in enumerate(values):
-        groups.setdefault(str(v), []).append(rank)
-    parts = []
-    for text, ranks in groups.items():
-        label = "rank" if len(ranks) == 1 else "ranks"
-        parts.append(f"{text} on {label} {', '.join(map(str, ranks))}")
-    return "; ".join(parts)
-
-
-def _list_route(specs: Sequence[Mapping[str, Any]]) -> str:
-    """How a list key travels, decided from every rank's local encoding."""
-    encs = {sp["enc"] for sp in specs} - {"empty"}
-    if not encs:
-        return "empty"
-    if len(encs) == 1 and encs <= {"int", "float"}:
-        return next(iter(encs))
-    return "pickle" if "pickle" in encs else "json"
-
-
-class _Problems:
-    """Errors found in the schemas; identical on every rank because the schemas are."""
-
-    def __init__(self, op: str) -> None:
-        self.op = op
-        self.type_errors: list[str] = []
-        self.value_errors: list[str] = []
-
-    def add(self, exc: str, msg: str) -> None:
-        (self.type_errors if exc == "TypeError" else self.value_errors).append(msg)
-
-    def raise_any(self) -> None:
-        items = self.type_errors + self.value_errors
-        if not items:
-            return
-        shown = items[:_MAX_PROBLEMS]
-        more = f"; and {len(items) - len(shown)} more" if len(items) > len(shown) else ""
-        msg = f"{self.op}: " + "; ".join(shown) + more
-        raise (TypeError if self.type_errors else ValueError)(msg)
-
-
-def _check_keys(schemas: Sequence[Mapping[str, Any]], problems: _Problems) -> list[str]:
-    """Keys present on every rank, in rank 0's order; reports keys some ranks lack."""
-    key_sets = [set(s["keys"]) for s in schemas]
-    union = set().union(*key_sets)
-    lacking = [f"rank {r} lacks {sorted(union - keys)}" for r, keys in enumerate(key_sets) if union - keys]
-    if lacking:
-        problems.add("ValueError", f"every rank must pass the same keys, but {', '.join(lacking)}")
-    common = set.intersection(*key_sets)
-    return [k for k in schemas[0]["keys"] if k in common]
-
-
-def _check_key(
-    key: str, specs: Sequence[Mapping[str, Any]], allow_pickle: bool, problems: _Problems, single: bool
-) -> None:
-    name = "the value" if single else f"key {key!r}"
-    kinds = [sp["kind"] for sp in specs]
-    if "error" in kinds:
-        return  # already reported by the rank that found it
-    if len(set(kinds)) > 1:
-        problems.add("ValueError", f"{name} has different types: {_by_rank(kinds)}")
-        return
-    kind = kinds[0]
-    if kind == "scalar":
-        types = [sp["type"] for sp in specs]
-        if len(set(types)) > 1:
-            problems.add("ValueError", f"{name} has different scalar types: {_by_rank(types)}")
-        return
-    if kind in ("list", "tuple"):
-        if _list_route(specs) == "pickle" and not allow_pickle:
-            ranks = [r for r, sp in enumerate(specs) if sp["enc"] == "pickle"]
-            problems.add(
-                "TypeError",
-                f"{name} holds values that need pickling (rank(s) {ranks}) but allow_pickle=False; "
-                "send tensors, arrays or flat lists of str/int/float/bool/None",
-            )
-        return
-    dtypes = [sp["dtype"] for sp in specs if sp["dtype"] is not None]
-    if len(set(dtypes)) > 1:
-        shown = _by_rank([sp["dtype"] or "any" for sp in specs])
-        problems.add("ValueError", f"{name} has different dtypes: {shown}")
-    tails = [sp["tail"] for sp in specs if sp["tail"] is not None]
-    if len({tuple(t) for t in tails}) > 1:
-        shapes = [tuple(sp["tail"]) if sp["tail"] is not None else "any" for sp in specs]
-        problems.add(
-            "ValueError",
-            f"{name} has different shapes after dim 0: {_by_rank(shapes)} (only dim 0 may differ)",
-        )
-    if specs[0].get("pickle") and not allow_pickle:
-        problems.add("TypeError", f"{name} is an object array, which needs pickling, but allow_pickle=False")
-
-
-def _exchange_and_check(
-    op: str,
-    local: dict[Any, _Local],
-    extra_errors: list[tuple[str, str]],
-    comm: torch.device,
-    *,
-    allow_pickle: bool,
-    ids_key: str | None = None,
-    single: bool = False,
-    group: Any = None,
-) -> tuple[list[dict[str, Any]], list[str]]:
-    """Step 1: exchange schemas and raise the same error everywhere; returns them and the keys."""
-    errors = [list(e) for e in extra_errors] + [list(item.error) for item in local.values() if item.error]
-    schema = {
-        "keys": [k for k in local if isinstance(k, str)],
-        "specs": {k: item.spec for k, item in local.items() if isinstance(k, str)},
-        "errors": errors,
-    }
-    schemas = _exchange_json(schema, comm, group)
-    problems = _Problems(op)
-    for rank, s in enumerate(schemas):
-        for exc, msg in s["errors"]:
-            problems.add(exc, f"rank {rank}: {msg}")
-    keys = _check_keys(schemas, problems)
-    for key in keys:
-        _check_key(key, [s["specs"][key] for s in schemas], allow_pickle, problems, single)
-    if ids_key is not None and not problems.value_errors and not problems.type_errors:
-        spec = schemas[0]["specs"].get(ids_key)
-        if spec is None:
-            problems.add("ValueError", f"ids_key {ids_key!r} is not a key of the dict")
-        elif spec["kind"] not in _SAMPLE_KINDS or spec.get("tail"):
-            problems.add("ValueError", f"ids_key {ids_key!r} must name a 1-d tensor, array, list or tuple")
-    problems.raise_any()
-    return schemas, keys
 
 
 # --------------------------------------------------------------------------- ids ordering
@@ -473,7 +122,7 @@ def _local_sample_keys(d: Mapping[str, Any]) -> list[str]:
 # --------------------------------------------------------------------------- sync_dicts_ddp
 
 
-def _from_rows(rows: torch.Tensor, spec: Mapping[str, Any], item: _Local, device: torch.device) -> Any:
+def _from_rows(rows: torch.Tensor, spec: Mapping[str, Any], item: Local, device: torch.device) -> Any:
     """Rebuild one merged value from its bytes."""
     kind = spec["kind"]
     tail = spec.get("tail", [])
@@ -545,21 +194,21 @@ def sync_dicts_ddp(
             return copied
         return _order_by_ids(copied, ids_key, _local_sample_keys(copied))
 
-    comm = _comm_device()
+    comm = comm_device()
     actual = dist.get_world_size(group)
     extra = []
     if world_size != actual:
         extra.append(("ValueError", f"world_size={world_size} but the process group has {actual} ranks"))
-    local = {k: _describe(k, v, comm) for k, v in outputs_from_device.items()}
-    schemas, keys = _exchange_and_check(
+    local = {k: describe(k, v, comm) for k, v in outputs_from_device.items()}
+    schemas, keys = exchange_and_check(
         "sync_dicts_ddp", local, extra, comm, allow_pickle=allow_pickle, ids_key=ids_key, group=group
     )
     routes, jobs = _routes(keys, schemas, local)
-    gathered = _Gathered(schemas, _gather_rows(jobs, comm, group))  # step 2: everything that travels as bytes
+    gathered = _Gathered(schemas, gather_rows(jobs, comm, group))  # step 2: everything that travels as bytes
     # Step 3: JSON lists, then pickled values.
     json_keys = [k for k in keys if routes[k] == "json"]
     if json_keys:
-        gathered.json = _exchange_json({k: list(local[k].value) for k in json_keys}, comm, group)
+        gathered.json = exchange_json({k: list(local[k].value) for k in json_keys}, comm, group)
     pickle_keys = [k for k in keys if routes[k] == "pickle"]
     if pickle_keys:
         gathered.pickled = [None] * actual
@@ -567,32 +216,32 @@ def sync_dicts_ddp(
     rank = dist.get_rank(group)
     out = {key: _merged(key, routes[key], gathered, rank, local[key], target) for key in keys}
     if ids_key is not None:
-        sample_keys = [k for k in keys if schemas[0]["specs"][k]["kind"] in _SAMPLE_KINDS]
+        sample_keys = [k for k in keys if schemas[0]["specs"][k]["kind"] in SAMPLE_KINDS]
         out = _order_by_ids(out, ids_key, sample_keys)
     return out
 
 
 def _routes(
-    keys: Sequence[str], schemas: Sequence[Mapping[str, Any]], local: Mapping[str, _Local]
-) -> tuple[dict[str, str], dict[str, _Rows]]:
+    keys: Sequence[str], schemas: Sequence[Mapping[str, Any]], local: Mapping[str, Local]
+) -> tuple[dict[str, str], dict[str, Rows]]:
     """How each key travels ("scalar", "pickle", "rows", or a list's route: "json", "empty", "int",
     "float"), and the rows each key gathered as bytes sends."""
     routes: dict[str, str] = {}
-    jobs: dict[str, _Rows] = {}
+    jobs: dict[str, Rows] = {}
     for key in keys:
         specs = [s["specs"][key] for s in schemas]
         kind = specs[0]["kind"]
         if kind in ("list", "tuple"):
-            routes[key] = _list_route(specs)
+            routes[key] = list_route(specs)
             if routes[key] in ("int", "float"):
-                jobs[key] = _Rows([sp["n"] for sp in specs], 8, local[key].rows)
+                jobs[key] = Rows([sp["n"] for sp in specs], 8, local[key].rows)
         elif kind == "scalar":
             routes[key] = "scalar"
         elif specs[0].get("pickle"):
             routes[key] = "pickle"
         else:
             routes[key] = "rows"
-            jobs[key] = _Rows([sp["n"] for sp in specs], specs[0]["rowbytes"], local[key].rows)
+            jobs[key] = Rows([sp["n"] for sp in specs], specs[0]["rowbytes"], local[key].rows)
     return routes, jobs
 
 
@@ -607,7 +256,7 @@ class _Gathered:
     pickled: list[Any] = field(default_factory=list)
 
 
-def _merged(key: str, route: str, gathered: _Gathered, rank: int, mine: _Local, target: torch.device) -> Any:
+def _merged(key: str, route: str, gathered: _Gathered, rank: int, mine: Local, target: torch.device) -> Any:
     """One key's merged value, from what every rank sent by its route."""
     spec = dict(gathered.schemas[rank]["specs"][key], route=route)
     kind = spec["kind"]
@@ -646,7 +295,7 @@ def merge_list_of_dicts(
         types = {type(v) for v in values}
         if len(types) > 1:
             raise ValueError(
-                f"key {key!r} has different types: {_by_rank([type(v).__name__ for v in values])}"
+                f"key {key!r} has different types: {by_rank([type(v).__name__ for v in values])}"
             )
         first = values[0]
         if isinstance(first, torch.Tensor) and first.dim() > 0:
@@ -705,24 +354,22 @@ def _sync_tensors(
     op: str, items: dict[str, Any], double_precision: bool
 ) -> tuple[dict[str, torch.Tensor], dict[str, list[int]]]:
     """Gather several values as tensors in one exchange; returns merged tensors and per-rank counts."""
-    comm = _comm_device()
-    local: dict[str, _Local] = {}
+    comm = comm_device()
+    local: dict[str, Local] = {}
     devices: dict[str, torch.device] = {}
     for key, value in items.items():
         t, err = _as_tensor(value, double_precision)
         devices[key] = value.device if isinstance(value, torch.Tensor) else torch.device("cpu")
         if err is not None:
-            local[key] = _error("TypeError", err if op == "mp_sync" else f"key {key!r}: {err}")
+            local[key] = local_error("TypeError", err if op == "mp_sync" else f"key {key!r}: {err}")
         elif t is None:  # an empty list: adopts the other ranks' dtype and shape
-            local[key] = _Local(
-                spec={"kind": "tensor", "dtype": None, "tail": None, "n": 0, "rowbytes": None}
-            )
+            local[key] = Local(spec={"kind": "tensor", "dtype": None, "tail": None, "n": 0, "rowbytes": None})
         else:
-            local[key] = _describe_tensor(key, t, comm)
+            local[key] = describe_tensor(key, t, comm)
             local[key].spec["kind"] = "tensor"
     single = op == "mp_sync"
-    schemas, keys = _exchange_and_check(op, local, [], comm, allow_pickle=False, single=single)
-    jobs: dict[str, _Rows] = {}
+    schemas, keys = exchange_and_check(op, local, [], comm, allow_pickle=False, single=single)
+    jobs: dict[str, Rows] = {}
     specs_of: dict[str, dict[str, Any]] = {}
     for key in keys:
         specs = [s["specs"][key] for s in schemas]
@@ -733,8 +380,8 @@ def _sync_tensors(
             dtype = torch.float64 if double_precision else torch.float32  # every rank sent []
             spec = {"dtype": str(dtype), "tail": [], "rowbytes": dtype.itemsize}
         specs_of[key] = spec
-        jobs[key] = _Rows([sp["n"] for sp in specs], spec["rowbytes"], local[key].rows)
-    merged = _gather_rows(jobs, comm)
+        jobs[key] = Rows([sp["n"] for sp in specs], spec["rowbytes"], local[key].rows)
+    merged = gather_rows(jobs, comm)
     out: dict[str, torch.Tensor] = {}
     for key in keys:
         spec = specs_of[key]

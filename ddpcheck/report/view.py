@@ -32,7 +32,13 @@ STATUS_WORD = {"pass": "PASS", "fail": "FAIL", "skip": "skip", "n/a": "n/a", "al
 STATUS_RANK = ("fail", "allowed", "pass", "skip", "n/a")  # a cell with several verdicts shows the first
 NO_CAUSE = "cause not identified"
 NOT_RUN = "-"
-FAILURE_VERB = {"error": "crashed", "hang": "hung", "killed": "was killed", "secondary": "aborted"}
+FAILURE_VERB = {
+    "error": "crashed",
+    "hang": "hung",
+    "overtime": "ran past --max-time",
+    "killed": "was killed",
+    "secondary": "aborted",
+}
 MAX_LISTED = 12  # ranks / epochs / examples shown before "(+N more)"
 MAX_EXAMPLE_CHARS = 60
 STACK_LINES = 20

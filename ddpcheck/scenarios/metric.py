@@ -277,7 +277,7 @@ class MetricEquivalence:
     def __init__(self, spec: LoaderSpec, options: CheckOptions) -> None:
         self.spec = spec
         self.recipe = LoaderRecipe.from_options(spec, options)  # the data run's, never a copy
-        self.timeout = options.timeout
+        self.timeout, self.max_time = options.timeout, options.max_time
         self.tolerance = options.metric_tolerance
         self.simulate = options.simulate
         self.meshes = options.layouts
@@ -298,6 +298,7 @@ class MetricEquivalence:
                 TargetRef.of(evaluate_rank),
                 layout.world_size,
                 timeout=self.timeout,
+                max_time=self.max_time,
                 kwargs={"recipe": self.recipe.evolve(layout=layout)},
             )
         )

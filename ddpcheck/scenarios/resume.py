@@ -70,6 +70,7 @@ class ResumeCheck:
                 layout.world_size,
                 backend=self.options.backend,
                 timeout=self.options.timeout,
+                max_time=self.options.max_time,
                 kwargs={**kwargs, "recipe": self.recipe.evolve(layout=layout)},
             )
         )
@@ -182,6 +183,7 @@ class ResumeCheck:
                 new.world_size,
                 backend=self.options.backend,
                 timeout=self.options.timeout,
+                max_time=self.options.max_time,
                 kwargs={
                     "recipe": self.recipe.evolve(layout=new),
                     "restores": tuple(r for _, _, r in restores),

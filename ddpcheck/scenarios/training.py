@@ -422,7 +422,7 @@ class TrainingEquivalence:
             steps=options.train_steps,
             single=shaped_like(options.layouts, 1),
         )
-        self.timeout = options.timeout
+        self.timeout, self.max_time = options.timeout, options.max_time
         self.simulate = options.simulate
         if not self.simulate:
             preload_ddp()
@@ -447,7 +447,9 @@ class TrainingEquivalence:
         target = TargetRef.of(train_rank)
         options = replace(self.options, recipe=self.options.recipe.evolve(layout=layout))
         kwargs: dict[str, Any] = {"options": options}
-        group = run_ranks(GroupCall(target, world_size, timeout=self.timeout, kwargs=kwargs))
+        group = run_ranks(
+            GroupCall(target, world_size, timeout=self.timeout, kwargs=kwargs, max_time=self.max_time)
+        )
         failures = rank_failures(group, TRAINING_EQUIVALENCE)
         if not group.ok:
             return Outcome(failures=failures)
@@ -462,7 +464,13 @@ class TrainingEquivalence:
             init=lead.init,
         )
         ref_group = run_ranks(
-            GroupCall(TargetRef.of(train_reference_rank), 1, timeout=self.timeout, kwargs=kwargs)
+            GroupCall(
+                TargetRef.of(train_reference_rank),
+                1,
+                timeout=self.timeout,
+                kwargs=kwargs,
+                max_time=self.max_time,
+            )
         )
         failures = rank_failures(ref_group, TRAINING_EQUIVALENCE)
         if not ref_group.ok:

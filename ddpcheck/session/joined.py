@@ -5,7 +5,7 @@ judges them against a single-process reference that rank 0 computed in a fresh l
 joining, and writes the report; every rank then exits with the code rank 0 decided. This is how a
 multi-node check runs: ``torchrun --nnodes=2 --nproc-per-node=8 -m ddpcheck loader.py``.
 
-Judging is the local runs' own (:func:`ddpcheck.session.run.judge_world`, which hands the recordings
+Judging is the local runs' own (:func:`ddpcheck.session.run.layout_result`, which hands the recordings
 to :func:`ddpcheck.checks.judge.judge`: the data checks, ``--max-idle``, ``--allow``). What a joined
 launch cannot do is said in the result: ``determinism`` (the launch runs once) and the checks that
 start process groups of their own (:data:`SCENARIOS_NOTE`).
@@ -33,7 +33,7 @@ from ddpcheck.options import BadInput, CheckOptions
 from ddpcheck.result import CheckResult, RunRecord
 from ddpcheck.session.plan import reference_layout
 from ddpcheck.session.record import Job, record
-from ddpcheck.session.run import judge_world, raise_if_bad_input, reference_notes, timed
+from ddpcheck.session.run import layout_result, raise_if_bad_input, reference_notes, timed
 from ddpcheck.trace import RankFailure, RunTrace
 
 DETERMINISM_SKIP = "a joined launch runs once: start the launch twice and compare to check determinism"
@@ -223,7 +223,7 @@ def _judge(
         failures=failures,
     )
     figures = figure_data(reference, data_parallel_view(layout, run))
-    judged = judge_world(reference, run, None, layout, options, figures=figures, once=DETERMINISM_SKIP)
+    judged = layout_result(reference, run, None, layout, options, figures=figures, once=DETERMINISM_SKIP)
     world = timed(judged, started)
     return CheckResult(
         loader=str(path),

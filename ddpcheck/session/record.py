@@ -9,6 +9,7 @@ jobs run one after another. What comes back is plain data (:class:`~ddpcheck.tra
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -32,6 +33,7 @@ from ddpcheck.scenarios import rank_failures
 from ddpcheck.trace import RunTrace, SimulatedShortcuts
 
 T = TypeVar("T")
+Note = Callable[[str], None]  # a line for the session's messages
 
 RERUN_SAMPLE_FROM = 128  # simulated worlds from this size on rerun a sample of ranks for determinism
 RERUN_SAMPLE_EDGE = 8  # the first and the last ranks sampled
@@ -69,12 +71,17 @@ def rerun_sample(world_size: int) -> tuple[int, ...]:
 
 
 def record(
-    spec: LoaderSpec, jobs: Sequence[Job], *, alone: bool = False, on_progress: ProgressCallback | None = None
+    spec: LoaderSpec,
+    jobs: Sequence[Job],
+    *,
+    alone: bool = False,
+    on_progress: ProgressCallback | None = None,
+    on_note: Note | None = None,
 ) -> list[RunTrace]:
     """Record each job: side by side where their ranks fit the cores, else one by one (``alone``:
     always, for a loader that names shared memory machine-wide). Only the first job reports live
     progress, to ``on_progress`` (the live display's, when there is one)."""
-    with recording(spec, jobs, None, alone=alone, on_progress=on_progress) as started:
+    with recording(spec, jobs, None, alone=alone, on_progress=on_progress, on_note=on_note) as started:
         return started.jobs()
 
 
@@ -90,14 +97,15 @@ class Recording:
         held: Job | None,
         started: StartedGroups | None,
         alone: bool = False,
+        on_note: Note | None = None,
     ) -> None:
         self.spec, self._jobs, self.held, self._started = spec, list(jobs), held, started
-        self.alone = alone
+        self.alone, self.on_note = alone, on_note
         self._held_group: GroupResult | None = None  # the held rerun, when it ran beside the jobs
 
     def jobs(self) -> list[RunTrace]:
         if self._started is None:  # simulated: one job at a time, each over every core
-            return [simulate(self.spec, job) for job in self._jobs]
+            return [simulate(self.spec, job, self.on_note) for job in self._jobs]
         indices = list(range(len(self._jobs)))
         if not self.alone and self._jobs and self.held is not None and fits_cores([*self._jobs, self.held]):
             *groups, self._held_group = self._started.collect(*indices, len(self._jobs))
@@ -116,7 +124,7 @@ class Recording:
         assert self.held is not None
         if self._started is None:
             done = work()
-            return simulate(self.spec, self.held), done
+            return simulate(self.spec, self.held, self.on_note), done
         index = len(self._jobs)
         if self._held_group is None:
             self._started.open(index)
@@ -133,13 +141,15 @@ def recording(
     *,
     alone: bool = False,
     on_progress: ProgressCallback | None = None,
+    on_note: Note | None = None,
 ) -> Iterator[Recording]:
     """Fork every real rank of ``jobs`` and ``held`` (nothing runs yet); stop and reap them on the way
     out. ``alone``: the groups run one after another (see :class:`Recording`); ``on_progress``: hears
-    the first job's ranks, and the held one's (it runs alone, after the jobs)."""
+    the first job's ranks, and the held one's (it runs alone, after the jobs); ``on_note``: the session's
+    message line, for what simulated ranks say before they go on (a long run's estimate)."""
     first = jobs[0] if jobs else held
     if first is None or first.options.simulate:
-        yield Recording(spec, jobs, held, None)
+        yield Recording(spec, jobs, held, None, on_note=on_note)
         return
     calls = [_group_call(spec, job, on_progress if i == 0 else None) for i, job in enumerate(jobs)]
     if held is not None:
@@ -155,6 +165,7 @@ def _group_call(spec: LoaderSpec, job: Job, on_progress: ProgressCallback | None
         job.world_size,
         backend=options.backend,
         timeout=options.timeout,
+        max_time=options.max_time,
         kwargs={"options": job.record_options(spec)},
         on_progress=on_progress,
     )
@@ -165,24 +176,26 @@ def fits_cores(jobs: Sequence[Job]) -> bool:
     return sum(job.world_size for job in jobs) <= max(cores, 1)
 
 
-def simulate(spec: LoaderSpec, job: Job) -> RunTrace:
+def simulate(spec: LoaderSpec, job: Job, on_note: Note | None = None) -> RunTrace:
     """A job's ranks simulated (``--simulate``); a recognised sampler's shortcut that proves wrong is
     redone through the real sampler."""
-    from ddpcheck.launch.simulate import NeedsCollectives, simulate_ranks
+    from ddpcheck.launch.simulate import NeedsCollectives, SimulationTooLarge, simulate_ranks
+    from ddpcheck.launch.watchdog import Limits
 
-    options, world_size, ranks = job.options, job.world_size, job.ranks or None
+    options, world_size = job.options, job.world_size
     kwargs = {"options": job.record_options(spec)}
+    limits = Limits(options.timeout, options.max_time)
+    run = functools.partial(
+        simulate_ranks, record_rank, world_size, kwargs=kwargs, limits=limits, ranks=job.ranks or None,
+        on_note=on_note,
+    )  # fmt: skip
     try:
-        group = simulate_ranks(
-            record_rank, world_size, kwargs=kwargs, timeout=options.timeout, ranks=ranks, shortcuts=True
-        )
+        group = run(shortcuts=True)
         mismatch = group.shortcuts.get("mismatch")
         if mismatch:  # the recognised sampler's shortcut was wrong: nothing of that run can be trusted
-            group = simulate_ranks(
-                record_rank, world_size, kwargs=kwargs, timeout=options.timeout, ranks=ranks, shortcuts=False
-            )
+            group = run(shortcuts=False)
             group.shortcuts = {"redone": mismatch}
-    except NeedsCollectives as exc:
+    except (NeedsCollectives, SimulationTooLarge) as exc:
         raise BadInput(str(exc)) from None
     trace = to_run_trace(group, set_epoch=options.set_epoch)
     return replace(trace, rank_sample=job.ranks, shortcuts=simulated_shortcuts(group.shortcuts))

@@ -129,11 +129,13 @@ class _Session:
             quiet = replace(
                 plan.reference, options=replace(plan.reference.options, work=False, mixture=False)
             )
-            both = record(self.spec, [plan.reference, quiet], on_progress=self.on_progress)
+            both = record(self.spec, [plan.reference, quiet], on_progress=self.on_progress, on_note=self.say)
             self.reference, rerun = both  # the rerun measures no work
             self.alone = self.reference.named_memory or rerun.named_memory
         else:
-            self.reference = record(self.spec, [plan.reference], on_progress=self.on_progress)[0]
+            self.reference = record(
+                self.spec, [plan.reference], on_progress=self.on_progress, on_note=self.say
+            )[0]
             self.alone = self.reference.named_memory
         raise_if_bad_input(self.reference)
         if self.reference.failures:  # nothing can be judged without it: stop here, its ranks reported
@@ -178,7 +180,7 @@ class _Session:
         assert self.reference is not None
         judged = self._record_layout(plan, rerun)
         reference, run, again = judged.reference, judged.run, judged.rerun
-        result = judge_world(reference, run, again, layout, self.options, scenarios, figures=judged.figures)
+        result = layout_result(reference, run, again, layout, self.options, scenarios, figures=judged.figures)
         result = timed(result, started)
         status = status_text(result)
         if result.ok and self.options.elastic and self.options.resume:
@@ -193,7 +195,9 @@ class _Session:
         reference = self.reference
         notes: list[str] = []
         watch = self.on_progress
-        with recording(self.spec, plan.jobs, plan.rerun, alone=self.alone, on_progress=watch) as started:
+        with recording(
+            self.spec, plan.jobs, plan.rerun, alone=self.alone, on_progress=watch, on_note=self.say
+        ) as started:
             traces = started.jobs()
             self.alone = self.alone or any(t.named_memory for t in traces)
             if plan.window is not None:
@@ -217,7 +221,7 @@ class _Session:
             elif rerun_job is started.held:
                 rerun, figures = started.held_run(draw)
             else:
-                with recording(self.spec, [], rerun_job, on_progress=watch) as by_itself:
+                with recording(self.spec, [], rerun_job, on_progress=watch, on_note=self.say) as by_itself:
                     rerun, figures = by_itself.held_run(draw)
         # the run's note; the rerun's only when it had to be redone (its sample says nothing more)
         name = layout_name(plan.layout)
@@ -227,7 +231,7 @@ class _Session:
         return _Judged(reference, run, rerun, figures, tuple(notes))
 
 
-def judge_world(
+def layout_result(
     reference: RunTrace,
     run: RunTrace,
     rerun: RunTrace | None,

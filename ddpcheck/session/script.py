@@ -34,6 +34,7 @@ from ddpcheck.evidence import MetricEvidence
 from ddpcheck.figures import figure_data
 from ddpcheck.launch.recorded import read_launch, read_trace_dir
 from ddpcheck.launch.script import launch_script
+from ddpcheck.launch.watchdog import Limits
 from ddpcheck.launch.workdir import WorkdirGuard, WorkdirUnavailable
 from ddpcheck.layout import Layout, LayoutError, check_ranks
 from ddpcheck.messages import count_text, one_line
@@ -378,7 +379,7 @@ class _ScriptSession:
             layout.world_size,
             out,
             cwd=self.cwd,
-            timeout=check.timeout,
+            limits=Limits(check.timeout, check.max_time),
             env=env,
             workdir=self.guard,
             label=layout_name(layout),
