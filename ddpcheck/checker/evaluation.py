@@ -342,13 +342,15 @@ def watch_collectives(evaluations: Evaluations) -> None:
     from torch.distributed import distributed_c10d
 
     for name in COLLECTIVES:
-        original = getattr(distributed_c10d, name, None)
-        if original is None:
-            continue
-        counted = _counted(name, original)
-        patching.replace(distributed_c10d, name, counted)
-        if getattr(dist, name, None) is original:
-            patching.replace(dist, name, counted)
+        # each module's own binding: another watcher (the launch's progress beats) may have wrapped
+        # ``dist.all_reduce`` and ``distributed_c10d.all_reduce`` apart, and a script calls either
+        counted: dict[int, Any] = {}
+        for module in (distributed_c10d, dist):
+            original = getattr(module, name, None)
+            if original is None or getattr(original, "__ddpcheck_counted__", False):
+                continue
+            wrapper = counted.setdefault(id(original), _counted(name, original))
+            patching.replace(module, name, wrapper)
 
 
 def _counted(name: str, original: Any) -> Any:
@@ -358,6 +360,7 @@ def _counted(name: str, original: Any) -> Any:
         return original(*args, **kwargs)
 
     collective.__wrapped__ = original  # type: ignore[attr-defined]
+    collective.__ddpcheck_counted__ = True  # type: ignore[attr-defined]
     collective.__name__ = original.__name__
     collective.__doc__ = original.__doc__
     return collective
