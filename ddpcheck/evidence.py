@@ -427,6 +427,18 @@ class MetricEvidence(EvidenceBase):
 
 
 @dataclass(frozen=True)
+class GroupEvidence(EvidenceBase):
+    """What ``prompt_groups`` judged: the group size the single-process loader repeats each sample, the
+    steps (batch positions) judged, those holding a broken group, and those whose groups are split
+    across ranks (whole in the gather)."""
+
+    size: int
+    steps: int
+    broken: int
+    split: int
+
+
+@dataclass(frozen=True)
 class RestoreLog(EvidenceBase):
     """What the library itself logged while restoring (``rank R: line``)."""
 
@@ -455,6 +467,7 @@ Evidence = Union[  # noqa: UP007  # a runtime alias older type checkers read too
     ReplicaGroups,
     MicroMismatches,
     StepEvidence,
+    GroupEvidence,
     TrainingDiffs,
     MetricValues,
     MetricEvidence,

@@ -40,6 +40,9 @@ SUPERVISION = "supervision"
 RNG_INDEPENDENCE = "rng_independence"
 SEQUENCE_SPLIT = "sequence_split"  # context-parallel slices reassemble each sequence once (issue 42)
 STEP_CHECKS = (STEP_EQUIVALENCE, EQUAL_MICROSTEPS, SEQUENCE_SPLIT, SUPERVISION, RNG_INDEPENDENCE)
+# RL prompt groups (issue 42): the copies of a prompt the single-process loader repeats stay one group in
+# every step's gather (ddpcheck.checks.groups); a data check, judged wherever the loader is
+PROMPT_GROUPS = "prompt_groups"
 
 DATA_CHECKS = (
     COVERAGE,
@@ -56,6 +59,7 @@ DATA_CHECKS = (
     MIXTURE,
     SUPERVISION,
     RNG_INDEPENDENCE,
+    PROMPT_GROUPS,
 )
 # replica_consistency is judged per layout beside the data checks (ddpcheck.checks.replicas); the step's
 # supervision and rng_independence are data checks too (loader files get them), judged from the step
@@ -97,6 +101,7 @@ SHORT_LABELS = {
     SEQUENCE_SPLIT: "seq",
     SUPERVISION: "superv",
     RNG_INDEPENDENCE: "rng",
+    PROMPT_GROUPS: "groups",
 }
 
 # --- statuses ------------------------------------------------------------------------------------------

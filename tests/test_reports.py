@@ -40,6 +40,7 @@ from ddpcheck.verdict import (
     MIXTURE,
     NO_OVERLAP,
     PACKING,
+    PROMPT_GROUPS,
     RNG_INDEPENDENCE,
     SHORT_LABELS,
     SUPERVISION,
@@ -84,7 +85,8 @@ TOKENLESS = {
     MIXTURE: "no sources",
     SUPERVISION: "no labels",
     RNG_INDEPENDENCE: "draws not watched",
-}  # n/a, as for a loader without tokens, labels or watched draws
+    PROMPT_GROUPS: "no runs of copies",
+}  # n/a, as for a loader without tokens, labels, watched draws or prompt groups
 
 
 def _world(n: int, *special: Verdict, **kwargs: object) -> WorldResult:
@@ -168,7 +170,7 @@ def test_table_all_pass_grid_and_summary() -> None:
     assert text.splitlines()[0] == "ddpcheck: loaders/ok.py  (ids: index, epochs: 2, backend: gloo)"
     assert (
         text.splitlines()[-1]
-        == "ddpcheck: 18 passed, 0 failed, 10 n/a, 0 skipped across world sizes 1,2 -> OK (exit 0)"
+        == "ddpcheck: 18 passed, 0 failed, 12 n/a, 0 skipped across world sizes 1,2 -> OK (exit 0)"
     )
 
 
@@ -226,12 +228,12 @@ def test_table_details_carry_the_evidence() -> None:
 def test_table_summary_counts_and_exit_codes() -> None:
     text = render_table(_mixed())
     assert text.splitlines()[-1] == (
-        "ddpcheck: 24 passed, 2 failed, 15 n/a, 2 skipped, 1 rank failure across world sizes 1,2,4,8 "
+        "ddpcheck: 24 passed, 2 failed, 18 n/a, 2 skipped, 1 rank failure across world sizes 1,2,4,8 "
         "-> FAIL (exit 3)"
     )
     only_checks = CheckResult("l.py", (_world(2, OVERLAP),))
     assert render_table(only_checks).splitlines()[-1] == (
-        "ddpcheck: 8 passed, 1 failed, 5 n/a, 0 skipped across world size 2 -> FAIL (exit 1)"
+        "ddpcheck: 8 passed, 1 failed, 6 n/a, 0 skipped across world size 2 -> FAIL (exit 1)"
     )
     nothing = render_table(CheckResult("l.py", ()))
     assert "(no world sizes were run)" in nothing
@@ -716,16 +718,16 @@ def test_junit_counts_and_cases() -> None:
     suite = root.find("testsuite")
     assert suite is not None
     cases = suite.findall("testcase")
-    assert len(cases) == 3 * 14 + 1 + 1  # 3 world sizes ran 14 checks, ws=8 skipped, one "ranks" case
+    assert len(cases) == 3 * 15 + 1 + 1  # 3 world sizes ran 15 checks, ws=8 skipped, one "ranks" case
     assert {k: suite.get(k) for k in ("tests", "failures", "errors", "skipped", "time")} == {
-        "tests": "44",
+        "tests": "47",
         "failures": "3",  # two checks and the crashed ranks (the schema has no <error> element)
         "errors": "0",
         # ws=8 not run, ws=1's no_overlap, work_balance/packing/mixture/supervision/rng n/a at 3 world sizes
-        "skipped": "17",
+        "skipped": "20",
         "time": "6.000",
     }
-    assert root.get("tests") == "44" and root.get("failures") == "3" and root.get("skipped") is None
+    assert root.get("tests") == "47" and root.get("failures") == "3" and root.get("skipped") is None
     assert sum(len(case.findall("failure")) for case in cases) == 3
     by_id = {(case.get("classname"), case.get("name")): case for case in cases}
     failure = by_id[("ddpcheck.ws4", "no_overlap")].find("failure")
@@ -912,7 +914,7 @@ def test_allowed_and_na_are_counted_apart_and_never_fail_the_run() -> None:
     assert result.ok and result.exit_code == 0
     text = render_table(result, layout="tall")
     assert text.splitlines()[-1] == (
-        "ddpcheck: 15 passed, 0 failed, 11 n/a, 1 allowed, 1 skipped across world sizes 1,2 -> OK (exit 0)"
+        "ddpcheck: 15 passed, 0 failed, 13 n/a, 1 allowed, 1 skipped across world sizes 1,2 -> OK (exit 0)"
     )
     cells = {row[0]: row[1:] for row in _parse_table(text, "check")[1]}
     assert cells["worker_sharding"] == ["PASS", "n/a"]
@@ -931,6 +933,7 @@ def test_allowed_and_na_are_counted_apart_and_never_fail_the_run() -> None:
         "[ws=1,2] mixture: no sources",
         "[ws=1,2] supervision: no labels",
         "[ws=1,2] rng_independence: draws not watched",
+        "[ws=1,2] prompt_groups: no runs of copies",
         "[ws=2] worker_sharding: the loader has no workers",
     ]
     assert _section(text, "Skipped (could not be judged)") == ["[ws=2] determinism: no second run"]
@@ -945,7 +948,7 @@ def test_statuses_in_json_and_markdown() -> None:
     assert data["summary"] == {
         "passed": 15,
         "failed": 0,
-        "not_applicable": 11,
+        "not_applicable": 13,
         "allowed": 1,
         "skipped": 1,
         "rank_failures": 0,
@@ -972,7 +975,7 @@ def test_junit_renders_na_skip_and_allowed_as_skipped_with_the_failure_text() ->
     root = ET.fromstring(render_junit(_statuses()))
     suite = root.find("testsuite")
     assert suite is not None
-    assert (suite.get("failures"), suite.get("errors"), suite.get("skipped")) == ("0", "0", "13")
+    assert (suite.get("failures"), suite.get("errors"), suite.get("skipped")) == ("0", "0", "15")
     cases = {(c.get("classname"), c.get("name")): c for c in suite.findall("testcase")}
     allowed = cases[("ddpcheck.ws2", "reshuffle")].find("skipped")
     assert allowed is not None and allowed.get("type") == "allowed"

@@ -367,6 +367,64 @@ def test_replay_in_one_process_gives_the_union_and_the_ranks_draws(tmp_path: Any
     assert ranks_draw.stream == "numpy" and ranks_draw.shape == (2,)
 
 
+def _row_draws(rows: torch.Tensor, how: str) -> torch.Tensor:
+    """One draw per row: from a private generator seeded by the row (``private``), from the global stream
+    reseeded by the row (``reseeded``), or from the global stream as it stands (``global``)."""
+    out = []
+    for row in rows.tolist():
+        if how == "private":
+            out.append(torch.rand(1, generator=torch.Generator().manual_seed(1000 + row)))
+        elif how == "reseeded":
+            torch.manual_seed(1000 + row)
+            out.append(torch.rand(1))
+        else:
+            out.append(torch.rand(1))
+    return torch.cat(out)
+
+
+def _keyed_run(rank: int, world: int, options: dict[str, Any], how: str, monkeypatch: Any) -> tuple[Any, Any]:
+    """A 'rank' whose loop draws once per row of its batch (rank 0 rows 0-1, rank 1 rows 2-4; the replay's own
+    batch is replaced by all five): what the step drew, and the trace."""
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    watcher = install_watcher(StepOptions(**options))
+    torch.manual_seed(rank)
+    model = nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    rows = torch.tensor([0, 1] if rank == 0 else [2, 3, 4]) if world > 1 else torch.arange(7)
+    batch = watcher.handed("l", 0, 0, {"row": rows, "x": rows[:, None].float()})
+    noise = _row_draws(batch["row"], how)
+    model(batch["x"] + noise[:, None]).sum().backward()
+    optimizer.step()
+    trace = watcher.finish()
+    uninstall()
+    return trace, noise
+
+
+@pytest.mark.parametrize("how", ["private", "reseeded"])
+def test_draws_keyed_by_the_row_replay_faithfully(tmp_path: Any, monkeypatch: Any, how: str) -> None:
+    """Each rank draws for its own rows, the replay for all five: every replayed draw starts from a state a
+    rank's draw started from, so it draws the same value by itself and the step is compared."""
+    ranks = [_keyed_run(r, 2, {"out": str(tmp_path)}, how, monkeypatch) for r in (0, 1)]
+    trace, noise = _keyed_run(0, 1, {"replay": str(tmp_path)}, how, monkeypatch)
+    assert trace.steps[0].not_comparable == ""
+    assert torch.equal(noise, torch.cat([r[1] for r in ranks]))  # the ranks' own numbers, row by row
+    assert len(trace.steps[0].micro[0].draws) == 5 and [len(r[0].steps[0].micro[0].draws) for r in ranks] == [
+        2,
+        3,
+    ]
+
+
+def test_global_draws_whose_count_follows_the_split_are_not_replayed(tmp_path: Any, monkeypatch: Any) -> None:
+    """A draw per row from a stream no row seeds: the replay's five draws continue one stream, the ranks'
+    two and three two others; no value is the right one, so the step is not compared (and says why)."""
+    for r in (0, 1):
+        _keyed_run(r, 2, {"out": str(tmp_path)}, "global", monkeypatch)
+    trace, _ = _keyed_run(0, 1, {"replay": str(tmp_path)}, "global", monkeypatch)
+    why = trace.steps[0].not_comparable
+    assert "rank 0 made no such draw at this point of the step" in why, why
+
+
 class Augmenting(Dataset):
     """Draws from all three global streams while loading (module level: spawned workers import it)."""
 
@@ -507,3 +565,33 @@ def test_a_window_fetched_ahead_gives_each_backward_its_own_batch() -> None:
     assert one_batch_each(behind, [[], parts[0]]) == tuple(behind)
     more = [MicroStep("train", 0, (0, 1, 2), 12, 40), MicroStep()]  # three batches for two backward passes
     assert one_batch_each(more, [[*parts[0], (("train", 0, 2), 4, 10)], []]) == tuple(more)
+
+
+def _shared_run(rank: int, world: int, options: dict[str, Any], monkeypatch: Any) -> tuple[Any, Any]:
+    """A step-wide draw from a generator seeded alike on every rank and in the replay (one noise level
+    for the step), then noise per row from the rank's own global stream."""
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    watcher = install_watcher(StepOptions(**options))
+    torch.manual_seed(rank)
+    model = nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    shared = torch.Generator().manual_seed(7)
+    rows = 2 + rank if world > 1 else 9
+    batch = watcher.handed("l", 0, 0, {"x": torch.ones(rows, 1)})
+    level = torch.rand(1, generator=shared)
+    noise = torch.randn(len(batch["x"]), 1)
+    model(batch["x"] * level + noise).sum().backward()
+    optimizer.step()
+    trace = watcher.finish()
+    uninstall()
+    return trace, (level, noise)
+
+
+def test_a_step_wide_draw_keyed_alike_stands_for_every_ranks(tmp_path: Any, monkeypatch: Any) -> None:
+    """The level is one draw on each rank from the same state; the replay draws it from that state too and
+    stands for every rank's, and the per-row noise that follows is the ranks' noise joined."""
+    ranks = [_shared_run(r, 2, {"out": str(tmp_path)}, monkeypatch) for r in (0, 1)]
+    trace, (level, noise) = _shared_run(0, 1, {"replay": str(tmp_path)}, monkeypatch)
+    assert trace.steps[0].not_comparable == ""
+    assert torch.equal(level, ranks[0][1][0]) and torch.equal(noise, torch.cat([r[1][1] for r in ranks]))

@@ -407,7 +407,8 @@ class RecordedWindow:
     ranks: list[int]
     handoffs: list[list[str]]  # per rank, the batches it was handed ("loader|epoch|position")
     batches: list[dict[str, Any]]  # per rank, handoff -> plain batch (absent: not saved)
-    draws: list[list[tuple[str, Any]]]  # per rank, (call, value) in call order
+    # per rank, in call order: (call, value, (stream, state, shape) or None where the record has no key)
+    draws: list[list[tuple[str, Any, tuple[str, int, tuple[int, ...]] | None]]]
     notes: list[list[str]] = field(default_factory=list)  # per rank, why some batch was not saved
     params: list[Any] | None = None
     buffers: dict[str, Any] | None = None
@@ -434,12 +435,19 @@ def read_window(replay: str, name: str, only: Sequence[int] | None = None) -> Re
         found.ranks.append(rank)
         found.handoffs.append(list(payload["handoffs"]))
         found.batches.append(dict(payload["batches"]))
-        found.draws.append([(d[0], from_plain(d[1])) for d in payload["draws"]])
+        found.draws.append([(d[0], from_plain(d[1]), _draw_key(d)) for d in payload["draws"]])
         found.notes.append(list(payload.get("notes", ())))
     if not found.ranks:
         return None
     found.params, found.buffers, found.no_weights = read_weights(replay, name)
     return found
+
+
+def _draw_key(saved: Sequence[Any]) -> tuple[str, int, tuple[int, ...]] | None:
+    """A saved draw's stream, state fingerprint and shape (``[call, value, stream, state, shape]``)."""
+    if len(saved) < 5 or not saved[3]:
+        return None
+    return str(saved[2]), int(saved[3]), tuple(int(n) for n in saved[4])
 
 
 def read_weights(replay: str, name: str) -> tuple[list[Any] | None, dict[str, Any] | None, str]:

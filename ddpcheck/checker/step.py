@@ -29,6 +29,7 @@ from ddpcheck.checker.consumed import Handoff, Part, fetched_ahead, one_batch_ea
 from ddpcheck.checker.draws import DrawRecorder, NotReplayable
 from ddpcheck.checker.feeds import Tokens, batch_tokens, forward_tokens
 from ddpcheck.checker.grads import KEEP_LIMIT, GradKeeper, KeptGrad, Unreadable, local_part, optimizer_params
+from ddpcheck.checker.keyed import DrawMatcher, Key, RecordedDraw
 from ddpcheck.checker.models import Models
 from ddpcheck.checker.norms import PartNorm
 from ddpcheck.options import IGNORE_INDEX
@@ -77,6 +78,7 @@ class _Window:
     reasons: list[str] = field(default_factory=list)  # why it cannot be compared
     unsaved: list[str] = field(default_factory=list)  # why a replay will not have its batches
     recorded: rp.RecordedWindow | None = None  # a replay's: every rank's record of this window
+    matcher: DrawMatcher | None = None  # a replay's: which recorded draw each of its draws stands for
     kept: dict[int, KeptGrad] = field(default_factory=dict)  # per optimizer, since the last backward
 
     @property
@@ -366,6 +368,13 @@ class StepWatcher:
         if self.options.twice:
             recorded = rp.twice(recorded)
         window.recorded = recorded
+        window.matcher = DrawMatcher(
+            recorded.ranks,
+            [
+                [RecordedDraw(call, value, _key(call, key)) for call, value, key in made]
+                for made in recorded.draws
+            ],
+        )
         if self.draws.seq:
             early = self.draws.seq[0].draw
             window.reasons.append(
@@ -402,15 +411,10 @@ class StepWatcher:
         return rp.from_plain(merged, batch)
 
     def _replay_draw(self, index: int, draw: Any, value: Any) -> Any:
-        recorded = self.window.recorded
-        if recorded is None:
+        matcher = self.window.matcher
+        if matcher is None:
             raise NotReplayable("drawn before the step's first batch")
-        values = []
-        for rank, made in zip(recorded.ranks, recorded.draws, strict=True):
-            if index >= len(made) or made[index][0] != draw.call:
-                raise NotReplayable(f"rank {rank} made no such draw at this point of the step")
-            values.append(made[index][1])
-        return rp.union_draw(draw.call, values, value)
+        return matcher.substitute(draw, value)
 
     def _replay_mismatch(self, window: _Window) -> list[str]:
         recorded = window.recorded
@@ -424,12 +428,9 @@ class StepWatcher:
                     f"rank {rank} was handed {len(handoffs)} batches in this step, the replay {len(own)}"
                 )
                 break
-        for rank, made in zip(recorded.ranks, recorded.draws, strict=True):
-            if len(made) != len(self.draws.seq):
-                out.append(
-                    f"rank {rank} made {len(made)} random draws here, the replay {len(self.draws.seq)}"
-                )
-                break
+        unmatched = window.matcher.unmatched() if window.matcher is not None else ""
+        if unmatched:
+            out.append(unmatched)
         for rank, notes in zip(recorded.ranks, recorded.notes, strict=True):
             out += [f"rank {rank} saved no {note}" for note in notes]
         return out
@@ -464,7 +465,10 @@ class StepWatcher:
         payload = {
             "handoffs": [handoff_key(h) for h in window.handoffs],
             "batches": window.batches,
-            "draws": [[d.draw.call, _plain_draw(d.value, window)] for d in self.draws.seq],
+            "draws": [
+                [d.draw.call, _plain_draw(d.value, window), d.draw.stream, d.draw.state, list(d.draw.shape)]
+                for d in self.draws.seq
+            ],
             "notes": list(window.unsaved),
         }
         try:
@@ -487,6 +491,11 @@ class StepWatcher:
         if dist.is_available() and dist.is_initialized():
             return int(dist.get_world_size())
         return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def _key(call: str, saved: tuple[str, int, tuple[int, ...]] | None) -> Key | None:
+    """A recorded draw's key (stream, state, call, shape); None where the record has none."""
+    return (saved[0], saved[1], call, saved[2]) if saved is not None else None
 
 
 def _plain_draw(value: Any, window: _Window) -> Any:

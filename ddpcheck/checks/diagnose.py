@@ -10,6 +10,7 @@ of it (each rank 1/W²).
 from __future__ import annotations
 
 from ddpcheck.checks.context import Context, EpochView
+from ddpcheck.checks.groups import repeat_seed_cause
 from ddpcheck.checks.tally import Evidence
 from ddpcheck.checks.wording import ranks_text
 
@@ -174,6 +175,9 @@ def overlap_cause(ctx: Context, view: EpochView) -> tuple[str, tuple[int, ...]]:
             shares = all(len(items) < len(view.ref_items) for items in view.rank_items)
             return (SAME_SHARE if shares else SAME_STREAM), tuple(same)
         return f"{ranks_text(same)} see the same stream: {IGNORES_RANK}", tuple(same)
+    seeded = repeat_seed_cause(ctx, view)
+    if seeded:
+        return seeded, ()
     why, odd = length_by_rank(ctx)
     if why:
         return why, odd
@@ -226,6 +230,9 @@ def missing_cause(ctx: Context, view: EpochView, allowed: int) -> str:
         return split
     if view.cross_excess > ctx.allowance(view).duplicates:
         return overlap_cause(ctx, view)[0]
+    seeded = repeat_seed_cause(ctx, view)
+    if seeded:
+        return seeded
     n = len(view.ref_items)
     w = ctx.world_size
     if w > 1 and n >= w * w and view.total * w <= n * 1.5:  # together about 1/W of the epoch

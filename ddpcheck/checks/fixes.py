@@ -25,6 +25,8 @@ from ddpcheck.checks.diagnose import (
     WHOLE_EPOCH,
 )
 from ddpcheck.checks.equivalence import DEPENDS_ON_RANK
+from ddpcheck.checks.groups import FIXES as GROUP_FIXES
+from ddpcheck.checks.groups import RANK_SEEDED as REPEAT_SEEDED
 from ddpcheck.checks.mixture import MIXTURE_FIXES
 from ddpcheck.checks.reshuffle import FROZEN_SHARDS, LOOP_REPLAYS, NO_SET_EPOCH, NOT_FORWARDED
 from ddpcheck.checks.reshuffle import REPEATS as ORDER_REPEATS
@@ -57,6 +59,7 @@ FIXES: tuple[tuple[str, str], ...] = (
     (TOLD_REPLICAS, "DistributedSampler(dataset) reads num_replicas and rank from the process group"),
     (SHARDED_TWICE, "shard once: split the dataset by rank or let the sampler split it, not both"),
     (RANK_SEED, "seed the sampler the same on every rank (seed=0, not seed=rank)"),
+    (REPEAT_SEEDED, GROUP_FIXES[REPEAT_SEEDED]),
     (SAME_SHARE, "pass each rank its own rank (and num_replicas) to the sampler"),
     (SAME_STREAM, SHARD_WITH_DISTRIBUTED_SAMPLER),
     (WHOLE_EPOCH, SHARD_WITH_DISTRIBUTED_SAMPLER),

@@ -28,7 +28,8 @@ Where a new check plugs in:
 - a check of one loader that needs more than that (the layout: a mesh's sequence dimensions, groups that
   span ranks): a line in :data:`LOADER_CHECKS`, a function of :class:`Seen` returning its verdicts;
 - a check of the whole launch (the step, a script's evaluation): a line in :data:`LAUNCH_CHECKS`, a
-  function of :class:`Launch` returning the loader it concerns and its verdicts (None: nothing to judge);
+  function of :class:`Launch` and the loaders' verdicts so far (the step reads its loader's
+  ``prompt_groups``) returning the loader it concerns and its verdicts (None: nothing to judge);
 - a rewrite only some runs need: a line in :data:`REWRITES`, where it applies in the order.
 
 Its id goes in :mod:`ddpcheck.verdict` (``ALL_CHECKS`` orders the report's columns).
@@ -179,7 +180,7 @@ class Judged:
 # --- the checks, where a new one plugs in -----------------------------------------------------------------
 
 LoaderCheck = Callable[[Seen], Sequence[Verdict]]
-LaunchCheck = Callable[[Launch], tuple[str, Sequence[Verdict]] | None]
+LaunchCheck = Callable[[Launch, Sequence[Judged]], tuple[str, Sequence[Verdict]] | None]
 
 
 def data_checks(seen: Seen) -> Sequence[Verdict]:
@@ -189,32 +190,36 @@ def data_checks(seen: Seen) -> Sequence[Verdict]:
     return judge_layout(seen.reference, seen.run, seen.rerun, seen.launch.layout)
 
 
-def step_checks(launch: Launch) -> tuple[str, Sequence[Verdict]] | None:
+def step_checks(launch: Launch, judged: Sequence[Judged]) -> tuple[str, Sequence[Verdict]] | None:
     """The training step's checks, said of the loader whose batches reached backward (the first loader
-    when none did); None without a step recording."""
+    when none did); None without a step recording. That loader's verdicts name a failing step's cause
+    where its ``prompt_groups`` found groups (per-rank group statistics)."""
     if launch.step is None:
         return None
-    return fed_loader(launch.step.steps), judge_step(launch.step, launch.layout)
+    fed = fed_loader(launch.step.steps)
+    home = next((j for j in judged if j.loader == fed), judged[0] if judged else None)
+    return fed, judge_step(launch.step, launch.layout, home.verdicts if home is not None else ())
 
 
-def metric_check(launch: Launch) -> tuple[str, Sequence[Verdict]] | None:
+def metric_check(launch: Launch, judged: Sequence[Judged]) -> tuple[str, Sequence[Verdict]] | None:
     """A script's evaluation (``metric_equivalence``, :mod:`ddpcheck.checks.eval_metric`), said of its eval
     loader (the first loader when it iterated none); None where the launch's evaluations are not judged."""
     found = launch.evaluations
     if found is None:
         return None
-    judged = judge_metric(found.reference, found.run, launch.layout)
+    metric = judge_metric(found.reference, found.run, launch.layout)
     if launch.standin:
         why = f"needs the single process's evaluation: {launch.standin}"
-        return judged.loader, [not_applicable(METRIC_EQUIVALENCE, why)]
-    return judged.loader, [judged.verdict]
+        return metric.loader, [not_applicable(METRIC_EQUIVALENCE, why)]
+    return metric.loader, [metric.verdict]
 
 
 LOADER_CHECKS: tuple[LoaderCheck, ...] = (data_checks,)
 """Each loader's checks at one layout, in report order: one function of :class:`Seen` per line."""
 
 LAUNCH_CHECKS: tuple[LaunchCheck, ...] = (step_checks, metric_check)
-"""The launch's own checks: (the loader they concern, their verdicts), or None; merged in this order."""
+"""The launch's own checks, given the loaders' verdicts so far: (the loader they concern, their verdicts), or
+None; merged in this order."""
 
 
 # --- the rewrites, in the one order they apply ------------------------------------------------------------
@@ -317,7 +322,7 @@ def judge(launch: Launch, rules: Rules) -> tuple[Judged, ...]:
         found = judge_sources(sources.reference, sources.run, sources.rerun, launch.layout)
         out += [Judged(name, tuple(rewritten(v, Seen(launch, rules, name)))) for name, v in found]
     for check in LAUNCH_CHECKS:
-        said = check(launch)
+        said = check(launch, out)
         if said is not None and out:
             _merge(out, launch, rules, *said)
     return tuple(replace(j, verdicts=allowed(j.verdicts, rules)) for j in out)

@@ -11,6 +11,7 @@ from ddpcheck.checks.coverage import check_coverage
 from ddpcheck.checks.determinism import check_determinism
 from ddpcheck.checks.equivalence import check_single_process_equivalence
 from ddpcheck.checks.fixes import with_fix
+from ddpcheck.checks.groups import check_prompt_groups
 from ddpcheck.checks.mixture import check_mixture
 from ddpcheck.checks.overlap import check_no_overlap, check_padding_bound
 from ddpcheck.checks.reshuffle import check_reshuffle
@@ -31,6 +32,7 @@ from ddpcheck.verdict import (
     NO_OVERLAP,
     PACKING,
     PADDING_BOUND,
+    PROMPT_GROUPS,
     RESHUFFLE,
     RNG_INDEPENDENCE,
     SINGLE_PROCESS_EQUIVALENCE,
@@ -67,6 +69,7 @@ REGISTRY: dict[str, Check] = {
     MIXTURE: check_mixture,
     SUPERVISION: check_supervision,
     RNG_INDEPENDENCE: check_rng_independence_run,
+    PROMPT_GROUPS: check_prompt_groups,
 }
 assert tuple(REGISTRY) == DATA_CHECKS
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from ddpcheck.checks.groups import group_size_of, step_group_cause
 from ddpcheck.checks.microsteps import check_equal_microsteps
 from ddpcheck.checks.rng import check_rng_independence
 from ddpcheck.checks.sequence_split import check_sequence_split
-from ddpcheck.checks.step import check_step_equivalence
+from ddpcheck.checks.step import OTHER, check_step_equivalence
 from ddpcheck.checks.supervision import check_step_supervision
+from ddpcheck.evidence import StepEvidence
 from ddpcheck.layout import Layout
 from ddpcheck.options import IGNORE_INDEX
 from ddpcheck.recorded import Recorded
@@ -89,10 +91,11 @@ def fed_loader(steps: Sequence[StepTrace | None]) -> str:
     return names.most_common(1)[0][0] if names else ""
 
 
-def judge_step(record: StepRecord, layout: Layout) -> tuple[Verdict, ...]:
+def judge_step(record: StepRecord, layout: Layout, loader: Sequence[Verdict] = ()) -> tuple[Verdict, ...]:
     """``supervision``, ``rng_independence``, ``step_equivalence``, ``equal_microsteps`` and
     ``sequence_split`` of one launch at ``layout``, in that order; ``supervision`` is left out when no
-    backward ran (the loader's per-batch form then stands)."""
+    backward ran (the loader's per-batch form then stands). ``loader``: the fed loader's verdicts (its
+    prompt groups name a step's cause)."""
     rng = check_rng_independence(layout, record.steps, record.loading)
     if not record.backward:
         return (
@@ -112,8 +115,34 @@ def judge_step(record: StepRecord, layout: Layout) -> tuple[Verdict, ...]:
         equivalence = not_applicable(STEP_EQUIVALENCE, f"{why}: nothing to compare the step with")
     else:
         equivalence = check_step_equivalence(record.steps, record.replay, layout)
+        equivalence = for_groups(equivalence, record, layout, group_size_of(loader))
     microsteps = check_equal_microsteps(record.steps, layout)
     return supervision, rng, equivalence, microsteps, check_sequence_split(record.steps, layout)
+
+
+def for_groups(verdict: Verdict, record: StepRecord, layout: Layout, size: int) -> Verdict:
+    """``step_equivalence``'s generic cause named for prompt groups of ``size`` copies (RL: GRPO, RLOO):
+    split across ranks at a failing step, per-rank group statistics; else a statistic across groups."""
+    evidence = verdict.evidence
+    if size < 2 or not verdict.failed or verdict.cause != OTHER or not isinstance(evidence, StepEvidence):
+        return verdict
+    fed = fed_loader(record.steps)
+    heads = (
+        layout.representatives() if len(record.steps) == layout.world_size else list(range(len(record.steps)))
+    )
+    head = record.steps[heads[0]]
+    failing = {s.index for s in evidence.steps if s.rel is None or s.rel > evidence.tolerance}
+    positions = [
+        (m.epoch, b)
+        for step in (head.steps if head is not None else ())
+        if step.index in failing
+        for m in step.micro
+        if m.loader == fed
+        for b in m.batches
+    ]
+    epochs = [record.loading.get(fed, [()] * len(record.steps))[r] for r in heads]
+    cause, fix = step_group_cause(size, epochs, positions)
+    return replace(verdict, cause=cause, fix=fix) if cause else verdict
 
 
 def merged(loader_verdicts: Sequence[Verdict], step_verdicts: Sequence[Verdict]) -> list[Verdict]:
