@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from ddpcheck import hygiene
 from ddpcheck.exits import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 from ddpcheck.options import IGNORE_INDEX
-from ddpcheck.record import batch_function, model_steps, split_command
+from ddpcheck.record import batch_function, model_steps, nonnegative, split_command
 
 if TYPE_CHECKING:
     from ddpcheck.result import CheckResult
@@ -95,6 +95,21 @@ def build_run_parser(command: LoaderCommand) -> argparse.ArgumentParser:
         default=IGNORE_INDEX,
         metavar="N",
         help="the label value that supervises nothing, for supervision and the step's token counts (-100)",
+    )
+    parser.add_argument(
+        "--no-metrics",
+        dest="metrics",
+        action="store_const",
+        const=False,
+        default=None,
+        help="leave the script's evaluation alone (metric_equivalence): it is cut like any epoch",
+    )
+    parser.add_argument(
+        "--eval-rounds",
+        type=nonnegative,
+        default=1,
+        metavar="N",
+        help="evaluations compared (handed to the script whole, on the single process's weights)",
     )
     parser.add_argument(
         "--batches",
@@ -218,6 +233,7 @@ def _check_options(args: argparse.Namespace, **overrides: Any) -> Any:
         "data_dims": tuple(getattr(args, "data_dims", ()) or ()),
         "sequence_dims": None if getattr(args, "sequence_dims", None) is None else tuple(args.sequence_dims),
         "resume": False,
+        "metrics": getattr(args, "metrics", None),
     }
     values.update(overrides)
     return CheckOptions(**values)
@@ -238,6 +254,7 @@ def _run_script(args: argparse.Namespace) -> tuple[CheckResult, bool]:
         hooks=args.hooks,
         step=args.step,
         batches=args.batches,
+        eval_rounds=args.eval_rounds,
     )
     quiet = getattr(args, "quiet", False)
 

@@ -393,6 +393,40 @@ class MetricValues(EvidenceBase):
 
 
 @dataclass(frozen=True)
+class ComparedValue(EvidenceBase):
+    """One value a script's evaluation reported, at one process and at this layout: the evaluation (round)
+    it came after, where it was read and its name, the single process's value and rank 0's, every rank's
+    (None: that rank reported none), the printed precision (0.0 for a value read as a number), and whether
+    they agree."""
+
+    evaluation: int
+    source: str
+    name: str
+    reference: float
+    value: float
+    ranks: tuple[float | None, ...]
+    unit: float
+    equal: bool
+
+
+@dataclass(frozen=True)
+class MetricEvidence(EvidenceBase):
+    """What ``metric_equivalence`` compared on a script (issue 41): the tolerance (relative and absolute float
+    noise; printed values also one unit in their last digit), each compared evaluation in words (which
+    loader, which epoch, on which weights), every compared value, and the eval loader's split at this layout
+    (the samples each rank evaluated, the copies padding added, the samples dropped, the set's size)."""
+
+    rel: float
+    absolute: float
+    evaluations: tuple[str, ...]
+    values: tuple[ComparedValue, ...]
+    shards: tuple[int, ...] = ()
+    copies: int = 0
+    dropped: int = 0
+    set_size: int = 0
+
+
+@dataclass(frozen=True)
 class GroupEvidence(EvidenceBase):
     """What ``prompt_groups`` judged: the group size the single-process loader repeats each sample, the
     steps (batch positions) judged, those holding a broken group, and those whose groups are split
@@ -436,6 +470,7 @@ Evidence = Union[  # noqa: UP007  # a runtime alias older type checkers read too
     GroupEvidence,
     TrainingDiffs,
     MetricValues,
+    MetricEvidence,
     RestoreLog,
 ]
 """Every kind of evidence a verdict can carry."""

@@ -146,7 +146,27 @@ def build_parser() -> argparse.ArgumentParser:
         "data-parallel rank); writes OUT/fingerprint-rankR.json, exit 1 when an epoch fails",
     )
     _step_arguments(parser)
+    _eval_arguments(parser)
     return parser
+
+
+def _eval_arguments(parser: argparse.ArgumentParser) -> None:
+    """The script's own evaluation (issue 41)."""
+    group = parser.add_argument_group("the script's evaluation (issue 41)")
+    group.add_argument(
+        "--eval-rounds",
+        type=nonnegative,
+        default=1,
+        metavar="N",
+        help="hand the first N evaluations that run whole to the script whole and record what it reports "
+        "(0: none); at one process the weights each evaluates are saved under OUT/eval",
+    )
+    group.add_argument(
+        "--eval-weights",
+        default="",
+        metavar="DIR1",
+        help="evaluate on the weights the one-process launch recorded in DIR1 saved (restored after each)",
+    )
 
 
 def _step_arguments(parser: argparse.ArgumentParser) -> None:
@@ -227,19 +247,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if path and not os.path.isfile(path):
         print(f"ddpcheck.record: no such script: {path}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    problem = _out_problem(args.out)
+    problem = _out_problem(args.out) or _mesh_problem(args)
     if problem:
         print(f"ddpcheck.record: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.eval_weights and not os.path.isdir(args.eval_weights):
+        print(f"ddpcheck.record: --eval-weights {args.eval_weights}: no such directory", file=sys.stderr)
         return EXIT_BAD_INPUT
     if args.replay and not os.path.isdir(os.path.join(args.replay, "step")):
         print(
             f"ddpcheck.record: --replay {args.replay}: no recorded steps there (record with --step)",
             file=sys.stderr,
         )
-        return EXIT_BAD_INPUT
-    problem = _mesh_problem(args)
-    if problem:
-        print(f"ddpcheck.record: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     _die_with_launcher()
     _stack_dumps()
@@ -269,10 +288,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         work_cost=args.work_cost,
         ignore_index=args.ignore_index,
         batches=args.batches,
+        eval_rounds=args.eval_rounds,
+        eval_save=os.path.abspath(args.out),
+        eval_weights=os.path.abspath(args.eval_weights) if args.eval_weights else "",
     )
     target = ScriptTarget(path=path, module=module, args=tuple(script_args))
     if args.fingerprint:
-        return _fingerprinted(args.out, target, options, hooks)
+        return _fingerprinted(args.out, target, replace(options, eval_rounds=0), hooks)
     from ddpcheck.tracefile import spill_to, write_rank
 
     spill_to(args.out)  # an epoch's ids go to disk as they grow (ddpcheck.tracefile)

@@ -11,7 +11,10 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:  # plain data too, named for type checkers only: this module imports nothing of ddpcheck
+    from ddpcheck.eval_trace import EvalRecord
 
 IdSource = str
 """How sample identity was obtained: ``index``, ``hook``, ``field:<name>`` or ``content-hash``."""
@@ -414,9 +417,7 @@ class LoaderFacts:
     padding: bool | None = None  # True when the sampler is known to pad, False when known to drop
     pad_unit: int = 1  # samples per padding unit: a batch when the loader pads whole batches (even_batches)
     batch_level: bool = False  # True when whole batches are sharded (custom batch sampler)
-    per_rank_batches: str = (
-        ""  # "Grouping over DistributedSampler": a custom batch sampler over a rank's share
-    )
+    per_rank_batches: str = ""  # "Grouping over DistributedSampler": a batch sampler over a rank's share
     has_set_epoch: bool = False
     shuffles: bool | None = None  # the sampler says it reshuffles every epoch (shuffle=True, RandomSampler)
     in_order: bool = True  # False: DataLoader(in_order=False) with workers, batch order may vary by run
@@ -435,9 +436,7 @@ class LoaderFacts:
     # the dataset is drawn from a bigger one: "Subset" (torch Subset, what random_split returns) or
     # "indices mapping" (an HF datasets split, shuffle or select); "" when not
     subset: str = ""
-    subset_digest: str = (
-        ""  # which samples the subset holds, in order (ranks that drew different ones differ)
-    )
+    subset_digest: str = ""  # which samples the subset holds, in order (ranks that drew others differ)
     subset_call: str = ""  # the script's call that drew it, at its line ("random_split at train.py:17")
     # autograd was on where the facts were read (a script: its first iter() of the loader); False: iterated
     # under torch.no_grad() / inference_mode, an evaluation, whose order changes no result
@@ -789,4 +788,5 @@ class ScriptRankTrace:
     # the label value its supervised counts left out (--ignore-index; None: recorded before it was
     # recorded, with cross_entropy's default); ``ddpcheck judge`` judges with it
     ignore_index: int | None = None
+    evaluation: EvalRecord | None = None  # the script's evaluations (None: not recorded)
     version: int = SCRIPT_TRACE_VERSION

@@ -198,13 +198,16 @@ def write_rank(directory: str | Path, trace: ScriptRankTrace) -> str:
 # --- reading ----------------------------------------------------------------------------------------------
 
 
+TRACE_MODULES = ("ddpcheck.trace", "ddpcheck.eval_trace")  # where a trace's classes live
+
+
 class _TraceUnpickler(pickle.Unpickler):
     """Trace files are plain data: a file that names any other class (a hostile or foreign pickle,
     which could run code as it loads) is refused, never imported."""
 
     def find_class(self, module: str, name: str) -> Any:
         if (
-            module == "ddpcheck.trace"
+            module in TRACE_MODULES
             or module == "array"
             or (module == "builtins" and name in _SAFE_BUILTINS)
             or (module, name) in _NUMPY_DATA  # ids a hook returned as numpy scalars

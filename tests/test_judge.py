@@ -7,11 +7,13 @@ from dataclasses import replace
 
 from ddpcheck.checks.diagnose import IGNORES_RANK
 from ddpcheck.checks.diagnose import SAME_STREAM as SAME_STREAM_CAUSE
+from ddpcheck.checks.eval_causes import PADDED
 from ddpcheck.checks.fingerprint import EpochCheck
 from ddpcheck.checks.judge import (
     LAUNCH_CHECKS,
     LOADER_CHECKS,
     REWRITES,
+    Evaluations,
     Judged,
     Launch,
     LoaderRecord,
@@ -29,6 +31,7 @@ from ddpcheck.verdict import (
     DATA_CHECKS,
     DETERMINISM,
     EQUAL_MICROSTEPS,
+    METRIC_EQUIVALENCE,
     NO_OVERLAP,
     RNG_INDEPENDENCE,
     STEP_EQUIVALENCE,
@@ -36,6 +39,7 @@ from ddpcheck.verdict import (
     Verdict,
     failed,
 )
+from tests.test_eval_metric import LOADER, padded, printed, rank, single
 from tests.trace_builders import ddp_run, permutations, reference, run
 
 ORDERS = permutations(24, 2, seed=3)
@@ -131,6 +135,33 @@ def test_the_step_checks_land_on_the_loader_they_concern() -> None:
     first, second = ([v.check for v in j.verdicts] for j in judged)
     assert first.count(RNG_INDEPENDENCE) == 1 and STEP_EQUIVALENCE in first and EQUAL_MICROSTEPS in first
     assert STEP_EQUIVALENCE not in second  # no batch reached backward: the first loader holds them
+
+
+def test_the_scripts_evaluation_is_judged_here_and_lands_on_its_eval_loader() -> None:
+    """metric_equivalence is a launch check: judged from the launch's evaluations (the session gathers
+    them), said of the eval loader (not the first), through --allow; n/a against a stand-in reference;
+    absent where the evaluations are not judged (--no-metrics)."""
+    line = "epoch 0: val_acc {} val_loss 1.0"
+    evaluations = Evaluations(
+        single(printed(line.format("0.476190"))),
+        {
+            r: rank(r, 2, s, printed(line.format("0.500000")) if r == 0 else ())
+            for r, s in enumerate(padded(21, 2))
+        },
+    )
+    records = (LoaderRecord("train.py:9", SINGLE, GOOD), LoaderRecord(LOADER, SINGLE, GOOD))
+    launch = Launch(TWO, records, script=ScriptFacts(), evaluations=evaluations)
+    train, evaluation = judge(launch, Rules())
+    assert METRIC_EQUIVALENCE not in [v.check for v in train.verdicts]
+    (said,) = [v for v in evaluation.verdicts if v.check == METRIC_EQUIVALENCE]
+    assert said.status == "fail" and said.cause.startswith(PADDED), said.cause
+    allowed = judge(launch, Rules(allow=(METRIC_EQUIVALENCE,)))[1]
+    assert [v.status for v in allowed.verdicts if v.check == METRIC_EQUIVALENCE] == ["allowed"]
+    standin = judge(replace(launch, standin="no --reference given"), Rules())[1]
+    (na,) = [v for v in standin.verdicts if v.check == METRIC_EQUIVALENCE]
+    assert na.status == "n/a" and "needs the single process's evaluation: no --reference given" in na.detail
+    off = judge(replace(launch, evaluations=None), Rules())
+    assert not [v for j in off for v in j.verdicts if v.check == METRIC_EQUIVALENCE]
 
 
 def test_a_fingerprint_launch_is_judged_through_the_same_judge() -> None:

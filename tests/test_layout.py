@@ -112,6 +112,7 @@ FLOOR = ("ddpcheck.verdict", "ddpcheck.evidence", "ddpcheck.exits")
         ("ddpcheck.checks", ("ddpcheck.launch", "ddpcheck.checker", "ddpcheck.scenarios", "ddpcheck.report")),
         ("ddpcheck.report", ("ddpcheck.launch", "ddpcheck.checker", "ddpcheck.scenarios", "ddpcheck.checks")),
         ("ddpcheck.trace", ("ddpcheck.",)),
+        ("ddpcheck.eval_trace", ("ddpcheck.",)),
     ],
 )
 def test_each_layer_imports_only_what_its_role_allows(layer: str, forbidden: tuple[str, ...]) -> None:
@@ -137,8 +138,9 @@ LEVELS = (
     ("ddpcheck.scenarios",),
     ("ddpcheck.checker",),
     ("ddpcheck.launch", "ddpcheck.checks", "ddpcheck.reference", "ddpcheck.report"),
-    ("ddpcheck.trace", "ddpcheck.tracefile", "ddpcheck.result", "ddpcheck.restores", "ddpcheck.figures",
-     "ddpcheck.layout", "ddpcheck.messages", "ddpcheck.options", "ddpcheck.recorded", "ddpcheck"),
+    ("ddpcheck.trace", "ddpcheck.eval_trace", "ddpcheck.tracefile", "ddpcheck.result", "ddpcheck.restores",
+     "ddpcheck.figures", "ddpcheck.layout", "ddpcheck.messages", "ddpcheck.options", "ddpcheck.recorded",
+     "ddpcheck"),
     FLOOR,
 )  # fmt: skip
 

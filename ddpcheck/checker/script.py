@@ -30,6 +30,7 @@ from typing import Any
 from ddpcheck.checker.batch_hint import FirstInputs
 from ddpcheck.checker.batch_source import BatchSources
 from ddpcheck.checker.batches import BatchIds, is_collated
+from ddpcheck.checker.evaluation import EvalEpoch, EvalOptions, Evaluations, watch_collectives
 from ddpcheck.checker.face import OpenedLoader
 from ddpcheck.checker.facts import len_or_none
 from ddpcheck.checker.frames import assigned_name, user_site
@@ -55,6 +56,7 @@ from ddpcheck.checker.step import active_watcher as step_watcher
 from ddpcheck.checker.subsets import base_indices, to_base
 from ddpcheck.checker.watch import drawn_at, install, mark_parts, watching
 from ddpcheck.checker.work import Measured, WorkMeter, looks_like_tokens
+from ddpcheck.eval_trace import EvalRecord
 from ddpcheck.launch.beats import beat, report_progress
 from ddpcheck.launch.userfiles import show_paths_from
 from ddpcheck.options import IGNORE_INDEX
@@ -74,6 +76,9 @@ class ScriptRecordOptions:
     work_cost: str = "tokens"
     ignore_index: int = IGNORE_INDEX  # the label value that supervises nothing (--ignore-index)
     batches: str = ""  # a batch function to record (--batches NAME); its windows are ``steps`` calls
+    eval_rounds: int = 1  # evaluations handed whole and compared (ddpcheck.checker.evaluation); 0: none
+    eval_save: str = ""  # where a single process saves the weights it evaluates
+    eval_weights: str = ""  # the single process's launch whose weights this rank evaluates
 
 
 DEFAULT_WINDOW = 8  # calls per window of a --batches function when no --steps is given
@@ -159,6 +164,7 @@ class ScriptEpoch:
             subject=f"the loader built at {record.name}",
             probe_distinct=False,
         )
+        self.evaluation: EvalEpoch | None = None  # decided as the script takes its first batch
 
     # the iterator protocol the script sees
     def __iter__(self) -> ScriptEpoch:
@@ -175,7 +181,10 @@ class ScriptEpoch:
         window = options.steps
         if window is not None and self.built.count >= window:
             self._close_window()
-        if options.model_steps is not None and self.handed >= options.model_steps and not self._window_open():
+        evaluation = self._evaluation()
+        whole = evaluation is not None and evaluation.whole
+        cut = options.model_steps is not None and self.handed >= options.model_steps
+        if cut and not whole and not self._window_open():
             self.ended = True
             self._drain()
             if window is not None and not self.done:  # an endless loader: the next window goes on
@@ -185,18 +194,40 @@ class ScriptEpoch:
             batch = next(self.inner)
         except StopIteration:
             self.ended = True
+            if evaluation is not None and whole:
+                evaluation.end()
             self.finish()
             raise
         self._add(batch)
+        if evaluation is not None and self.handed == 0:
+            evaluation.fetched()
         self.handed += 1
-        self.record.delivered += 1
+        if whole and evaluation is not None and self.handed == self.len_loader:  # its last batch (len())
+            evaluation.end()
+        if not cut:  # batches past the cut an evaluation is handed whole count nothing to the stop rule
+            self.record.delivered += 1
+        if evaluation is None and self.recorder.evaluations is not None:  # the epoch's last, cut after it
+            self.recorder.evaluations.last_batch = self.handed == options.model_steps
         watcher = step_watcher()
-        if watcher is None:
+        if watcher is None or (evaluation is not None and not evaluation.aborted):
             return batch
         position = self.built.count - 1
         return watcher.handed(
             self.record.name, len(self.record.epochs), position, batch, length=self.len_loader
         )
+
+    def _evaluation(self) -> EvalEpoch | None:
+        """This epoch's evaluation (None: it trains), decided as the script takes its first batch; a training
+        batch closes the open evaluation round."""
+        evaluations = self.recorder.evaluations
+        if evaluations is None:
+            return None
+        if self.handed == 0 and self.evaluation is None and self.asked == 1:
+            world_size = (self.recorder.position or position())[1]
+            self.evaluation = evaluations.begin(self.record.name, len(self.record.epochs), world_size)
+        elif self.evaluation is None or self.evaluation.aborted:
+            evaluations.training(self.record.name)
+        return self.evaluation
 
     def _window_open(self) -> bool:
         """The step watcher has an accumulation window open: the script receives batches past
@@ -372,6 +403,8 @@ class ScriptEpoch:
             self.kept = trace
         else:
             epochs.append(trace)
+        if self.evaluation is not None:
+            self.evaluation.stored(trace.epoch)
         self.built = EpochBuilder()
 
 
@@ -412,6 +445,7 @@ class ScriptRecorder:
         self.sample_ids = self.hooks.sample_ids
         work, tokens = self.hooks.work, self.hooks.tokens
         self.work_hooks: tuple[Any, Any] | None = (work, tokens) if (work or tokens) else None
+        self.evaluations: Evaluations | None = None  # the script's evaluations (issue 41)
 
     # naming
     def name_for(self, loader: Any, frame: FrameType | None) -> str:
@@ -565,6 +599,7 @@ def record_script(
         window = options.steps or DEFAULT_WINDOW
         sources = BatchSources(options.batches, window, options.epochs, recorder.stop_with)
         sources.install()
+    recorder.evaluations = _evaluations(options)
     try:
         with watching(recorder):
             run_target(target)
@@ -584,6 +619,7 @@ def record_script(
     if sources is not None:
         sources.remove()
     outcome = _finish(recorder, outcome)
+    evaluation = _finish_evaluations(recorder.evaluations)
     joined = recorder.joined if recorder.joined is not None else joined_group()
     rank, world_size = recorder.position if recorder.position is not None else position()
     return ScriptRankTrace(
@@ -601,7 +637,36 @@ def record_script(
         first_model_call=first.site,
         inputs_from=first.name,
         sources=sources.traces() if sources is not None else (),
+        evaluation=evaluation,
     )
+
+
+def _evaluations(options: ScriptRecordOptions) -> Evaluations | None:
+    """The rank's evaluations, watched (None: ``eval_rounds`` 0): the models it knows, the collectives and
+    optimizer steps made, what the script reports."""
+    if options.eval_rounds <= 0:
+        return None
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    from ddpcheck.checker import patching
+    from ddpcheck.checker.eval_values import read_reports
+    from ddpcheck.checker.eval_weights import known_models
+
+    settings = EvalOptions(options.eval_rounds, options.eval_save, options.eval_weights)
+    evaluations = Evaluations(settings, known_models())
+    watch_collectives(evaluations)
+    patching.keep_handle(register_optimizer_step_pre_hook(lambda o, a, k: evaluations.stepped()))
+    read_reports(evaluations)
+    return evaluations
+
+
+def _finish_evaluations(evaluations: Evaluations | None) -> EvalRecord | None:
+    if evaluations is None:
+        return None
+    from ddpcheck.checker.eval_values import stop_reading
+
+    stop_reading()
+    return evaluations.finish()
 
 
 def _finish(recorder: ScriptRecorder, outcome: Outcome) -> Outcome:

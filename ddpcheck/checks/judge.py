@@ -16,8 +16,9 @@ data) and wraps the :class:`Judged` it gets; it decides nothing. :func:`judge` r
    :func:`ranks_alone` (``alone``), :func:`mesh_told` (``told_cause``), :func:`loader_line`
    (``at_loader``), :func:`script_text` (``in_script_words``); these leave a loader file's verdicts, and a
    batch source's the ones that need a loader's traces, as they are;
-4. the launch's own checks (:data:`LAUNCH_CHECKS`: the training step's), through the same rewrites, merged
-   onto the loader they concern (a step form replaces the loader's verdict of the same check);
+4. the launch's own checks (:data:`LAUNCH_CHECKS`: the training step's, then a script's evaluation,
+   ``metric_equivalence``), through the same rewrites, merged onto the loader they concern (a step form
+   replaces the loader's verdict of the same check);
 5. ``--allow``, once (:func:`allowed`).
 
 Where a new check plugs in:
@@ -40,6 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from ddpcheck.checks.batch_sources import judge_sources
+from ddpcheck.checks.eval_metric import judge_metric
 from ddpcheck.checks.fingerprint import EpochCheck, fingerprint_verdicts
 from ddpcheck.checks.replicas import judge_layout
 from ddpcheck.checks.scripts import (
@@ -57,7 +59,15 @@ from ddpcheck.layout import Layout
 from ddpcheck.options import IGNORE_INDEX, CheckOptions
 from ddpcheck.recorded import Recorded
 from ddpcheck.trace import RunTrace, ScriptLoader, ScriptRankTrace
-from ddpcheck.verdict import COVERAGE, DETERMINISM, Verdict, allow, not_applicable, skipped
+from ddpcheck.verdict import (
+    COVERAGE,
+    DETERMINISM,
+    METRIC_EQUIVALENCE,
+    Verdict,
+    allow,
+    not_applicable,
+    skipped,
+)
 
 NOT_ITERATED = "the single-process run did not iterate this loader"
 
@@ -105,6 +115,16 @@ class Sources:
 
 
 @dataclass(frozen=True)
+class Evaluations:
+    """A script's own evaluations (issue 41), as every rank recorded them: the single process's rank traces
+    and the run's (each with its :class:`~ddpcheck.trace.EvalRecord` and the loaders' epochs, from which the
+    eval set's split is read)."""
+
+    reference: Mapping[int, ScriptRankTrace]
+    run: Mapping[int, ScriptRankTrace]
+
+
+@dataclass(frozen=True)
 class ScriptFacts:
     """What a training script's launch says of itself: whether its ranks joined a process group (world
     size 1 counts as joined) and the frameworks they imported."""
@@ -120,7 +140,8 @@ class Launch:
     ``script`` None: a loader file's run (the rewrites that speak of a script leave it alone);
     ``standin``: why the reference is no single-process run (the checks that need one are skipped);
     ``once``: why no determinism rerun could be recorded (a launch that runs once); ``extra``: the verdicts
-    of the checks with their own runs, said of the first loader."""
+    of the checks with their own runs, said of the first loader; ``evaluations``: a script's own
+    evaluations, judged by ``metric_equivalence`` (None: not judged, as with ``--no-metrics``)."""
 
     layout: Layout
     loaders: tuple[LoaderRecord, ...] = ()
@@ -130,6 +151,7 @@ class Launch:
     standin: str = ""
     once: str = ""
     extra: tuple[Verdict, ...] = ()
+    evaluations: Evaluations | None = None
 
 
 @dataclass(frozen=True)
@@ -182,10 +204,23 @@ def step_checks(launch: Launch, judged: Sequence[Judged]) -> tuple[str, Sequence
     return fed, judge_step(launch.step, launch.layout, home.verdicts if home is not None else ())
 
 
+def metric_check(launch: Launch, judged: Sequence[Judged]) -> tuple[str, Sequence[Verdict]] | None:
+    """A script's evaluation (``metric_equivalence``, :mod:`ddpcheck.checks.eval_metric`), said of its eval
+    loader (the first loader when it iterated none); None where the launch's evaluations are not judged."""
+    found = launch.evaluations
+    if found is None:
+        return None
+    metric = judge_metric(found.reference, found.run, launch.layout)
+    if launch.standin:
+        why = f"needs the single process's evaluation: {launch.standin}"
+        return metric.loader, [not_applicable(METRIC_EQUIVALENCE, why)]
+    return metric.loader, [metric.verdict]
+
+
 LOADER_CHECKS: tuple[LoaderCheck, ...] = (data_checks,)
 """Each loader's checks at one layout, in report order: one function of :class:`Seen` per line."""
 
-LAUNCH_CHECKS: tuple[LaunchCheck, ...] = (step_checks,)
+LAUNCH_CHECKS: tuple[LaunchCheck, ...] = (step_checks, metric_check)
 """The launch's own checks, given the loaders' verdicts so far: (the loader they concern, their verdicts), or
 None; merged in this order."""
 
@@ -346,11 +381,12 @@ def launch_of(
     standin: str = "",
     once: str = "",
     step: StepRecord | None = None,
+    metrics: bool = True,
 ) -> Launch:
     """A script's launch at ``run.layout`` as the judge reads it: each loader the reference or the run
     iterated (in that order), its traces gathered over the ranks as one run on ``backend``; the batch
-    sources; whether the ranks joined a group. ``standin``: the reference is no single-process run (its
-    batch sources are not compared)."""
+    sources; whether the ranks joined a group; with ``metrics``, its evaluations. ``standin``: the reference
+    is no single-process run (its batch sources and evaluations are not compared)."""
     layout = run.layout
     records = []
     for name in _loader_names(reference, run):
@@ -367,7 +403,8 @@ def launch_of(
     traces = run.traces.values()
     joined = layout.world_size == 1 or any(t.joined_group for t in traces)
     facts = ScriptFacts(joined, tuple(sorted({f for t in traces for f in t.frameworks})))
-    return Launch(layout, tuple(records), sources, step, facts, standin, once)
+    evaluations = Evaluations(reference.traces, run.traces) if metrics else None
+    return Launch(layout, tuple(records), sources, step, facts, standin, once, evaluations=evaluations)
 
 
 def _loader_names(reference: Recorded, run: Recorded) -> list[str]:

@@ -137,6 +137,7 @@ def render_html(result: CheckResult | ReportView) -> str:
     parts += _resume(view)  # restores that lose samples are as much a finding as the pictures above
     parts += _mixture(view)
     parts += _step(view)
+    parts += _metrics(view)
     parts += _details(view)
     parts += _divergence(view)
     parts += _reasons(view.skipped, "Skipped (could not be judged)")
@@ -358,6 +359,27 @@ def _step(view: ReportView) -> list[str]:
             f'<figure class="step">{table.svg()}<figcaption>{_e(caption)}</figcaption></figure></section>'
         )
     return ["<h2>Training step</h2>", *blocks] if blocks else []
+
+
+def _metrics(view: ReportView) -> list[str]:
+    """Per layout whose evaluation was compared with one process's: each reported value at one process and
+    at this layout (every rank's), whether they agree, the evaluations compared and the eval set's split."""
+    blocks: list[str] = []
+    for table in view.metric_tables:
+        head = "".join(f"<th>{_e(h)}</th>" for h in table.headers)
+        rows = []
+        for cells in table.cells():
+            css = ' class="fail"' if cells[-1] == "NO" else ""
+            rows.append(f"<tr{css}>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
+        status = {"n/a": "na"}.get(table.status, table.status)
+        word = _e(STATUS_WORD.get(table.status, table.status))
+        blocks.append(
+            f'<section class="metric" id="{_e(table.anchor)}"><h3>{_e(table.label)} '
+            f'<span class="status {status}">{word}</span></h3><p class="muted">{_e(table.caption)}</p>'
+            f'<table class="metric"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+            "</section>"
+        )
+    return ["<h2>Evaluation metrics</h2>", *blocks] if blocks else []
 
 
 def _mixture(view: ReportView) -> list[str]:

@@ -88,6 +88,7 @@ def render_markdown(result: CheckResult | ReportView, *, figure_stem: str | None
             _idle(view),
             _mixture(view),
             _step(view),
+            _metrics(view),
             _failed_checks(view),
             _rank_failures(view),
         )
@@ -282,6 +283,16 @@ def _step(view: ReportView) -> str:
         cells = [[md_escape(c) for c in row] for row in table.cells()]
         parts.append(f"{head}\n\n{_table(cells, [md_escape(h) for h in table.headers])}")
     return "### Training step\n\n" + "\n\n".join(parts) if parts else ""
+
+
+def _metrics(view: ReportView) -> str:
+    """Per layout whose evaluation was compared: each value at one process and here, and what was compared."""
+    parts = []
+    for table in view.metric_tables:
+        head = f"**{md_escape(table.label)}** {table.status.upper()}: {md_escape(table.caption)}"
+        cells = [[md_escape(c) for c in row] for row in table.cells()]
+        parts.append(f"{head}\n\n{_table(cells, [md_escape(h) for h in table.headers])}")
+    return "### Evaluation metrics\n\n" + "\n\n".join(parts) if parts else ""
 
 
 def _mixture(view: ReportView) -> str:

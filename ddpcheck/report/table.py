@@ -80,6 +80,7 @@ def render_table(
         _reasons(view.skipped, width, "Skipped (could not be judged)"),
         _not_applicable(view, width, not_applicable_in),
         _divergence(view, width),
+        _metrics(view, width),
         _resume(view, width, not_applicable_in),
         _notes(view.result, width),
     ):
@@ -395,6 +396,17 @@ def _divergence(view: ReportView, width: int) -> str:
         )
         blocks.append(f"{row.label}:\n{table}")
     return _section("Divergence", "\n\n".join(blocks).splitlines())
+
+
+def _metrics(view: ReportView, width: int) -> str:
+    """Per layout whose evaluation was compared: each reported value at one process and at this layout."""
+    blocks: list[str] = []
+    for table in view.metric_tables:
+        limits: list[int | None] = [None, 36, None, None, 24, None]
+        lines = _wrap(table.caption, width)
+        grid = _table(table.cells(), list(table.headers), maxcolwidths=limits)
+        blocks.append("\n".join([f"{table.label}: {table.status.upper()}", *lines, grid]))
+    return _section("Evaluation metrics", "\n\n".join(blocks).splitlines())
 
 
 RESUME_SUMMARY_HEADERS = ("topology", "restores", "exact", "resharded", "refused", "failed", "worst loss")

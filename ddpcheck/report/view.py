@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from ddpcheck.evidence import PaddingCost, RestoreLog, WorkBalance
 from ddpcheck.messages import count_text, short_id, spans
+from ddpcheck.report.metric_view import MetricTable, metric_table
 from ddpcheck.report.mixture_view import MixtureTable, mixture_table
 from ddpcheck.report.rows import Cell, Row, restore_outcome
 from ddpcheck.report.step_view import StepTable, step_table
@@ -194,6 +195,11 @@ class ReportView:
     def step_tables(self) -> tuple[StepTable, ...]:
         """Per layout whose training step was compared with one process's, each compared step (once)."""
         return tuple(t for t in (step_table(row) for row in self.rows) if t is not None)
+
+    @functools.cached_property
+    def metric_tables(self) -> tuple[MetricTable, ...]:
+        """Per layout whose evaluation was compared with one process's, each compared value (once)."""
+        return tuple(t for t in (metric_table(row) for row in self.rows) if t is not None)
 
 
 def as_view(source: CheckResult | ReportView) -> ReportView:

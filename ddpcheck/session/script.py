@@ -24,11 +24,13 @@ from typing import Any
 
 from ddpcheck.checker.script_env import GPUS_ENV, NEEDS_CUDA, ScriptTarget
 from ddpcheck.checks.batch_sources import nothing_iterated
+from ddpcheck.checks.eval_metric import evenly_note
 from ddpcheck.checks.judge import Rules, judge, launch_of
 from ddpcheck.checks.replicas import data_parallel_view
 from ddpcheck.checks.scripts import RECORDED_ONCE, launcher_note
 from ddpcheck.checks.step import loss_scale, wants_loss_probe
 from ddpcheck.checks.step_judge import StepRecord, step_record
+from ddpcheck.evidence import MetricEvidence
 from ddpcheck.figures import figure_data
 from ddpcheck.launch.recorded import read_launch, read_trace_dir
 from ddpcheck.launch.script import launch_script
@@ -42,6 +44,7 @@ from ddpcheck.result import CheckResult, RunRecord, ScriptRun, WorldResult
 from ddpcheck.session.fingerprinted import is_fingerprinted, judge_fingerprinted
 from ddpcheck.session.run import Interrupted, layout_name, status_text, with_replicas
 from ddpcheck.trace import StepTrace
+from ddpcheck.verdict import METRIC_EQUIVALENCE
 
 Progress = Callable[[str], None]
 DEFAULT_MODEL_STEPS = 2
@@ -59,6 +62,7 @@ class ScriptOptions:
     cwd: str = ""  # the script's working directory ("" = this process's)
     step: bool = True  # watch the training step and judge it (--no-step: the loaders alone)
     batches: str = ""  # a batch function to record (--batches NAME), in windows of check.steps calls
+    eval_rounds: int = 1  # the script's evaluations compared (--eval-rounds; metric_equivalence)
 
 
 def check_script(
@@ -220,7 +224,11 @@ class _ScriptSession:
             id_source=source,
             epochs=self.options.check.epochs,
             options=RunRecord(self.options.check, script=script),
-            notes=tuple(dict.fromkeys([*self.notes, *(self.guard.notes() if self.guard else [])])),
+            notes=tuple(
+                dict.fromkeys(
+                    [*self.notes, *metric_notes(self.runs), *(self.guard.notes() if self.guard else [])]
+                )
+            ),
             interrupted=interrupted,
         )
 
@@ -286,6 +294,16 @@ class _ScriptSession:
             return ["--compare-batches", str(COMPARED_BATCHES), "--tail-batches", str(TAIL_BATCHES)]
         return ["--compare-batches", str(self.options.model_steps)]
 
+    def _eval_flags(self, layout: Layout, replay: str) -> list[str]:
+        """The script's evaluations (issue 41): none in a replay or with ``--no-metrics``; the single process
+        saves the weights it evaluates, every larger layout evaluates on them."""
+        if replay or self.options.check.metrics is False:
+            return ["--eval-rounds", "0"]
+        rounds = ["--eval-rounds", str(self.options.eval_rounds)]
+        if layout.world_size > 1 and self.reference is not None and self.reference.out:
+            return [*rounds, "--eval-weights", self.reference.out]
+        return rounds
+
     def _step_record(self, run: Recorded, layout: Layout) -> StepRecord | None:
         """The run's step recordings and, where several ranks take the step, the one-process replay of what
         they received (one more launch: the batches of one rank per data-parallel coordinate); None
@@ -334,6 +352,7 @@ class _ScriptSession:
             command += ["--replay", replay, *(["--replay-twice"] if twice else [])]
             if mesh is not None and mesh.mesh:
                 command += ["--mesh", mesh.spec, "--data-dims", ",".join(mesh.data_dims)]
+        command += self._eval_flags(layout, replay)
         command += [
             "--model-steps",
             "all" if self.options.model_steps is None else str(self.options.model_steps),
@@ -396,6 +415,18 @@ class _ScriptSession:
         return script_results(reference, run, rerun, self.options.check, step=step)
 
 
+def metric_notes(runs: Sequence[WorldResult]) -> list[str]:
+    """A note where every layout compared split the eval set evenly (equal metrics there prove little)."""
+    found = [
+        (run.layout.dp_world_size if run.layout else run.world_size, v.evidence)
+        for run in runs
+        for v in run.verdicts
+        if v.check == METRIC_EQUIVALENCE and isinstance(v.evidence, MetricEvidence)
+    ]
+    note = evenly_note(found)
+    return [note] if note else []
+
+
 def rank_environment(world_size: int, gpus: int | None = None) -> dict[str, str]:
     """What makes a GPU user's script distributed here as under torchrun on enough GPUs.
 
@@ -448,7 +479,10 @@ def script_results(
     ``standin`` (non-empty: why) means the reference is not a real single-process run; ``once``: why no
     determinism rerun exists; ``step``: the launch's step recordings."""
     layout = run.layout
-    launch = launch_of(reference, run, rerun, backend=SCRIPT_BACKEND, standin=standin, once=once, step=step)
+    metrics = options.metrics is not False  # the script's own evaluation (issue 41); off: --no-metrics
+    launch = launch_of(
+        reference, run, rerun, backend=SCRIPT_BACKEND, standin=standin, once=once, step=step, metrics=metrics
+    )
     results = []
     variables = _variables(reference, run)
     for judged in judge(launch, Rules.of(options)):
@@ -541,7 +575,7 @@ def judge_directory(
         runs=tuple(runs),
         epochs=options.epochs,
         options=RunRecord(options, judged=str(directory)),
-        notes=tuple(dict.fromkeys(notes)),
+        notes=tuple(dict.fromkeys([*notes, *metric_notes(runs)])),
     )
 
 
