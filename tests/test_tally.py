@@ -271,3 +271,20 @@ def test_ids_that_fit_or_are_keys_are_no_overflow() -> None:
     assert find_overflow(_wrapped_run(2, np.int16, limit=None)) is None  # not the sampler's own indices
     keyed = _wrapped_run(2, np.int64, n=40_000, limit=100)  # most ids beyond the length: keys, not indices
     assert find_overflow(keyed) is None
+
+
+def test_popcount_without_numpy_2_counts_what_bitwise_count_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NumPy 1.24 (pyproject's floor) has no ``bitwise_count``: the unpacked-bytes path must count the
+    same bits, for the word sizes a bitmap uses."""
+    import numpy as np
+
+    from ddpcheck.checks import tally
+
+    rng = np.random.default_rng(7)
+    for dtype in (np.uint8, np.uint64):
+        words = rng.integers(0, np.iinfo(dtype).max, size=1001, dtype=dtype, endpoint=True)
+        expected = sum(bin(int(w)).count("1") for w in words)
+        assert tally.popcount(words) == expected
+        monkeypatch.setattr(tally, "_BITWISE_COUNT", None)
+        assert tally.popcount(words) == expected
+        monkeypatch.undo()

@@ -34,6 +34,7 @@ SLACK = 1 << 23  # a bitmap over this many ids (1 MB) is always fine, however fe
 BYTE_SPAN = 1 << 27  # up to this many ids, a byte per id (128 MB a bitmap); a bit per id beyond
 PER_ID = 16  # else a bitmap spans at most this many ids per id held (2 bytes per id per bitmap)
 _ONE = np.uint8(1)
+_BITWISE_COUNT = getattr(np, "bitwise_count", None)  # NumPy 2.0 and later; pyproject allows 1.24
 CROSS_PAIRS = 1 << 24  # (id, rank) holdings of ids on several ranks listed at most (256 MB)
 
 
@@ -128,6 +129,14 @@ def stream_sample(ids: Any) -> tuple[int, ...]:
     return (n, *values_of(ids)[places].tolist())
 
 
+def popcount(words: Any) -> int:
+    """The set bits of a bitmap block: ``np.bitwise_count`` where NumPy has it (2.0+), else the block's
+    bytes unpacked (NumPy 1.24, the floor pyproject declares: eight times the block's bytes, once)."""
+    if _BITWISE_COUNT is not None:
+        return int(_BITWISE_COUNT(words).sum(dtype=np.int64))
+    return int(np.unpackbits(np.ascontiguousarray(words).view(np.uint8)).sum(dtype=np.int64))
+
+
 class Bits:
     """A flag per id of ``[base, base + span)``; offsets (``id - base``) index it.
 
@@ -161,7 +170,7 @@ class Bits:
             np.bitwise_or.at(self.words, units, bits)
 
     def _ones(self, w: Any) -> int:
-        return int(np.bitwise_count(w).sum(dtype=np.int64)) if self.packed else int(np.count_nonzero(w))
+        return popcount(w) if self.packed else int(np.count_nonzero(w))
 
     def count(self) -> int:
         w = self.words
