@@ -284,7 +284,9 @@ def test_ddpcheck_fails_hash_sharded_files_as_torchrun_does(tmp_path: Path) -> N
     report = json.loads((tmp_path / "ddpcheck.json").read_text())
     (ws2,) = [run for run in report["runs"] if run["world_size"] == 2]
     failed = {name for name, check in ws2["checks"].items() if check["status"] == "fail"}
-    assert {"coverage", "no_overlap"} <= failed, failed
+    # each rank keeps each of the 16 files with probability 1/2 under its own hash seed: a file on both
+    # ranks and a file on neither are each missing in about 1% of launches, never both (0.0015%)
+    assert failed & {"coverage", "no_overlap"}, failed
 
 
 def test_a_fixed_hash_seed_makes_hash_sharding_agree_in_both(tmp_path: Path) -> None:
