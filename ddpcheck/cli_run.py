@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from ddpcheck import hygiene
 from ddpcheck.exits import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 from ddpcheck.options import IGNORE_INDEX
-from ddpcheck.record import batch_function, model_steps, nonnegative, split_command
+from ddpcheck.wire.argv import batch_function, model_steps, nonnegative, split_command
 
 if TYPE_CHECKING:
     from ddpcheck.result import CheckResult

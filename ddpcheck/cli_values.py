@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ddpcheck.layout import Layout
+from ddpcheck.wire.argv import names  # noqa: F401 - --data-dims, --sequence-dims: one syntax
 
 MAX_JOINED_WORLD_SIZE = 1 << 20  # joining a launch: ranks live on many machines
 
@@ -67,15 +68,6 @@ def check_ids(text: str) -> list[str]:
     if not ids:
         raise argparse.ArgumentTypeError(f"expected check ids such as reshuffle,determinism, got {text!r}")
     return ids
-
-
-def names(text: str) -> tuple[str, ...]:
-    names = tuple(part.strip() for part in text.split(",") if part.strip())
-    if not names or not all(name.isidentifier() for name in names):
-        raise argparse.ArgumentTypeError(
-            f"expected mesh dimension names such as dp or dp_replicate,dp_shard, got {text!r}"
-        )
-    return names
 
 
 def number(

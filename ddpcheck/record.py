@@ -18,7 +18,6 @@ is not every index exactly once.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddpcheck.exits import EXIT_BAD_INPUT, EXIT_FINGERPRINT_FAILED, EXIT_OK, EXIT_SCRIPT_FAILED
 from ddpcheck.launch.workdir import enter_workdir  # the standard library only: no thread starts
+from ddpcheck.wire.argv import ArgvError, RecordArgs, exit_with
 
 if TYPE_CHECKING:
     from ddpcheck.checker.script import ScriptRecordOptions
@@ -35,217 +35,17 @@ if TYPE_CHECKING:
     from ddpcheck.checker.step import StepWatcher
 
 
-def split_command(argv: Sequence[str]) -> tuple[list[str], str, str, list[str]]:
-    """(our options, script path, module, the script's arguments): ``-- FILE ARGS`` or ``-m MODULE ARGS``.
-
-    The first ``--`` or ``-m`` ends our options; a bare FILE after our options works too."""
-    argv = list(argv)
-    for i, arg in enumerate(argv):
-        if arg == "--":
-            rest = argv[i + 1 :]
-            if rest[:1] == ["-m"]:
-                return argv[:i], "", rest[1] if len(rest) > 1 else "", rest[2:]
-            return argv[:i], rest[0] if rest else "", "", rest[1:]
-        if arg == "-m":
-            return argv[:i], "", argv[i + 1] if i + 1 < len(argv) else "", argv[i + 2 :]
-    return argv, "", "", []
-
-
-def model_steps(text: str) -> int | None:
-    """``all`` or a positive number of batches per epoch that the script's own loop receives."""
-    if text.strip().lower() == "all":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--model-steps takes a number of batches or 'all', got {text!r}"
-        ) from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"--model-steps must be at least 1 (or 'all'), got {text!r}")
-    return value
-
-
-def batch_function(text: str) -> str:
-    """``--batches NAME``: a function's name in the script (``get_batch``, ``Cls.method``) or a module's
-    (``module:name``), checked for its form here, found as the script runs."""
-    from ddpcheck.checker.batch_source import parse_name
-
-    if not text:  # the default: no batch function (argparse runs a string default through this too)
-        return text
-    try:
-        parse_name(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
-def batches_or_all(text: str) -> int | None:
-    """``all`` or a number of batches, 0 included (``--compare-batches 0``: compare no window)."""
-    if text.strip().lower() == "all":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of batches or 'all', got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected 0 or more batches (or 'all'), got {text!r}")
-    return value
-
-
-def nonnegative(text: str) -> int:
-    value = batches_or_all(text)
-    if value is None:
-        raise argparse.ArgumentTypeError(f"expected a number of batches, got {text!r}")
-    return value
-
-
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m ddpcheck.record",
-        usage="python -m ddpcheck.record --out DIR [OPTIONS] -- SCRIPT [ARGS...] | -m MODULE [ARGS...]",
-        description="Record what a training script's DataLoaders yield on this rank (no judging).",
-    )
-    parser.add_argument("--out", required=True, help="directory for this launch's trace files")
-    parser.add_argument("--epochs", type=positive, default=2, help="epochs of the main loader to record")
-    parser.add_argument(
-        "--model-steps",
-        type=model_steps,
-        default=2,
-        metavar="N|all",
-        help="batches of each epoch the script's loop receives; the rest is recorded past it",
-    )
-    parser.add_argument("--steps", type=positive, default=None, help="windows of N batches (endless loaders)")
-    parser.add_argument("--hooks", default="", help="a file with loader-file hooks (sample_ids, batch_work)")
-    parser.add_argument("--digest", action="store_true", help="digest batch contents (mesh replicas)")
-    parser.add_argument("--no-work", action="store_true", help="do not measure token work")
-    parser.add_argument("--work-cost", choices=("tokens", "attention"), default="tokens")
-    parser.add_argument(
-        "--batches",
-        type=batch_function,
-        default="",
-        metavar="NAME",
-        help="record the calls of this function of the script (get_batch, Cls.method, module:name) as "
-        "batches, in windows of --steps calls (default 8)",
-    )
-    parser.add_argument(
-        "--fingerprint",
-        action="store_true",
-        help="write no ids: at the end, prove with the other ranks (a gloo group of ddpcheck's own) that "
-        "every dataset index was yielded once, naming the ids that were not (every process a "
-        "data-parallel rank); writes OUT/fingerprint-rankR.json, exit 1 when an epoch fails",
-    )
-    _step_arguments(parser)
-    _eval_arguments(parser)
-    return parser
-
-
-def _eval_arguments(parser: argparse.ArgumentParser) -> None:
-    """The script's own evaluation (issue 41)."""
-    group = parser.add_argument_group("the script's evaluation (issue 41)")
-    group.add_argument(
-        "--eval-rounds",
-        type=nonnegative,
-        default=1,
-        metavar="N",
-        help="hand the first N evaluations that run whole to the script whole and record what it reports "
-        "(0: none); at one process the weights each evaluates are saved under OUT/eval",
-    )
-    group.add_argument(
-        "--eval-weights",
-        default="",
-        metavar="DIR1",
-        help="evaluate on the weights the one-process launch recorded in DIR1 saved (restored after each)",
-    )
-
-
-def _step_arguments(parser: argparse.ArgumentParser) -> None:
-    """The training step's options (issue 35)."""
-    from ddpcheck import cli_values as values
-    from ddpcheck.options import IGNORE_INDEX
-
-    step = parser.add_argument_group("the training step (issue 35)")
-    step.add_argument(
-        "--step",
-        dest="step",
-        action="store_true",
-        default=False,
-        help="watch the training step: backward and forward counts, gradients, random draws; save the "
-        "compared steps' batches under OUT/step for a replay",
-    )
-    step.add_argument("--no-step", dest="step", action="store_false", help="do not watch the step (default)")
-    step.add_argument(
-        "--replay",
-        default="",
-        metavar="DIR",
-        help="replay the compared steps of the launch recorded in DIR (run at world size 1); implies --step",
-    )
-    step.add_argument(
-        "--replay-twice",
-        action="store_true",
-        default=False,
-        help="with --replay: feed every rank's batch twice (probes whether the loss is a mean or a sum)",
-    )
-    step.add_argument(
-        "--mesh",
-        type=values.mesh,
-        default=None,
-        metavar="dp=2,tp=2",
-        help="with --replay: the recorded launch's device mesh; the replay joins the batches of one rank per "
-        "data-parallel coordinate (its tensor and context peers hold the same samples)",
-    )
-    step.add_argument(
-        "--data-dims",
-        type=values.names,
-        default=None,
-        metavar="NAME[,NAME]",
-        help="with --mesh: the dimensions that split the data (default: the names that start with dp)",
-    )
-    step.add_argument(
-        "--ignore-index",
-        type=int,
-        default=IGNORE_INDEX,
-        metavar="N",
-        help="the label value that supervises nothing (-100)",
-    )
-    step.add_argument(
-        "--compare-batches",
-        type=batches_or_all,
-        default=None,
-        metavar="N|all",
-        help="compare the step windows that start in an epoch's first N batches (default: all)",
-    )
-    step.add_argument(
-        "--tail-batches",
-        type=nonnegative,
-        default=0,
-        metavar="N",
-        help="also compare windows that start in an epoch's last N batches",
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     problem = enter_workdir()  # first: a mount namespace is entered only while this is one thread
     if problem:
         print(f"ddpcheck.record: {problem}", file=sys.stderr)
         return EXIT_SCRIPT_FAILED
-    ours, path, module, script_args = split_command(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    args = parser.parse_args(ours)
-    if not path and not module:
-        parser.error("give the script after --: -- train.py ARGS, or -m MODULE ARGS")
-    if path and not os.path.isfile(path):
-        print(f"ddpcheck.record: no such script: {path}", file=sys.stderr)
+    try:
+        args = RecordArgs.from_argv(sys.argv[1:] if argv is None else argv)
+    except ArgvError as exc:
+        exit_with(str(exc))
+    if args.path and not os.path.isfile(args.path):
+        print(f"ddpcheck.record: no such script: {args.path}", file=sys.stderr)
         return EXIT_BAD_INPUT
     problem = _out_problem(args.out) or _mesh_problem(args)
     if problem:
@@ -284,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         steps=args.steps,
         hooks=args.hooks,
         digest=args.digest,
-        work=not args.no_work,
+        work=args.work,
         work_cost=args.work_cost,
         ignore_index=args.ignore_index,
         batches=args.batches,
@@ -292,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         eval_save=os.path.abspath(args.out),
         eval_weights=os.path.abspath(args.eval_weights) if args.eval_weights else "",
     )
-    target = ScriptTarget(path=path, module=module, args=tuple(script_args))
+    target = ScriptTarget(path=args.path, module=args.module, args=args.script_args)
     if args.fingerprint:
         return _fingerprinted(args.out, target, replace(options, eval_rounds=0), hooks)
     from ddpcheck.tracefile import spill_to, write_rank
@@ -373,7 +173,7 @@ def imported_frameworks() -> tuple[str, ...]:
     return tuple(name for name, modules in FRAMEWORK_MODULES.items() if any(m in loaded for m in modules))
 
 
-def _watch_step(args: argparse.Namespace) -> StepWatcher | None:
+def _watch_step(args: RecordArgs) -> StepWatcher | None:
     """Install the step watcher when asked (``--step``, ``--replay``): before the script runs."""
     if not (args.step or args.replay):
         return None
@@ -403,7 +203,7 @@ def _out_problem(out: str) -> str:
     return ""
 
 
-def _mesh_problem(args: argparse.Namespace) -> str:
+def _mesh_problem(args: RecordArgs) -> str:
     """Why ``--mesh``/``--data-dims`` cannot be used ("": they can, or were not given)."""
     if args.data_dims is not None and args.mesh is None:
         return "--data-dims: give --mesh too"
@@ -420,7 +220,7 @@ def _mesh_problem(args: argparse.Namespace) -> str:
     return ""
 
 
-def _replay_ranks(args: argparse.Namespace) -> tuple[int, ...] | None:
+def _replay_ranks(args: RecordArgs) -> tuple[int, ...] | None:
     """The recorded ranks a replay joins: one per data-parallel coordinate of ``--mesh`` (None: every rank).
     The mesh was checked for its form when parsed; a mesh without a data dimension is refused in main."""
     if args.mesh is None:

@@ -140,7 +140,7 @@ LEVELS = (
     ("ddpcheck.launch", "ddpcheck.checks", "ddpcheck.reference", "ddpcheck.report"),
     ("ddpcheck.trace", "ddpcheck.eval_trace", "ddpcheck.tracefile", "ddpcheck.result", "ddpcheck.restores",
      "ddpcheck.figures", "ddpcheck.layout", "ddpcheck.messages", "ddpcheck.options", "ddpcheck.recorded",
-     "ddpcheck"),
+     "ddpcheck.wire", "ddpcheck"),
     FLOOR,
 )  # fmt: skip
 

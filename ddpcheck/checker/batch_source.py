@@ -26,21 +26,11 @@ from typing import Any
 from ddpcheck.checker.script_env import RecorderError
 from ddpcheck.launch.userfiles import is_user_file
 from ddpcheck.trace import SourceTrace
+from ddpcheck.wire.argv import parse_name  # the form of --batches NAME, checked where it is parsed
 
 MAX_TOKENS = 1 << 24  # tokens one rank keeps per source (128 MB): beyond, fewer calls per window will do
 INPUT_KEYS = ("input_ids", "inputs", "input", "x", "tokens", "idx")
 TARGET_KEYS = ("labels", "targets", "target", "y")
-
-
-def parse_name(spec: str) -> tuple[str, tuple[str, ...]]:
-    """``data:get_batch`` -> ("data", ("get_batch",)); ``Cls.method`` -> ("__main__", ("Cls", "method"))."""
-    module, _, qualname = spec.rpartition(":")
-    parts = tuple(qualname.split("."))
-    if not all(p.isidentifier() for p in parts) or (module and not all(
-        p.isidentifier() for p in module.split(".")
-    )):  # fmt: skip
-        raise ValueError(f"--batches {spec!r}: give a function's name (get_batch, Cls.method, module:name)")
-    return module or "__main__", parts
 
 
 @dataclass

@@ -38,13 +38,14 @@ from ddpcheck.launch.watchdog import Limits
 from ddpcheck.launch.workdir import WorkdirGuard, WorkdirUnavailable
 from ddpcheck.layout import Layout, LayoutError, check_ranks
 from ddpcheck.messages import count_text, one_line
-from ddpcheck.options import IGNORE_INDEX, TEST_WORLD_SIZES, BadInput, CheckOptions, mesh_layouts, validate
+from ddpcheck.options import TEST_WORLD_SIZES, BadInput, CheckOptions, mesh_layouts, validate
 from ddpcheck.recorded import Recorded, launch_failure, launch_problem
 from ddpcheck.result import CheckResult, RunRecord, ScriptRun, WorldResult
 from ddpcheck.session.fingerprinted import is_fingerprinted, judge_fingerprinted
 from ddpcheck.session.run import Interrupted, layout_name, status_text, with_replicas
 from ddpcheck.trace import StepTrace
 from ddpcheck.verdict import METRIC_EQUIVALENCE
+from ddpcheck.wire.argv import RecordArgs
 
 Progress = Callable[[str], None]
 DEFAULT_MODEL_STEPS = 2
@@ -284,24 +285,24 @@ class _ScriptSession:
                     f"{status_text(result)} ({result.seconds:.2f}s)"
                 )
 
-    def _compared(self, compare: bool) -> list[str]:
+    def _compared(self, compare: bool) -> dict[str, int | None]:
         """Which step windows a launch keeps for the replay: none (a launch nothing replays), the windows
         the loop reaches in an epoch's first batches, and with whole epochs (``--model-steps all``) also
         the epoch's last windows, where the ranks' shorter tails differ."""
         if not compare:
-            return ["--compare-batches", "0"]
+            return {"compare_batches": 0}
         if self.options.model_steps is None:
-            return ["--compare-batches", str(COMPARED_BATCHES), "--tail-batches", str(TAIL_BATCHES)]
-        return ["--compare-batches", str(self.options.model_steps)]
+            return {"compare_batches": COMPARED_BATCHES, "tail_batches": TAIL_BATCHES}
+        return {"compare_batches": self.options.model_steps}
 
-    def _eval_flags(self, layout: Layout, replay: str) -> list[str]:
+    def _eval_flags(self, layout: Layout, replay: str) -> dict[str, Any]:
         """The script's evaluations (issue 41): none in a replay or with ``--no-metrics``; the single process
         saves the weights it evaluates, every larger layout evaluates on them."""
         if replay or self.options.check.metrics is False:
-            return ["--eval-rounds", "0"]
-        rounds = ["--eval-rounds", str(self.options.eval_rounds)]
+            return {"eval_rounds": 0}
+        rounds = {"eval_rounds": self.options.eval_rounds}
         if layout.world_size > 1 and self.reference is not None and self.reference.out:
-            return [*rounds, "--eval-weights", self.reference.out]
+            return {**rounds, "eval_weights": self.reference.out}
         return rounds
 
     def _step_record(self, run: Recorded, layout: Layout) -> StepRecord | None:
@@ -343,35 +344,31 @@ class _ScriptSession:
         self.launches += 1
         out = os.path.join(self.workdir, f"l{self.launches}")
         check = replace(self.options.check, steps=steps) if steps is not None else self.options.check
-        command = ["-m", "ddpcheck.record", "--out", out, "--epochs", str(check.epochs)]
+        step: dict[str, Any] = {}
         if self.options.step:
-            command += ["--step", *self._compared(compare or bool(replay))]
-        if check.ignore_index != IGNORE_INDEX:  # the step's and the loaders' supervised counts
-            command += ["--ignore-index", str(check.ignore_index)]
-        if replay:
-            command += ["--replay", replay, *(["--replay-twice"] if twice else [])]
-            if mesh is not None and mesh.mesh:
-                command += ["--mesh", mesh.spec, "--data-dims", ",".join(mesh.data_dims)]
-        command += self._eval_flags(layout, replay)
-        command += [
-            "--model-steps",
-            "all" if self.options.model_steps is None else str(self.options.model_steps),
-        ]
-        if check.steps is not None:
-            command += ["--steps", str(check.steps)]
-        if self.options.hooks:
-            command += ["--hooks", os.path.abspath(self.options.hooks)]
-        if self.options.batches:
-            command += ["--batches", self.options.batches]
-        if layout.replicas > 1:
-            command.append("--digest")
-        if not check.work:
-            command.append("--no-work")
-        command += ["--work-cost", check.work_cost]
-        if self.target.module:
-            command += ["-m", self.target.module, *self.target.args]
-        else:
-            command += ["--", self.target.path, *self.target.args]
+            step = {"step": True, **self._compared(compare or bool(replay))}
+        if replay and mesh is not None and mesh.mesh:
+            step.update(mesh=mesh.spec, data_dims=tuple(mesh.data_dims))
+        record = RecordArgs(
+            out=out,
+            path="" if self.target.module else self.target.path,
+            module=self.target.module,
+            script_args=tuple(self.target.args),
+            epochs=check.epochs,
+            model_steps=self.options.model_steps,
+            steps=check.steps,
+            hooks=os.path.abspath(self.options.hooks) if self.options.hooks else "",
+            digest=layout.replicas > 1,
+            work=check.work,
+            work_cost=check.work_cost,
+            batches=self.options.batches,
+            replay=replay,
+            replay_twice=bool(replay) and twice,
+            ignore_index=check.ignore_index,  # the step's and the loaders' supervised counts
+            **step,
+            **self._eval_flags(layout, replay),
+        )
+        command = ["-m", "ddpcheck.record", *record.to_argv()]
         env = rank_environment(layout.world_size)
         launch = launch_script(
             command,
