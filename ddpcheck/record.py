@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ddpcheck.exits import EXIT_BAD_INPUT, EXIT_FINGERPRINT_FAILED, EXIT_OK, EXIT_SCRIPT_FAILED
 from ddpcheck.launch.workdir import enter_workdir  # the standard library only: no thread starts
 from ddpcheck.wire.argv import ArgvError, RecordArgs, exit_with
+from ddpcheck.wire.files import step_folder
 
 if TYPE_CHECKING:
     from ddpcheck.checker.script import ScriptRecordOptions
@@ -54,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.eval_weights and not os.path.isdir(args.eval_weights):
         print(f"ddpcheck.record: --eval-weights {args.eval_weights}: no such directory", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.replay and not os.path.isdir(os.path.join(args.replay, "step")):
+    if args.replay and not os.path.isdir(step_folder(args.replay)):
         print(
             f"ddpcheck.record: --replay {args.replay}: no recorded steps there (record with --step)",
             file=sys.stderr,
@@ -121,17 +122,18 @@ def _fingerprinted(out: str, target: ScriptTarget, options: ScriptRecordOptions,
     import shutil
     import tempfile
 
-    from ddpcheck.checker.fingerprint import HELD_IDS, REPORT_NAME, exchange, teardown_deferred
+    from ddpcheck.checker.fingerprint import HELD_IDS, exchange, teardown_deferred
     from ddpcheck.checker.script import record_script
     from ddpcheck.checks.fingerprint import FingerprintReport
     from ddpcheck.trace import spill_every
     from ddpcheck.tracefile import spill_to
+    from ddpcheck.wire.files import FINGERPRINT_HELD, fingerprint_path
 
     os.makedirs(out, exist_ok=True)
-    held = tempfile.mkdtemp(prefix=".fingerprint-", dir=out)
+    held = tempfile.mkdtemp(prefix=FINGERPRINT_HELD, dir=out)
 
     def publish(report: FingerprintReport) -> None:
-        with open(os.path.join(out, REPORT_NAME.format(rank=trace.rank)), "w") as handle:
+        with open(fingerprint_path(out, trace.rank), "w") as handle:
             data = {"ok": report.ok, "ranks": report.ranks, "seconds": report.seconds,
                     "cpu_seconds": report.cpu_seconds, "state_bytes": report.state_bytes,
                     "epochs": [vars(e) for e in report.epochs]}  # fmt: skip

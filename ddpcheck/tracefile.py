@@ -12,14 +12,13 @@ A launch's directory holds, per rank ``R``:
 
 A rank writes its ids while it records: past :data:`SPILL_IDS` ids an epoch goes to disk as it grows
 (:class:`SpillFile`), so no rank holds a large epoch in memory. Ids that are not integers stay in the
-pickle.
+pickle. The files' names are :mod:`ddpcheck.wire.files`'.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
-import re
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
@@ -35,12 +34,8 @@ from ddpcheck.trace import (
     ScriptRankTrace,
     spill_threshold,
 )
+from ddpcheck.wire.files import IDS_NAME, IDS_SUFFIX, array_path, ids_name, spill_path, trace_path
 
-TRACE_SUFFIX = ".trace"
-TRACE_GLOB = "rank*.trace"
-IDS_SUFFIX = ".ids.npy"
-SPILL_SUFFIX = ".spill"
-_IDS_NAME = re.compile(r"rank\d+\.\d+\.\d+\.ids\.npy")
 _SAFE_BUILTINS = frozenset(
     {"set", "frozenset", "tuple", "list", "dict", "int", "float", "complex", "str", "bytes", "bytearray",
      "bool", "slice", "range"}
@@ -49,10 +44,6 @@ _NUMPY_DATA = frozenset(
     {(m, n) for m in ("numpy.core.multiarray", "numpy._core.multiarray") for n in ("scalar", "_reconstruct")}
     | {("numpy", "dtype"), ("numpy", "ndarray")}
 )
-
-
-def trace_path(directory: str | Path, rank: int) -> str:
-    return os.path.join(directory, f"rank{rank}{TRACE_SUFFIX}")
 
 
 def narrowest(lo: int, hi: int) -> str:
@@ -91,7 +82,7 @@ class SpillFile:
     writes them as a ``.npy`` of the narrowest type. Installed by :func:`spill_to`."""
 
     def __init__(self, directory: str, number: int) -> None:
-        self.path = os.path.join(directory, f"spill{os.getpid()}-{number}{SPILL_SUFFIX}")
+        self.path = spill_path(directory, number)
         self._handle: BinaryIO | None = open(self.path, "wb")  # noqa: SIM115 - closed by close()
         self.count, self.lo, self.hi = 0, 0, -1
 
@@ -141,7 +132,7 @@ def spill_array(values: Any) -> IdArray | None:
     if not _spilled_to or len(values) < spill_threshold():
         return None
     directory, numbers = _spilled_to[0]
-    path = os.path.join(directory, f"array{os.getpid()}-{next(numbers)}{IDS_SUFFIX}")
+    path = array_path(directory, next(numbers))
     lo, hi = (int(values.min()), int(values.max())) if len(values) else (0, -1)
     return write_ids(path, [values], len(values), lo, hi)
 
@@ -150,7 +141,7 @@ def _stored_epoch(directory: str, rank: int, loader: int, epoch: EpochTrace) -> 
     """The epoch with its integer ids in their ``.npy`` file, named by rank, loader and epoch."""
     import numpy as np
 
-    name = f"rank{rank}.{loader}.{epoch.epoch}{IDS_SUFFIX}"
+    name = ids_name(rank, loader, epoch.epoch)
     path = os.path.join(directory, name)
     ids = epoch.ids
     if isinstance(ids, IdArray) and ids.path:
@@ -224,7 +215,7 @@ def _resolved(directory: str, ids: IdArray) -> IdArray:
     """An ids file named by a trace, found beside it and checked against what the trace says of it."""
     import numpy as np
 
-    if not _IDS_NAME.fullmatch(ids.path):
+    if not IDS_NAME.fullmatch(ids.path):
         raise BadTraceFile(f"names an ids file {ids.path!r} outside its directory")
     path = os.path.join(directory, ids.path)
     try:

@@ -7,6 +7,7 @@ Read from the source (``ast``), so a lazy import inside a function counts as muc
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -423,3 +424,81 @@ def test_no_function_takes_more_than_8_parameters() -> None:
     )  # one GroupCall, as torchrun takes one config
     over = {name for name, count in parameters.items() if count > MAX_PARAMETERS}
     assert over == set()
+
+
+# --- the files a rank writes for its parent: named in one module ---
+
+WIRE_FILES = "ddpcheck.wire.files"
+FILE_NAME_PATTERNS = re.compile(
+    r"rank(\{\}|\*)\."  # rankR.trace, rankR.L.E.ids.npy, rankR.log, rankR.stacks, rank*.trace, ...
+    r"|^rank\{\}$"  # a rank's folder of step windows
+    r"|\.rank\{\}$"  # a rank's shard of the step's weights
+    r"|fingerprint-rank[{*]|^\.fingerprint-$"
+    r"|(^|\{\}|^ranks)\.(trace|spill|stacks?|ids\.npy|error\.json)$"
+    r"|^(spill|array|round)\{\}"
+    r"|^shm-names$"
+)
+FOLDER_NAMES = frozenset({"step", "params", "eval", "progress"})  # a part of a path os.path.join is given
+
+
+def _file_names_spelled(source: str) -> list[str]:
+    """The file names of a rank's files that ``source`` spells itself, as ``line: template``: a string or
+    f-string (its fields as ``{}``) that reads as one, or a folder name given to ``os.path.join``."""
+    tree = ast.parse(source)
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    parts = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            text = "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = "" if id(node) in docstrings or id(node) in parts else node.value
+        else:
+            text = ""
+        if text and FILE_NAME_PATTERNS.search(text):
+            found.append(f"{node.lineno}: {text}")
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant)
+            and node.value.value in FOLDER_NAMES
+            and any(isinstance(t, ast.Name) and t.id.endswith("_DIR") for t in node.targets)
+        ):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.path.join", "join"):
+            found += [
+                f"{a.lineno}: join(..., {a.value!r})"
+                for a in node.args
+                if isinstance(a, ast.Constant) and a.value in FOLDER_NAMES
+            ]
+    return found
+
+
+def test_the_files_a_rank_writes_are_named_in_one_module() -> None:
+    """Traces, ids, step windows, the fingerprint verdict, the progress region, the forked ranks' files:
+    the rank that writes one and the parent that reads it find it through :mod:`ddpcheck.wire.files`, so
+    the two sides cannot name it two ways."""
+    spelled = {
+        f"{_module_name(path)}:{hit}"
+        for path in PACKAGE.rglob("*.py")
+        if _module_name(path) != WIRE_FILES
+        for hit in _file_names_spelled(path.read_text(encoding="utf-8"))
+    }
+    assert sorted(spelled) == []
+    owner = _file_names_spelled((PACKAGE / "wire" / "files.py").read_text(encoding="utf-8"))
+    assert len(owner) >= 10  # the walk finds the names where they are spelled
+
+
+def test_the_file_name_walk_finds_a_name_spelled_by_hand() -> None:
+    source = (
+        'import os\n"""rankR.trace in a docstring is prose"""\n'
+        'a = os.path.join(out, f"rank{rank}.log")\nb = "rank*.trace"\n'
+        'c = os.path.join(out, "step", "x")\nd = f"rank{\'s\' if n else \'\'} {n}"\n'
+    )
+    assert sorted(_file_names_spelled(source)) == ["3: rank{}.log", "4: rank*.trace", "5: join(..., 'step')"]

@@ -26,13 +26,9 @@ from ddpcheck.checker import replay as rp
 from ddpcheck.checker.identity import content_hash
 from ddpcheck.checker.models import Models, unwrap_model
 from ddpcheck.checks.eval_metric import UNREAD
+from ddpcheck.wire.files import eval_round_path
 
-EVAL_DIR = "eval"
 SAVED, LOADED = "saved", "loaded"
-
-
-def round_path(out: str, index: int) -> str:
-    return os.path.join(out, EVAL_DIR, f"round{index}.pt")
 
 
 def _state(root: Any) -> list[tuple[str, Any]]:
@@ -100,7 +96,7 @@ class WeightHolder:
             self.own = []
         if self.held == SAVED and self.saved:
             try:
-                rp.save(round_path(self.save, self.index), {"models": self.saved})
+                rp.save(eval_round_path(self.save, self.index), {"models": self.saved})
             except Exception as exc:  # a state torch cannot save: the judge says the weights were not held
                 self.held, self.why = "", f"the weights could not be saved ({type(exc).__name__}: {exc})"
 
@@ -150,7 +146,7 @@ class WeightHolder:
         if self.held != LOADED:
             return
         if self.loaded is None:
-            path = round_path(self.load, self.index)
+            path = eval_round_path(self.load, self.index)
             if not os.path.exists(path):
                 self.held, self.why = (
                     "",

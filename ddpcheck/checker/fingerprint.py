@@ -39,8 +39,6 @@ FOLD_IDS = 1 << 20  # ids folded at a time
 HELD_IDS = 1 << 15  # ids a rank holds in memory before they go to its spill file (256 kB)
 NAMED_IDS = 1 << 18  # ids and indices the ranks send together to name what differs, about
 EXAMPLES = 5
-REPORT_NAME = "fingerprint-rank{rank}.json"  # each rank's copy of the job's verdict, in OUT
-REPORT_GLOB = "fingerprint-rank*.json"
 _SALT = np.uint64(0x5DEECE66D1234567)  # the bucket's hash differs from the summed one
 
 

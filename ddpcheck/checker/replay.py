@@ -16,16 +16,14 @@ Files hold plain containers, tensors and numbers only (``torch.load(weights_only
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ddpcheck.checker.draws import NotReplayable
 from ddpcheck.options import IGNORE_INDEX
+from ddpcheck.wire.files import params_path, step_rank_folder, step_ranks
 
-STEP_DIR = "step"
-PARAMS_DIR = "params"
 _TAG = "__ddpcheck__"
 PAD_KEYS = ("attention_mask", "labels", "input_ids")
 
@@ -368,22 +366,6 @@ def _union_tensor(call: str, tensors: Sequence[Any], shape: tuple[int, ...]) -> 
 # --- files ------------------------------------------------------------------------------------------------
 
 
-def window_name(loader: str, epoch: int, first: int) -> str:
-    """The file name of the window whose first batch is ``loader``'s batch ``first`` of ``epoch``."""
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", loader)[-80:] or "loader"
-    return f"{slug}-e{epoch}-b{first}.pt"
-
-
-def rank_folder(out: str, rank: int) -> str:
-    return os.path.join(out, STEP_DIR, f"rank{rank}")
-
-
-def params_path(out: str, name: str, rank: int | None = None) -> str:
-    """Where the weights at window ``name``'s first batch are saved: rank 0's whole tensors, or
-    (``rank``) one rank's shards of sharded parameters."""
-    return os.path.join(out, STEP_DIR, PARAMS_DIR, name if rank is None else f"{name}.rank{rank}")
-
-
 def save(path: str, payload: Any) -> None:
     import torch
 
@@ -419,16 +401,15 @@ def read_window(replay: str, name: str, only: Sequence[int] | None = None) -> Re
     """The recorded window ``name`` of every rank of the launch in ``replay`` (None: none saved it);
     ``only``: of these ranks alone (one per data-parallel coordinate of a mesh: their batches are the
     samples, their tensor and context peers hold the same ones)."""
-    folder = os.path.join(replay, STEP_DIR)
     try:
-        ranks = sorted(int(n[4:]) for n in os.listdir(folder) if n.startswith("rank") and n[4:].isdigit())
+        ranks = step_ranks(replay)
     except OSError:
         return None
     if only is not None:
         ranks = [r for r in ranks if r in set(only)]
     found = RecordedWindow(name, [], [], [], [], [])
     for rank in ranks:
-        path = os.path.join(rank_folder(replay, rank), name)
+        path = os.path.join(step_rank_folder(replay, rank), name)
         if not os.path.exists(path):
             continue
         payload = load(path)

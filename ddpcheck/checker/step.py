@@ -34,6 +34,7 @@ from ddpcheck.checker.models import Models
 from ddpcheck.checker.norms import PartNorm
 from ddpcheck.options import IGNORE_INDEX
 from ddpcheck.trace import Draw, FetchDraws, MicroStep, ModelFeed, OptimizerStep, StepTrace
+from ddpcheck.wire.files import params_path, step_folder, step_rank_folder, window_name
 
 
 @dataclass(frozen=True)
@@ -216,7 +217,7 @@ class StepWatcher:
 
     def _first_batch(self, window: _Window, handoff: Handoff, length: int | None) -> None:
         loader, epoch, position = handoff
-        window.name = rp.window_name(loader, epoch, position)
+        window.name = window_name(loader, epoch, position)
         compare = self._compared(position, length)
         if compare and self.options.replay:
             compare = self._load_recorded(window)
@@ -457,7 +458,7 @@ class StepWatcher:
             window.unsaved.append("weights: no optimizer was made before the step's first batch")
             return
         rank = self._rank() if sharded else None
-        rp.save(rp.params_path(self.options.out, window.name, rank), weights)
+        rp.save(params_path(self.options.out, window.name, rank), weights)
 
     def _save_window(self, window: _Window) -> None:
         if not window.name:
@@ -472,7 +473,7 @@ class StepWatcher:
             "notes": list(window.unsaved),
         }
         try:
-            rp.save(os.path.join(rp.rank_folder(self.options.out, self._rank()), window.name), payload)
+            rp.save(os.path.join(step_rank_folder(self.options.out, self._rank()), window.name), payload)
         except Exception as exc:  # a value torch cannot save: the replay will say this step is missing
             self.notes.append(f"step {len(self.steps)} not saved for a replay: {type(exc).__name__}: {exc}")
 
@@ -578,7 +579,7 @@ def install_watcher(options: StepOptions) -> StepWatcher:
     _install()
     draws_module.install(watcher.draws)
     if options.fetch:
-        under = os.path.join(options.out, rp.STEP_DIR) if options.out else ""
+        under = step_folder(options.out) if options.out else ""
         watcher.fetch = rng.FetchWatch(
             on_main_fetch=watcher.main_fetch, under=under, wants_states=lambda: watcher.draws.armed
         )

@@ -23,7 +23,8 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import Any
 
-PROGRESS_BYTES = 240  # one rank's slot
+from ddpcheck.wire.files import PROGRESS_BYTES  # one rank's slot, laid out here
+
 TEXT_BYTES = 224  # its position text, NUL-padded: at most TEXT_BYTES - 1 bytes are kept
 _STATE_AT = 224  # one byte: WORKING, WAITING for peers, or FINISHED (its result written, it exits)
 _BEATS_AT = 232  # the progress counter, 8 bytes little-endian

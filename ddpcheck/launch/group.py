@@ -26,7 +26,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ddpcheck.launch.beats import PROGRESS_BYTES, read_progress
+from ddpcheck.launch.beats import read_progress
 from ddpcheck.launch.names import named_memory, unlink_left
 from ddpcheck.launch.preload import find_rank_state_holders
 from ddpcheck.launch.procs import (
@@ -49,12 +49,11 @@ from ddpcheck.launch.rank import (
     RankSpec,
     hash_seed_fixed,
     hashed_strings,
-    output_path,
     rank_main,
-    stack_path,
 )
 from ddpcheck.launch.target import TargetRef
 from ddpcheck.launch.watchdog import JOIN_ALLOWANCE_S, Deadline, Ending, Watchdog
+from ddpcheck.wire.files import output_path, shared_bytes, stack_path
 
 # A rank's own waits (for its store, its peers in a collective): the parent's watchdog decides what is
 # hung, and a rank dies with its parent, so these only need to outlast any run: a week, as --timeout.
@@ -396,7 +395,7 @@ class _Group:
             call=call,
             procs=[],
             conns=[],
-            progress=ctx.Array("c", (PROGRESS_BYTES + 2) * call.world_size, lock=False),  # + 2 flags a rank
+            progress=ctx.Array("c", shared_bytes(call.world_size), lock=False),  # the slots, 2 flags a rank
             ready=ctx.Event(),
             workdir=workdir,
             janitor=janitor,
@@ -482,7 +481,7 @@ class _Group:
         )  # fmt: skip
         result = GroupResult(call.world_size, call.backend, outcomes, time.monotonic() - self.started)
         result.diagnosis = _diagnose(result)
-        result.named_memory = tuple(named_memory(self.progress, PROGRESS_BYTES, call.world_size))
+        result.named_memory = tuple(named_memory(self.progress, call.world_size))
         if call.on_progress is not None:
             call.on_progress([o.progress for o in outcomes], result.seconds, True)
         return result

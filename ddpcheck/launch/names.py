@@ -18,27 +18,20 @@ library unlinks its own), one stopped by SIGKILL cannot, and the names would out
 from __future__ import annotations
 
 import contextlib
-import os
 from multiprocessing import shared_memory  # here, so that forked ranks find it imported
 from typing import Any
 
-NAMES_FILE = "shm-names"  # in a group's work directory: one created name a line, from every rank
-
-
-def named_flag_offset(progress_bytes: int, world_size: int, rank: int) -> int:
-    """Where the byte saying "rank ``rank`` created shared memory by name" is: after the progress texts
-    and the hash flags (one byte a rank each)."""
-    return progress_bytes * world_size + world_size + rank
+from ddpcheck.wire.files import named_flag_offset, names_path
 
 
 def watch_named_memory(flags: Any, offset: int, workdir: str) -> None:
     """From now on in this process and the DataLoader workers forked from it: a
     ``multiprocessing.shared_memory.SharedMemory`` created under a caller-given name sets
-    ``flags[offset]`` and appends the name to the group's :data:`NAMES_FILE`. A segment created without
-    a name gets a random one (``psm_...``) and cannot collide: it is not flagged."""
+    ``flags[offset]`` and appends the name to the group's list (:func:`~ddpcheck.wire.files.names_path`). A
+    segment created without a name gets a random one (``psm_...``) and cannot collide: it is not flagged."""
     cls: Any = shared_memory.SharedMemory
     real = cls.__init__
-    path = os.path.join(workdir, NAMES_FILE)
+    path = names_path(workdir)
 
     def init(
         self: Any, name: str | None = None, create: bool = False, size: int = 0, *args: Any, **kw: Any
@@ -53,18 +46,16 @@ def watch_named_memory(flags: Any, offset: int, workdir: str) -> None:
     cls.__init__ = init
 
 
-def named_memory(flags: Any, progress_bytes: int, world_size: int) -> list[int]:
+def named_memory(flags: Any, world_size: int) -> list[int]:
     """The ranks whose flag :func:`watch_named_memory` set."""
-    return [
-        r for r in range(world_size) if flags[named_flag_offset(progress_bytes, world_size, r)] != b"\x00"
-    ]
+    return [r for r in range(world_size) if flags[named_flag_offset(world_size, r)] != b"\x00"]
 
 
 def unlink_left(workdir: str) -> list[str]:
     """Unlink the segments the group's ranks created by name and left (a killed rank's); returns them.
     Call it once every rank of the group is gone."""
     try:
-        with open(os.path.join(workdir, NAMES_FILE), encoding="utf-8") as names:
+        with open(names_path(workdir), encoding="utf-8") as names:
             created = list(dict.fromkeys(line.strip() for line in names if line.strip()))
     except OSError:
         return []

@@ -30,12 +30,13 @@ from typing import Any
 
 import numpy.random  # noqa: F401 - imported once in the parent, not in every forked rank (~8 ms each)
 
-from ddpcheck.launch.beats import PROGRESS_BYTES, attach, install_beats, report_progress, waiting
-from ddpcheck.launch.names import named_flag_offset, watch_named_memory
+from ddpcheck.launch.beats import attach, install_beats, report_progress, waiting
+from ddpcheck.launch.names import watch_named_memory
 from ddpcheck.launch.preload import refresh_rank_state
 from ddpcheck.launch.procs import reap, write_frame
 from ddpcheck.launch.target import TargetRef
 from ddpcheck.messages import exception_text, one_line
+from ddpcheck.wire.files import error_path, hash_flag_offset, named_flag_offset, output_path, stack_path
 
 STACK_SIGNAL = signal.SIGUSR1  # every thread's stack, written between two bytecodes of the main thread
 NATIVE_STACK_SIGNAL = signal.SIGUSR2  # faulthandler's dump, for a main thread held in C code
@@ -93,7 +94,7 @@ def torchrun_env(rank: int, world_size: int, port: int, run_id: str, workdir: st
         "TORCHELASTIC_RUN_ID": run_id or "ddpcheck",
         "TORCHELASTIC_USE_AGENT_STORE": "False",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
-        "TORCHELASTIC_ERROR_FILE": os.path.join(workdir, f"rank{rank}.error.json"),
+        "TORCHELASTIC_ERROR_FILE": error_path(workdir, rank),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
     }
     return env
@@ -150,11 +151,6 @@ def hash_seed_fixed() -> bool:
     return os.environ.get("PYTHONHASHSEED", "").isdigit()
 
 
-def hash_flag_offset(world_size: int, rank: int) -> int:
-    """Where, after the ranks' progress texts, the byte saying "rank ``rank`` hashed a string" is."""
-    return PROGRESS_BYTES * world_size + rank
-
-
 def _seed_dependent(obj: Any, depth: int = 0) -> bool:
     """``hash(obj)`` changes with the interpreter's hash seed: str, bytes and datetimes do (tuples
     and frozensets through their items); ints and floats do not."""
@@ -205,14 +201,6 @@ def watch_str_hashing(flags: Any, offset: int) -> None:
 def hashed_strings(flags: Any, world_size: int) -> list[int]:
     """The ranks whose flag :func:`watch_str_hashing` set."""
     return [r for r in range(world_size) if flags[hash_flag_offset(world_size, r)] != b"\x00"]
-
-
-def stack_path(workdir: str, rank: int) -> str:
-    return os.path.join(workdir, f"rank{rank}.stack")
-
-
-def output_path(workdir: str, rank: int) -> str:
-    return os.path.join(workdir, f"rank{rank}.out")
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -522,7 +510,7 @@ def rank_main(spec: RankSpec, conn: Any, progress: Any, ready: Any = None) -> No
         fresh_exit_state()
     if spec.watch_hashing:
         watch_str_hashing(progress, hash_flag_offset(spec.world_size, spec.rank))
-    watch_named_memory(progress, named_flag_offset(PROGRESS_BYTES, spec.world_size, spec.rank), spec.workdir)
+    watch_named_memory(progress, named_flag_offset(spec.world_size, spec.rank), spec.workdir)
     fresh_random_state()
     install_stack_dumps(open(stack_path(spec.workdir, spec.rank), "w"))  # noqa: SIM115 - lives as the rank
     code = 0

@@ -19,7 +19,8 @@ from ddpcheck.messages import one_line
 from ddpcheck.options import BadInput
 from ddpcheck.recorded import Recorded
 from ddpcheck.trace import RankFailure, ScriptRankTrace
-from ddpcheck.tracefile import TRACE_GLOB, BadTraceFile, read_rank, trace_path
+from ddpcheck.tracefile import BadTraceFile, read_rank
+from ddpcheck.wire.files import TRACE_GLOB, trace_path
 
 
 def read_launch(launch: ScriptLaunch, layout: Layout) -> Recorded:
@@ -159,7 +160,7 @@ def read_trace_dir(directory: str | Path, layout: Layout | None = None) -> Recor
         traces[trace.rank], paths[trace.rank] = trace, path
     if not traces:
         raise BadInput(
-            f"{directory} holds no trace files (rank*.trace): record with python -m ddpcheck.record"
+            f"{directory} holds no trace files ({TRACE_GLOB}): record with python -m ddpcheck.record"
         )
     sizes = {t.world_size for t in traces.values()}
     if len(sizes) != 1:

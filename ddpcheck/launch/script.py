@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from ddpcheck.launch.beats import PROGRESS_BYTES, PROGRESS_FILE_ENV, PROGRESS_SLOT_ENV, read_progress
+from ddpcheck.launch.beats import PROGRESS_FILE_ENV, PROGRESS_SLOT_ENV, read_progress
 from ddpcheck.launch.procs import Janitor, kill_group, read_tail
 from ddpcheck.launch.rank import NATIVE_STACK_SIGNAL, PYTHON_STACK_WAIT_S, STACK_SIGNAL, torchrun_env
 from ddpcheck.launch.watchdog import Limits, Silence, Watchdog
 from ddpcheck.launch.workdir import RunWorkdir, WorkdirGuard
+from ddpcheck.wire.files import PROGRESS_BYTES, log_path, progress_path, stacks_path
 
 STACK_ENV = "DDPCHECK_STACK_FILE"  # where a rank writes its stacks when asked (a hang)
 _STORE_WAIT_S = 7 * 24 * 3600.0  # the store's own waits: the watchdog decides what is hung
@@ -112,8 +113,8 @@ def launch_script(
 
     os.makedirs(out, exist_ok=True)
     launch = ScriptLaunch(world_size=world_size, out=out, timeout=limits.timeout, max_time=limits.max_time)
-    progress_path = os.path.join(out, "progress")
-    with open(progress_path, "wb") as handle:
+    progress = progress_path(out)
+    with open(progress, "wb") as handle:
         handle.truncate(PROGRESS_BYTES * world_size)
     sock = bind_loopback()
     port = sock.getsockname()[1]
@@ -134,15 +135,15 @@ def launch_script(
         if workdir is not None:
             view = workdir.start(label or f"world size {world_size}", janitor)
             cwd, env = view.cwd, {**(env or {}), **view.env}
-        env = {**(env or {}), PROGRESS_FILE_ENV: progress_path}
+        env = {**(env or {}), PROGRESS_FILE_ENV: progress}
         for rank in range(world_size):
             launch.ranks.append(_start(rank, meeting, command, cwd, env, janitor))
-        with open(progress_path, "rb") as handle:
-            progress = mmap.mmap(handle.fileno(), PROGRESS_BYTES * world_size, access=mmap.ACCESS_READ)
+        with open(progress, "rb") as handle:
+            slots = mmap.mmap(handle.fileno(), PROGRESS_BYTES * world_size, access=mmap.ACCESS_READ)
         try:
-            _watch(launch, progress, started)
+            _watch(launch, slots, started)
         finally:
-            progress.close()
+            slots.close()
     finally:
         for entry in launch.ranks:
             if entry.proc is not None:
@@ -169,8 +170,8 @@ def _start(
     janitor: Janitor,
 ) -> ScriptRank:
     out = meeting.out
-    entry = ScriptRank(rank=rank, log=os.path.join(out, f"rank{rank}.log"))
-    entry.stacks_file = os.path.join(out, f"rank{rank}.stacks")
+    entry = ScriptRank(rank=rank, log=log_path(out, rank))
+    entry.stacks_file = stacks_path(out, rank)
     env = dict(os.environ)
     env.pop("PYTHONHASHSEED", None)  # a fresh interpreter's own hash seed, as under torchrun
     env.update(meeting.env(rank))

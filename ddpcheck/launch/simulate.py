@@ -36,7 +36,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ddpcheck.launch import rank as rank_side
-from ddpcheck.launch.beats import COLLECTIVES, PROGRESS_BYTES, attach, beat, read_progress, report_progress
+from ddpcheck.launch.beats import COLLECTIVES, attach, beat, read_progress, report_progress
 from ddpcheck.launch.group import GroupResult, RankOutcome, bind_loopback, dump_stacks
 from ddpcheck.launch.memory import (
     available_bytes,
@@ -67,6 +67,7 @@ from ddpcheck.launch.rank import force_loopback, fresh_random_state, make_killab
 from ddpcheck.launch.shared_work import known_samplers, shared_permutations
 from ddpcheck.launch.watchdog import DEFAULT_LIMITS, Limits, Watchdog, overtime_message, stall_message
 from ddpcheck.tracefile import spill_to
+from ddpcheck.wire.files import PROGRESS_BYTES, child_stack_path
 
 _START_ALLOWANCE_S = 10.0  # on top of a child's first timeout: the fork, on a loaded machine
 TRIM_FROM_BYTES = 32 << 20  # a rank that leaves its child this much larger has its memory handed back
@@ -573,11 +574,11 @@ def _exited(outcome: RankOutcome, child: _Child) -> None:
         outcome.message = f"exited with code {code} before sending a result (os._exit in user code?)"
     if child.reader is not None and child.reader.partial:
         outcome.message += f"; its result was cut off after {child.reader.partial} bytes"
-    outcome.stack = read_tail(os.path.join(child.workdir, "ranks.stack"), _STACK_TAIL)
+    outcome.stack = read_tail(child_stack_path(child.workdir), _STACK_TAIL)
 
 
 def _dump_stack(proc: Any, workdir: str) -> str:
-    path = os.path.join(workdir, "ranks.stack")
+    path = child_stack_path(workdir)
     dump_stacks([(proc, path)])
     return read_tail(path, _STACK_TAIL)
 
@@ -615,7 +616,7 @@ def _child_main(
         sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
     rank_side._single_thread_torch()
     rank_side.fresh_exit_state()
-    rank_side.install_stack_dumps(open(os.path.join(workdir, "ranks.stack"), "w"))  # noqa: SIM115
+    rank_side.install_stack_dumps(open(child_stack_path(workdir), "w"))  # noqa: SIM115
     attach(progress, slot)
     port_holder = bind_loopback()  # MASTER_PORT names a loopback port that is ours, not a stranger's
     port = port_holder.getsockname()[1]

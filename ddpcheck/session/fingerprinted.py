@@ -14,19 +14,18 @@ import json
 from dataclasses import fields
 from pathlib import Path
 
-from ddpcheck.checker.fingerprint import REPORT_GLOB
 from ddpcheck.checks.fingerprint import EpochCheck, unjudged_note
 from ddpcheck.checks.judge import Launch, LoaderRecord, Rules, judge
 from ddpcheck.layout import Layout
 from ddpcheck.options import BadInput, CheckOptions
 from ddpcheck.result import CheckResult, RunRecord, WorldResult
-from ddpcheck.tracefile import TRACE_GLOB
+from ddpcheck.wire.files import FINGERPRINT_GLOB, TRACE_GLOB, fingerprint_paths
 
 
 def is_fingerprinted(directory: str | Path) -> bool:
     """A directory holding fingerprint verdicts and no trace files."""
     folder = Path(directory)
-    return folder.is_dir() and any(folder.glob(REPORT_GLOB)) and not any(folder.glob(TRACE_GLOB))
+    return folder.is_dir() and bool(fingerprint_paths(folder)) and not any(folder.glob(TRACE_GLOB))
 
 
 def judge_fingerprinted(
@@ -77,7 +76,7 @@ def judge_fingerprinted(
 def _read(folder: Path) -> tuple[int, list[EpochCheck]]:
     """(world size, epoch checks) from the lowest rank's verdict file (every rank writes the same one)."""
     known = {f.name for f in fields(EpochCheck)}
-    for path in sorted(folder.glob(REPORT_GLOB), key=lambda p: (len(p.name), p.name)):
+    for path in fingerprint_paths(folder):
         try:
             data = json.loads(path.read_text())
             world = int(data["ranks"])
@@ -87,4 +86,4 @@ def _read(folder: Path) -> tuple[int, list[EpochCheck]]:
         if world < 1:
             raise BadInput(f"{path} says the launch had {world} ranks")
         return world, checks
-    raise BadInput(f"{folder} holds no fingerprint verdicts (fingerprint-rank*.json)")
+    raise BadInput(f"{folder} holds no fingerprint verdicts ({FINGERPRINT_GLOB})")
