@@ -73,3 +73,27 @@ def test_the_script_guard_is_the_more_permissive_one() -> None:
     long.extend(list(range(ENDLESS_FACTOR * 10 + ENDLESS_PROBE + 1)))
     with pytest.raises(BadLoaderFile, match=r"^the loader built at train.py:3 looks endless: .* --steps N$"):
         EndlessGuard(10, False, subject="the loader built at train.py:3", probe_distinct=False).check(long)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_iterator_opened_under_catch_all_logs_there_even_when_its_loader_has_a_log(workers: int) -> None:
+    """A resume hook's ``islice(loader, step)`` is read through ``catch_all``. Under the script watchers
+    every loader carries a log of its own from its constructor; that log must not take the batches away
+    from ``catch_all`` (the CI failure: restores said "cannot tell which indices" after an in-process
+    recording had installed the watchers in the process the ranks were forked from)."""
+    from itertools import islice
+
+    from ddpcheck.checker.index_log import catch_all, log_of
+
+    loader = DataLoader(list(range(12)), batch_size=3, num_workers=workers)
+    own = log_of(loader)
+    with catch_all() as caught:
+        skipped = islice(loader, 2, None)
+        got = [batch.tolist() for batch in skipped]
+    assert got == [[6, 7, 8], [9, 10, 11]]
+    assert [ids for ids, _ in caught.ready] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    assert list(caught.ready) == list(own.ready)  # the loader's own log keeps its entries too
+    plain = DataLoader(list(range(4)), batch_size=2)
+    with catch_all() as caught:
+        assert [b.tolist() for b in plain] == [[0, 1], [2, 3]]
+    assert [ids for ids, _ in caught.ready] == [[0, 1], [2, 3]] and caught.iterators == 1

@@ -6,6 +6,11 @@ Each fixture's truth is stated in its docstring and follows from how the loader 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from ddpcheck.checks.resume import judge_resume, stop_points
@@ -17,7 +22,7 @@ from ddpcheck.result import CheckResult
 from ddpcheck.scenarios.resume_rank import failure_text
 from ddpcheck.session import check_loader
 from ddpcheck.verdict import ELASTIC_RESUME, RESUME
-from tests.conftest import FIXTURES, RESUME_FIXTURES
+from tests.conftest import FIXTURES, RESUME_FIXTURES, ROOT
 
 
 def _check(name: str, world_sizes: tuple[int, ...] = (1, 2), **kw: object) -> CheckResult:
@@ -68,6 +73,33 @@ def test_step_count_hook_is_right_at_the_same_world_size_and_not_elastic() -> No
         "loses" in verdict.detail or "repeats" in verdict.detail
     )
     assert "not elastic" in verdict.cause
+
+
+def test_a_hook_resumes_in_a_process_that_recorded_a_script_before(tmp_path: Path) -> None:
+    """Ranks are forked from the process that runs the check. Where that process had recorded a script
+    in-process (the script watchers, installed for its life, give every DataLoader an index log of its
+    own), the hook's restore still reads what the resumed loader yielded: once, every restore here
+    failed with "cannot tell which indices the resumed loader yielded" (an in-process test ran first)."""
+    code = f"""
+import sys
+from ddpcheck.checker.watch import install
+from ddpcheck.options import CheckOptions
+from ddpcheck.session import check_loader
+install()
+options = CheckOptions(world_sizes=(1, 2), epochs=2, timeout=120, determinism=False)
+result = check_loader({str(RESUME_FIXTURES / "good_skip_hook.py")!r}, options)
+for run in result.runs:
+    for v in run.verdicts:
+        if v.check == {RESUME!r}:
+            print(run.world_size, v.status, v.detail)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert [line.split(" ", 2)[:2] for line in lines] == [["1", "pass"], ["2", "pass"]], lines
 
 
 def test_a_hook_that_continues_the_global_order_is_elastic() -> None:

@@ -147,8 +147,9 @@ _catch_all: IndexLog | None = None  # while set, iterators of loaders without a 
 
 
 class catch_all:
-    """Log the iterators of every DataLoader created meanwhile, also ones user code builds on the fly
-    (a resume hook that rebuilds the loader and starts iterating it before returning)."""
+    """Log every DataLoader iterator created meanwhile, also of loaders user code builds on the fly (a
+    resume hook that rebuilds the loader and starts iterating it before returning). A loader with a log
+    of its own (built under the script watchers, which give every loader one) logs into both."""
 
     def __init__(self) -> None:
         self.log = IndexLog()
@@ -176,14 +177,17 @@ def install() -> None:
     original_next_index = _BaseDataLoaderIter._next_index
 
     def __init__(self: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
-        log = getattr(loader, _ATTR, None) or _catch_all
+        own, caught = getattr(loader, _ATTR, None), _catch_all
+        log = own or caught
         self._ddpcheck_log = log
         if log is not None:
-            log.iterators += 1
+            logs = (log,) if own is None or caught is None or caught is own else (own, caught)
+            for each in logs:
+                each.iterators += 1
             self._ddpcheck_sent = []
             self._ddpcheck_base = 0
             self._ddpcheck_pending = {}
-            _hook_instance(self, log)
+            _hook_instance(self, logs)
         original_init(self, loader, *args, **kwargs)
 
     def _reset(self: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
@@ -204,7 +208,13 @@ def install() -> None:
     _installed = True
 
 
-def _hook_instance(it: Any, log: IndexLog) -> None:
+def _hook_instance(it: Any, logs: tuple[IndexLog, ...]) -> None:
+    """Log each batch ``it`` delivers, with its indices and worker, into every one of ``logs``."""
+
+    def ready(entry: tuple[list[Hashable] | None, int | None]) -> None:
+        for log in logs:
+            log.ready.append(entry)
+
     cls = type(it)
     multiprocess = hasattr(cls, "_process_data")
     if multiprocess:
@@ -222,7 +232,7 @@ def _hook_instance(it: Any, log: IndexLog) -> None:
             position = it._ddpcheck_base + task
             sent = it._ddpcheck_sent
             ids = _indices(sent[position]) if 0 <= position < len(sent) else None
-            log.ready.append((ids, worker if isinstance(worker, int) else None))
+            ready((ids, worker if isinstance(worker, int) else None))
             return cls._process_data(it, data, worker, *args, **kwargs)
 
         it._get_data = get_data
@@ -233,7 +243,7 @@ def _hook_instance(it: Any, log: IndexLog) -> None:
             before = len(it._ddpcheck_sent)
             data = cls._next_data(it)
             sent = it._ddpcheck_sent
-            log.ready.append((_indices(sent[before]) if len(sent) > before else None, None))
+            ready((_indices(sent[before]) if len(sent) > before else None, None))
             return data
 
         it._next_data = next_data
