@@ -217,3 +217,28 @@ def test_the_step_names_per_rank_group_statistics_where_a_group_is_split() -> No
     assert for_groups(_differs(1), split, Layout.plain(2), 0).cause == OTHER  # the loader has no groups
     factor = replace(_differs(1), cause="the gradient is exactly 2x one process's")
     assert for_groups(factor, split, Layout.plain(2), 4) is factor
+
+
+def test_group_size_reads_an_epoch_of_int_ids_as_an_array_not_as_python_ints() -> None:
+    """At 1e8 samples a loader file's epoch arrives as an array: reading it through ``__iter__`` made 3.6
+    GB of Python ints in the parent and took a simulated 1e8-sample check from 2.7 to 5.2 GiB (measured
+    with benchmarks/bench_simulate_scale.py). The grouped and the ungrouped stream, traced."""
+    import tracemalloc
+
+    import numpy as np
+
+    from ddpcheck.trace import IdArray
+
+    shuffled = IdArray(np.random.default_rng(0).permutation(2_000_000).astype(np.int64))
+    grouped = IdArray(np.repeat(np.random.default_rng(1).permutation(500_000), 4).astype(np.int64))
+    tracemalloc.start()
+    try:
+        assert group_size(shuffled) == 0
+        ungrouped_peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        assert group_size(grouped) == 4
+        grouped_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert ungrouped_peak < 1 << 20  # told from the first two ids
+    assert grouped_peak < 40 << 20  # one int64 copy (16 MB) and its run bounds; Python ints were 72 MB+

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ddpcheck.checks.context import Context, EpochView
+from ddpcheck.checks.tally import int_ids, values_of
 from ddpcheck.evidence import GroupEvidence
 from ddpcheck.messages import count_text
 from ddpcheck.trace import EpochTrace, RunTrace
@@ -84,6 +85,10 @@ FIXES = {
 def group_size(ids: Sequence[Hashable]) -> int:
     """G where ``ids`` (one process's epoch, in order) is runs of copies, each run G copies or a multiple
     of G, G >= 2 and at least two runs (0: not such a stream)."""
+    if int_ids(ids) and len(ids) >= 2:
+        head = values_of(ids)[:2]
+        if head[0] != head[1]:  # a first run of one: no groups (most loaders), told without a copy
+            return 0
     codes = _encode([ids])[0][0]
     if len(codes) < 4:
         return 0
@@ -117,8 +122,8 @@ def reference_groups(views: Sequence[EpochView]) -> int:
 
 def _encode(seqs: Sequence[Sequence[Hashable]]) -> tuple[list[np.ndarray], list[Hashable] | None]:
     """Each sequence as int64 codes: ints as they are (None), anything else numbered in one table."""
-    if all(isinstance(s, np.ndarray) and s.dtype.kind in "iu" for s in seqs):
-        return [np.asarray(s, dtype=np.int64) for s in seqs], None
+    if all(int_ids(s) for s in seqs):  # arrays as arrays: a 1e8-id epoch never becomes Python ints
+        return [np.asarray(values_of(s), dtype=np.int64) for s in seqs], None
     try:
         arrays = [np.asarray(s, dtype=np.int64) for s in seqs]
         shaped = all(a.ndim == 1 and len(a) == len(s) for a, s in zip(arrays, seqs, strict=True))
