@@ -388,3 +388,47 @@ def test_a_failed_simulated_reference_is_not_rerun(tmp_path: Path, monkeypatch: 
     result = check_loader(str(loader), CheckOptions(world_sizes=(1,), epochs=1, simulate=True))
     assert [f.kind for run in result.runs for f in run.failures] == ["error"]
     assert calls.read_text().splitlines() == ["0/1"]
+
+
+def _spill_threshold() -> int:
+    from ddpcheck.trace import spill_threshold
+
+    return spill_threshold()
+
+
+def test_a_large_simulated_world_spills_smaller_epochs_so_the_parent_holds_a_bounded_share() -> None:
+    """The parent holds every simulated rank's in-memory epochs at once: at 1e8 samples and W=1024 that
+    was 0.8 GB of ids below the per-epoch spill size (the run peaked at 2.10 GiB; 1.30 GiB with this
+    rule, ``benchmarks/bench_simulate_scale.py``). A rank's epoch spills past the world's share of
+    WORLD_HELD_IDS (never below SPILL_FLOOR); a small world keeps the usual SPILL_IDS."""
+    from ddpcheck.launch.rank import shared_tmp
+    from ddpcheck.launch.simulate import SPILL_FLOOR, WORLD_HELD_IDS, simulate_ranks
+    from ddpcheck.trace import SPILL_IDS
+
+    with shared_tmp():  # a run's temp directory, where simulated ranks spill
+        big = simulate_ranks(_spill_threshold, 256, capture=False)
+        small = simulate_ranks(_spill_threshold, 2, capture=False)
+    assert {o.value for o in big.outcomes} == {max(SPILL_FLOOR, WORLD_HELD_IDS // 256)}
+    assert {o.value for o in small.outcomes} == {SPILL_IDS}
+
+
+@pytest.mark.parametrize("dtype", ["<u4", "<i8"])
+def test_a_file_of_ids_is_counted_from_plain_reads_equal_to_the_array(tmp_path: Path, dtype: str) -> None:
+    """The tally reads a file-backed epoch part by part with plain reads (a memory map's pages stayed
+    counted in the judging process until the map was dropped); the parts are the array's."""
+    import numpy as np
+
+    from ddpcheck.checks.tally import chunks
+    from ddpcheck.trace import IdArray
+
+    values = np.random.default_rng(0).permutation(1_000_003).astype(dtype)
+    path = tmp_path / "ids.npy"
+    np.save(path, values)
+    stored = IdArray(path=str(path), dtype=values.dtype.str, size=len(values), lo=0, hi=len(values) - 1)
+    got = list(chunks(stored, 1 << 18))
+    assert [start for start, _ in got] == list(range(0, len(values), 1 << 18))
+    assert all(part.dtype == np.int64 for _, part in got)
+    assert np.array_equal(np.concatenate([part for _, part in got]), values.astype(np.int64))
+    short = IdArray(path=str(path), dtype=values.dtype.str, size=len(values) + 5, lo=0, hi=len(values))
+    with pytest.raises(ValueError, match="ids, not"):
+        list(chunks(short))

@@ -58,11 +58,29 @@ def values_of(ids: Any) -> Any:
 
 
 def chunks(ids: Any, size: int = CHUNK) -> Iterator[tuple[int, IntArray]]:
-    """``(start, ids[start:start + size] as int64)`` over integer ids."""
+    """``(start, ids[start:start + size] as int64)`` over integer ids (a file read part by part)."""
+    if isinstance(ids, IdArray) and ids.path and len(ids):
+        yield from _file_chunks(ids, size)
+        return
     values = values_of(ids)
     for start in range(0, len(values), size):
         part = values[start : start + size]
         yield start, part if part.dtype == np.int64 else part.astype(np.int64)
+
+
+def _file_chunks(ids: IdArray, size: int) -> Iterator[tuple[int, IntArray]]:
+    """A file's ids read with plain reads, never mapped: a memory map's pages stayed counted in the
+    judging process until the map was dropped (at 1e8 ids, 0.4 GB of a simulated world's peak)."""
+    mapped = ids.array()  # reads the header once: the ids' type and where they start
+    offset, dtype = int(mapped.offset), mapped.dtype
+    del mapped
+    with open(ids.path, "rb") as f:
+        f.seek(offset)
+        for start in range(0, len(ids), size):
+            part = np.fromfile(f, dtype=dtype, count=min(size, len(ids) - start))
+            if not len(part):
+                raise ValueError(f"{ids.path} ends after {start} of its {len(ids)} ids")
+            yield start, part if part.dtype == np.int64 else part.astype(np.int64)
 
 
 def bounds(ids: Any) -> tuple[int, int]:

@@ -66,6 +66,7 @@ from ddpcheck.launch.procs import (
 from ddpcheck.launch.rank import force_loopback, fresh_random_state, make_killable, private_tmp, torchrun_env
 from ddpcheck.launch.shared_work import known_samplers, shared_permutations
 from ddpcheck.launch.watchdog import DEFAULT_LIMITS, Limits, Watchdog, overtime_message, stall_message
+from ddpcheck.trace import spill_every, spill_threshold
 from ddpcheck.tracefile import spill_to
 from ddpcheck.wire.files import PROGRESS_BYTES, child_stack_path
 
@@ -115,6 +116,10 @@ SHORTCUTS_FROM = 64
 MAX_PARTS = 4  # children side by side, at most (fewer where one rank's memory times them would not fit)
 CHUNK_S = 0.25  # ranks are handed to a child in chunks of about this much work
 ESTIMATE_FROM_S = 180.0  # a simulation estimated to take longer says so, and how to shorten it
+WORLD_HELD_IDS = (
+    1 << 24
+)  # a simulated world's epochs kept in memory hold this many ids in all; the rest spill
+SPILL_FLOOR = 1 << 14  # ... but an epoch this small stays in memory (a file each would cost more)
 MEMORY_HEADROOM = 0.8  # of the machine's available memory, what the children side by side may plan on
 _MEMORY_POLL_S = 0.5  # how often the machine's free memory is looked at while ranks run
 
@@ -646,6 +651,8 @@ def _serve(simulation: _Simulation, orders_fd: int, fd: int, workdir: str, port:
     run_dir = os.environ.get(rank_side.RUN_TMPDIR_ENV, "")
     if run_dir:  # large epochs go to the run's temp directory: neither this child nor the parent holds them
         spill_to(os.path.join(run_dir, ".ddpcheck-simulated-ids"))
+        # ... and "large" is the world's share: the parent holds every rank's in-memory epochs at once
+        spill_every(max(SPILL_FLOOR, min(spill_threshold(), WORLD_HELD_IDS // simulation.world_size)))
     # one rank alone (the reference) has nobody to share a permutation with: it would only hold memory
     shared = shared_permutations() if simulation.world_size > 1 else contextlib.nullcontext(None)
     with collectives_forbidden(), shared, known as done:
