@@ -116,9 +116,7 @@ SHORTCUTS_FROM = 64
 MAX_PARTS = 4  # children side by side, at most (fewer where one rank's memory times them would not fit)
 CHUNK_S = 0.25  # ranks are handed to a child in chunks of about this much work
 ESTIMATE_FROM_S = 180.0  # a simulation estimated to take longer says so, and how to shorten it
-WORLD_HELD_IDS = (
-    1 << 24
-)  # a simulated world's epochs kept in memory hold this many ids in all; the rest spill
+WORLD_HELD_IDS = 1 << 24  # ids a simulated world keeps in memory across its ranks; larger epochs spill
 SPILL_FLOOR = 1 << 14  # ... but an epoch this small stays in memory (a file each would cost more)
 MEMORY_HEADROOM = 0.8  # of the machine's available memory, what the children side by side may plan on
 _MEMORY_POLL_S = 0.5  # how often the machine's free memory is looked at while ranks run
